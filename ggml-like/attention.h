@@ -1,0 +1,56 @@
+// Causal multi-head attention of a batch of queries over
+//   (a) a set of cached key/value rows ("slots"), each tagged with the
+//       absolute position it holds, and
+//   (b) the batch's own new key/value rows,
+// with grouped-query heads (n_head a multiple of n_head_kv).
+//
+// The slot set is a ring (see src/kv_cache.h), but this operation only needs
+// the rules, which are about positions:
+//   - a query at position p sees keys at positions in [lo(p), p], where
+//     lo(p) = p - window + 1 once p >= n_ctx (the window has slid), else 0;
+//   - positions < n_sink are attention sinks, always seen. While p < n_ctx they
+//     are ordinary keys. Once p >= n_ctx they must look as if they sat just
+//     before the window (distance n_ctx - 1 - j for sink j), so the caller
+//     supplies them pre-rotated by -(n_ctx - 1 - j) in `sink_k` and they are
+//     dotted with the *unrotated* query (RoPE scores depend on distance only).
+#pragma once
+
+#include <cstdint>
+
+#include "ggml-like/types.h"
+
+namespace gl {
+
+struct AttentionArgs {
+    int n_tok = 0, n_head = 0, n_head_kv = 0, head_dim = 0;
+    float scale = 1.0f;
+    const float* q = nullptr;       // [n_tok][n_head][head_dim], rotated at each token's position
+    const float* q_unrot = nullptr; // same, not rotated (needed only when a query is past n_ctx)
+    const int64_t* pos = nullptr;   // [n_tok] absolute positions, consecutive
+
+    Type kv_type = Type::F16;  // type of every K/V row below (F32 or F16)
+    size_t kv_row_bytes = 0;   // bytes of one row of n_head_kv * head_dim elements
+    int n_ctx = 0;             // number of slots
+    const void* k_slots = nullptr; // [n_ctx] rows
+    const void* v_slots = nullptr;
+    const int64_t* slot_pos = nullptr; // [n_ctx], position held by each slot, -1 = empty;
+                                       // all are < pos[0] (the batch is written after)
+    const void* k_new = nullptr; // [n_tok] rows, the batch's own keys (rotated) and values
+    const void* v_new = nullptr;
+
+    int n_sink = 0;               // kept prefix length
+    int64_t window = 0;           // n_ctx - n_sink
+    const float* sink_k = nullptr; // [n_sink][n_head_kv*head_dim] F32, pre-rotated by -(n_ctx-1-j)
+
+    float* out = nullptr;  // [n_tok][n_head][head_dim]
+    float* scratch = nullptr; // n_threads * (n_ctx + n_tok) floats
+};
+
+class ThreadPool;
+void attention(ThreadPool& pool, const AttentionArgs& a);
+// Scratch floats attention needs.
+inline int64_t attention_scratch_floats(int n_threads, int n_ctx, int n_tok) {
+    return static_cast<int64_t>(n_threads) * (n_ctx + n_tok);
+}
+
+} // namespace gl

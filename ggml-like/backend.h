@@ -1,0 +1,43 @@
+// The seam between model code and where the arithmetic runs. Model code
+// (src/forward.cpp) calls only these operations; a backend is picked once at
+// start-up. The CPU backend is the reference; a CUDA backend implements the
+// same interface (see ggml-like/cuda/).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "ggml-like/attention.h"
+#include "ggml-like/tensor.h"
+
+namespace gl {
+
+class Backend {
+  public:
+    virtual ~Backend() = default;
+    virtual std::string name() const = 0;
+    virtual int n_threads() const = 0;
+
+    // Scratch for the largest operation planned (called once, before eval).
+    virtual void reserve(size_t matmul_scratch_bytes, int64_t attention_scratch_floats) = 0;
+
+    // y[t] = W x[t] for n_tok rows.
+    virtual void matmul(const Tensor& w, const float* x, int64_t n_tok, float* y) = 0;
+    // `rows` rows of n: out = rmsnorm(x) * w.
+    virtual void rmsnorm(const float* x, const float* w, int64_t n, int64_t rows, float eps, float* out) = 0;
+    // Rotate `rows` rows of n_heads heads; row r uses cos/sin + r * rope_dims/2.
+    virtual void rope(float* x, int64_t rows, int n_heads, int head_dim, int rope_dims, const float* cos,
+                      const float* sin, bool neox) = 0;
+    virtual void silu_mul(float* gate, const float* up, int64_t n) = 0;
+    virtual void add(float* y, const float* x, int64_t n) = 0;
+    // Convert `rows` rows of n floats to type t (a KV cache type), packed.
+    virtual void convert_rows(Type t, const float* x, int64_t n, int64_t rows, void* dst) = 0;
+    // Attention scratch is the backend's own (a.scratch is ignored).
+    virtual void attention(const AttentionArgs& a) = 0;
+};
+
+// "cpu" or "cuda". Throws std::runtime_error for a device this build lacks.
+std::unique_ptr<Backend> make_cpu_backend(int n_threads);
+
+} // namespace gl

@@ -1,0 +1,169 @@
+// Picks the kernel table for this CPU once, and routes gl::cpu::* through it.
+//
+// The per-ISA files are compiled with their own -m flags and only on their
+// architecture, so this file names their tables only under the matching
+// #if and asks the CPU (cpuid / hwcaps) before using one: a binary built on an
+// AVX-512 machine must still run on an AVX2-only one.
+#include "ggml-like/quants.h"
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#endif
+
+namespace gl {
+
+#if defined(__x86_64__)
+extern const KernelTable kAvx512Table; // x86_avx512.cpp
+extern const KernelTable kAvx2Table;   // x86_avx2.cpp
+#endif
+#if defined(__aarch64__)
+extern const KernelTable kNeonTable; // arm_neon.cpp
+#endif
+
+namespace {
+
+// All members null: every entry falls back to gl::ref.
+constexpr KernelTable kScalarTable = {"scalar", {}, {}, {}, {}};
+
+bool cpu_has(const char* isa) {
+#if defined(__x86_64__)
+    if (std::strcmp(isa, "avx512") == 0)
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+               __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx2") &&
+               __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    if (std::strcmp(isa, "avx2") == 0)
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("f16c");
+#elif defined(__aarch64__)
+    if (std::strcmp(isa, "neon") == 0) {
+#if defined(__linux__)
+        // The table needs the dot-product instructions (not in every ARMv8,
+        // e.g. Cortex-A72); fp16<->fp32 conversion is baseline ARMv8.
+        constexpr unsigned long kHwcapAsimddp = 1ul << 20;
+        return (getauxval(AT_HWCAP) & kHwcapAsimddp) != 0;
+#elif defined(__APPLE__)
+        return true; // every Apple arm64 chip macOS runs on has dotprod
+#else
+        return false;
+#endif
+    }
+#endif
+    (void)isa;
+    return false;
+}
+
+struct Tables {
+    const KernelTable* t[4] = {};
+    int n = 0;
+    void add(const KernelTable* k) { t[n++] = k; }
+};
+
+// Tables usable here, best first. KVRUN_ISA=<name> caps the list at that
+// table, so "best" (entry 0) is the one asked for and the tests still see the
+// scalar one; an unknown or unavailable name is reported and ignored.
+Tables build_tables() {
+    struct Candidate {
+        const char* isa;
+        const KernelTable* table;
+    };
+    const Candidate all[] = {
+#if defined(__x86_64__)
+        {"avx512", &kAvx512Table},
+        {"avx2", &kAvx2Table},
+#endif
+#if defined(__aarch64__)
+        {"neon", &kNeonTable},
+#endif
+        {"scalar", &kScalarTable},
+    };
+    const char* want = std::getenv("KVRUN_ISA");
+    if (want && (!*want || std::strcmp(want, "auto") == 0)) want = nullptr;
+    bool known = !want;
+    for (const Candidate& c : all) known = known || std::strcmp(want, c.isa) == 0;
+    if (!known) {
+        std::fprintf(stderr, "kvrun: warning: KVRUN_ISA=%s is not built in or unknown; ignored\n",
+                     want);
+        want = nullptr;
+    }
+
+    Tables out;
+    bool started = !want;
+    for (const Candidate& c : all) {
+        if (!started && std::strcmp(want, c.isa) == 0) started = true;
+        if (!started) continue;
+        if (c.table == &kScalarTable || cpu_has(c.isa)) {
+            out.add(c.table);
+        } else if (want && std::strcmp(want, c.isa) == 0) {
+            std::fprintf(stderr, "kvrun: warning: KVRUN_ISA=%s but this CPU lacks it\n", want);
+        }
+    }
+    return out;
+}
+
+const Tables& tables() {
+    static const Tables t = build_tables(); // thread-safe one-time init
+    return t;
+}
+
+std::atomic<bool> g_force_scalar{false};
+
+const KernelTable& active() {
+    return g_force_scalar.load(std::memory_order_relaxed) ? kScalarTable : *tables().t[0];
+}
+
+} // namespace
+
+int kernel_table_count() { return tables().n; }
+
+const KernelTable& kernel_table(int i) {
+    const Tables& t = tables();
+    return (i >= 0 && i < t.n) ? *t.t[i] : kScalarTable;
+}
+
+namespace cpu {
+
+const char* isa_name() { return active().isa; }
+
+float vec_dot(Type weight, int64_t n, const void* w, const void* a) {
+    const uint32_t id = static_cast<uint32_t>(weight);
+    if (id < kTypeIdLimit) {
+        if (auto f = active().vec_dot[id]) return f(n, w, a);
+    }
+    return ref::vec_dot(weight, n, w, a);
+}
+
+void quantize_row(Type t, const float* src, void* dst, int64_t n) {
+    const uint32_t id = static_cast<uint32_t>(t);
+    if (id < kTypeIdLimit) {
+        if (auto f = active().quantize_row[id]) return f(src, dst, n);
+    }
+    ref::quantize_row(t, src, dst, n);
+}
+
+void dequantize_row(Type t, const void* src, float* dst, int64_t n) {
+    const uint32_t id = static_cast<uint32_t>(t);
+    if (id < kTypeIdLimit) {
+        if (auto f = active().dequantize_row[id]) return f(src, dst, n);
+    }
+    ref::dequantize_row(t, src, dst, n);
+}
+
+void axpy(Type x_type, int64_t n, float alpha, const void* x, float* y) {
+    const uint32_t id = static_cast<uint32_t>(x_type);
+    if (id < kTypeIdLimit) {
+        if (auto f = active().axpy[id]) return f(n, alpha, x, y);
+    }
+    ref::axpy(x_type, n, alpha, x, y);
+}
+
+void force_scalar(bool on) { g_force_scalar.store(on, std::memory_order_relaxed); }
+
+} // namespace cpu
+
+} // namespace gl

@@ -1,0 +1,356 @@
+// AVX-512 (F, BW, VL, DQ) + VNNI kernels; compiled with those flags and only
+// reached after dispatch.cpp has checked the CPU for them.
+//
+// A 32-element block is 32 bytes of int8, half a 512-bit register, so the
+// quantized dot products put two blocks side by side and let one vpdpbusd
+// (u8 x s8, four products summed into each int32 lane) do the multiply-add
+// for both. vpdpbusd wants an unsigned operand: Q8_0 weights are shifted by
+// +128 and Q4_0 nibbles are already unsigned; the offset times sum(a) is
+// subtracted afterwards, which keeps every block sum exact in int32 for any
+// int8 input (no saturating int16 step as with maddubs).
+#include "ggml-like/quants.h"
+
+// GCC 12's AVX-512 headers start many intrinsics from _mm512_undefined_*(),
+// which trips false -Wuninitialized warnings once inlined (GCC PR 105593,
+// fixed in GCC 13). The pragma must precede the header to cover it.
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+
+namespace gl {
+
+namespace {
+
+float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+float hsum(__m512 v) {
+    return hsum(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
+}
+
+float load_half(const void* p) {
+    uint16_t h;
+    std::memcpy(&h, p, sizeof h);
+    return _cvtsh_ss(h);
+}
+
+__m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+__m128i load128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
+
+// Two 32-byte blocks, p0 in the low half.
+__m512i load_pair(const void* p0, const void* p1) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(load256(p0)), load256(p1), 1);
+}
+
+// Lanes 0..7 get s0, lanes 8..15 get s1, matching load_pair's halves.
+__m512 scale_pair(float s0, float s1) {
+    return _mm512_insertf32x8(_mm512_set1_ps(s0), _mm256_set1_ps(s1), 1);
+}
+
+// Per-lane sums of (u - off) * a where u = w + off is unsigned.
+__m512i dot_offset(__m512i u, __m512i a, __m512i off) {
+    const __m512i zero = _mm512_setzero_si512();
+    return _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, u, a), _mm512_dpbusd_epi32(zero, off, a));
+}
+__m256i dot_offset(__m256i u, __m256i a, __m256i off) {
+    const __m256i zero = _mm256_setzero_si256();
+    return _mm256_sub_epi32(_mm256_dpbusd_epi32(zero, u, a), _mm256_dpbusd_epi32(zero, off, a));
+}
+
+// Two Q4_0 blocks' nibbles as unsigned bytes, each block's 32 in element
+// order (low nibbles are elements 0..15, high ones 16..31), block x0 in the
+// low half.
+__m512i unpack_q4_pair(const uint8_t* qs0, const uint8_t* qs1) {
+    const __m256i t = _mm256_inserti128_si256(_mm256_castsi128_si256(load128(qs0)), load128(qs1), 1);
+    // [qs0, qs1, qs0 >> 4, qs1 >> 4] -> [qs0, qs0 >> 4, qs1, qs1 >> 4]
+    __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(t), _mm256_srli_epi16(t, 4), 1);
+    z = _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));
+    return _mm512_and_si512(z, _mm512_set1_epi8(0x0f));
+}
+
+__m256i unpack_q4(const uint8_t* qs) {
+    const __m128i b = load128(qs);
+    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(b, 4), b);
+    return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
+}
+
+// ---- vec_dot --------------------------------------------------------------------
+
+__m512 pair_q8_0(const BlockQ8_0* x, const BlockQ8_0* y, __m512 acc) {
+    const __m512i off = _mm512_set1_epi8(static_cast<char>(0x80));
+    const __m512i u = _mm512_xor_si512(load_pair(x[0].qs, x[1].qs), off); // w + 128
+    const __m512i s = dot_offset(u, load_pair(y[0].qs, y[1].qs), off);
+    const __m512 d = scale_pair(load_half(&x[0].d) * load_half(&y[0].d),
+                                load_half(&x[1].d) * load_half(&y[1].d));
+    return _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc);
+}
+
+__m256 block_q8_0(const BlockQ8_0& x, const BlockQ8_0& y, __m256 acc) {
+    const __m256i off = _mm256_set1_epi8(static_cast<char>(0x80));
+    const __m256i s = dot_offset(_mm256_xor_si256(load256(x.qs), off), load256(y.qs), off);
+    const __m256 d = _mm256_set1_ps(load_half(&x.d) * load_half(&y.d));
+    return _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc);
+}
+
+float vec_dot_q8_0(int64_t n, const void* w, const void* a) {
+    const auto* x = static_cast<const BlockQ8_0*>(w);
+    const auto* y = static_cast<const BlockQ8_0*>(a);
+    const int64_t nb = n / QK8_0;
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 4 <= nb; i += 4) {
+        acc0 = pair_q8_0(x + i, y + i, acc0);
+        acc1 = pair_q8_0(x + i + 2, y + i + 2, acc1);
+    }
+    if (i + 2 <= nb) {
+        acc0 = pair_q8_0(x + i, y + i, acc0);
+        i += 2;
+    }
+    __m256 tail = _mm256_setzero_ps();
+    if (i < nb) tail = block_q8_0(x[i], y[i], tail);
+    return hsum(_mm512_add_ps(acc0, acc1)) + hsum(tail);
+}
+
+__m512 pair_q4_0(const BlockQ4_0* x, const BlockQ8_0* y, __m512 acc) {
+    const __m512i q = unpack_q4_pair(x[0].qs, x[1].qs);
+    const __m512i s = dot_offset(q, load_pair(y[0].qs, y[1].qs), _mm512_set1_epi8(8));
+    const __m512 d = scale_pair(load_half(&x[0].d) * load_half(&y[0].d),
+                                load_half(&x[1].d) * load_half(&y[1].d));
+    return _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc);
+}
+
+__m256 block_q4_0(const BlockQ4_0& x, const BlockQ8_0& y, __m256 acc) {
+    const __m256i s = dot_offset(unpack_q4(x.qs), load256(y.qs), _mm256_set1_epi8(8));
+    const __m256 d = _mm256_set1_ps(load_half(&x.d) * load_half(&y.d));
+    return _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc);
+}
+
+float vec_dot_q4_0(int64_t n, const void* w, const void* a) {
+    const auto* x = static_cast<const BlockQ4_0*>(w);
+    const auto* y = static_cast<const BlockQ8_0*>(a);
+    const int64_t nb = n / QK4_0;
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 4 <= nb; i += 4) {
+        acc0 = pair_q4_0(x + i, y + i, acc0);
+        acc1 = pair_q4_0(x + i + 2, y + i + 2, acc1);
+    }
+    if (i + 2 <= nb) {
+        acc0 = pair_q4_0(x + i, y + i, acc0);
+        i += 2;
+    }
+    __m256 tail = _mm256_setzero_ps();
+    if (i < nb) tail = block_q4_0(x[i], y[i], tail);
+    return hsum(_mm512_add_ps(acc0, acc1)) + hsum(tail);
+}
+
+// Float weights: `Load` gives 16 weights at element i as floats, `LoadMasked`
+// the first `m` of them (rest zero). Four accumulators cover the FMA latency;
+// the last 0..15 elements go through masked loads, which never touch memory
+// past the end of the row.
+template <typename Elem, typename Load, typename LoadMasked>
+float dot_float(int64_t n, const Elem* w, const float* a, Load load, LoadMasked load_masked) {
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                     _mm512_setzero_ps()};
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64)
+        for (int k = 0; k < 4; k++)
+            acc[k] = _mm512_fmadd_ps(load(w + i + 16 * k), _mm512_loadu_ps(a + i + 16 * k), acc[k]);
+    for (; i + 16 <= n; i += 16) acc[0] = _mm512_fmadd_ps(load(w + i), _mm512_loadu_ps(a + i), acc[0]);
+    if (i < n) {
+        const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+        acc[1] = _mm512_fmadd_ps(load_masked(m, w + i), _mm512_maskz_loadu_ps(m, a + i), acc[1]);
+    }
+    return hsum(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+}
+
+__m512 load16_f32(const float* p) { return _mm512_loadu_ps(p); }
+__m512 load16_f32_masked(__mmask16 m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
+__m512 load16_f16(const uint16_t* p) { return _mm512_cvtph_ps(load256(p)); }
+__m512 load16_f16_masked(__mmask16 m, const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+}
+__m512 bf16_widen(__m256i h) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+__m512 load16_bf16(const uint16_t* p) { return bf16_widen(load256(p)); }
+__m512 load16_bf16_masked(__mmask16 m, const uint16_t* p) {
+    return bf16_widen(_mm256_maskz_loadu_epi16(m, p));
+}
+
+float vec_dot_f32(int64_t n, const void* w, const void* a) {
+    return dot_float(n, static_cast<const float*>(w), static_cast<const float*>(a), load16_f32,
+                     load16_f32_masked);
+}
+float vec_dot_f16(int64_t n, const void* w, const void* a) {
+    return dot_float(n, static_cast<const uint16_t*>(w), static_cast<const float*>(a), load16_f16,
+                     load16_f16_masked);
+}
+float vec_dot_bf16(int64_t n, const void* w, const void* a) {
+    return dot_float(n, static_cast<const uint16_t*>(w), static_cast<const float*>(a), load16_bf16,
+                     load16_bf16_masked);
+}
+
+// ---- axpy -----------------------------------------------------------------------
+
+template <typename Elem, typename Load, typename LoadMasked>
+void axpy_float(int64_t n, float alpha, const Elem* x, float* y, Load load, LoadMasked load_masked) {
+    const __m512 va = _mm512_set1_ps(alpha);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, load(x + i), _mm512_loadu_ps(y + i)));
+    if (i < n) {
+        const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+        const __m512 r = _mm512_fmadd_ps(va, load_masked(m, x + i), _mm512_maskz_loadu_ps(m, y + i));
+        _mm512_mask_storeu_ps(y + i, m, r);
+    }
+}
+
+void axpy_f32(int64_t n, float alpha, const void* x, float* y) {
+    axpy_float(n, alpha, static_cast<const float*>(x), y, load16_f32, load16_f32_masked);
+}
+void axpy_f16(int64_t n, float alpha, const void* x, float* y) {
+    axpy_float(n, alpha, static_cast<const uint16_t*>(x), y, load16_f16, load16_f16_masked);
+}
+void axpy_bf16(int64_t n, float alpha, const void* x, float* y) {
+    axpy_float(n, alpha, static_cast<const uint16_t*>(x), y, load16_bf16, load16_bf16_masked);
+}
+
+// ---- quantize -------------------------------------------------------------------
+
+// roundf (halves away from zero): truncate, then step one away from zero
+// where the exact remainder is >= 0.5. Bit-identical to the reference.
+__m512 round_half_away(__m512 v) {
+    const __m512 sign = _mm512_set1_ps(-0.0f);
+    const __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m512 frac = _mm512_abs_ps(_mm512_sub_ps(v, t));
+    const __mmask16 up = _mm512_cmp_ps_mask(frac, _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+    const __m512 step = _mm512_or_ps(_mm512_set1_ps(1.0f), _mm512_and_ps(v, sign));
+    return _mm512_mask_add_ps(t, up, t, step);
+}
+
+// Same algorithm as gl::ref: amax / 127 rounded to fp16, q = roundf(x / d)
+// against the stored d, clamped to +-127. Division, not a reciprocal multiply,
+// so the result is bit-identical.
+void quantize_block_q8_0(const float* x, BlockQ8_0* out) {
+    const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    const uint16_t dh = _cvtss_sh(amax / 127.0f, _MM_FROUND_TO_NEAREST_INT);
+    std::memcpy(&out->d, &dh, sizeof dh);
+    const float d = _cvtsh_ss(dh);
+    if (d == 0.0f) {
+        std::memset(out->qs, 0, sizeof out->qs);
+        return;
+    }
+    const __m512 vd = _mm512_set1_ps(d);
+    const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+    const __m512 v[2] = {v0, v1};
+    for (int k = 0; k < 2; k++) {
+        const __m512 r = round_half_away(_mm512_div_ps(v[k], vd));
+        const __m512i q = _mm512_cvttps_epi32(_mm512_min_ps(hi, _mm512_max_ps(lo, r)));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out->qs + 16 * k), _mm512_cvtepi32_epi8(q));
+    }
+}
+
+void quantize_row_q8_0(const float* src, void* dst, int64_t n) {
+    auto* b = static_cast<BlockQ8_0*>(dst);
+    for (int64_t i = 0; i < n / QK8_0; i++) quantize_block_q8_0(src + i * QK8_0, b + i);
+}
+
+// vcvtps2ph rounds to nearest even and keeps NaN payloads like
+// gl::fp32_to_fp16: bit-identical to the reference.
+void quantize_row_f16(const float* src, void* dst, int64_t n) {
+    auto* d = static_cast<uint16_t*>(dst);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i),
+                            _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    if (i < n) {
+        const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+        const __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, src + i), _MM_FROUND_TO_NEAREST_INT);
+        _mm256_mask_storeu_epi16(d + i, m, h);
+    }
+}
+
+// ---- dequantize -----------------------------------------------------------------
+
+void dequantize_row_f16(const void* src, float* dst, int64_t n) {
+    const auto* s = static_cast<const uint16_t*>(src);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, load16_f16(s + i));
+    if (i < n) {
+        const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(dst + i, m, load16_f16_masked(m, s + i));
+    }
+}
+
+void dequantize_row_bf16(const void* src, float* dst, int64_t n) {
+    const auto* s = static_cast<const uint16_t*>(src);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, load16_bf16(s + i));
+    if (i < n) {
+        const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(dst + i, m, load16_bf16_masked(m, s + i));
+    }
+}
+
+// 32 signed bytes -> 32 floats times d.
+void store_scaled_i8(__m256i q, float d, float* out) {
+    const __m512 vd = _mm512_set1_ps(d);
+    const __m128i part[2] = {_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)};
+    for (int k = 0; k < 2; k++)
+        _mm512_storeu_ps(out + 16 * k,
+                         _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(part[k])), vd));
+}
+
+void dequantize_row_q8_0(const void* src, float* dst, int64_t n) {
+    const auto* b = static_cast<const BlockQ8_0*>(src);
+    for (int64_t i = 0; i < n / QK8_0; i++)
+        store_scaled_i8(load256(b[i].qs), load_half(&b[i].d), dst + i * QK8_0);
+}
+
+void dequantize_row_q4_0(const void* src, float* dst, int64_t n) {
+    const auto* b = static_cast<const BlockQ4_0*>(src);
+    for (int64_t i = 0; i < n / QK4_0; i++) {
+        const __m256i q = _mm256_sub_epi8(unpack_q4(b[i].qs), _mm256_set1_epi8(8));
+        store_scaled_i8(q, load_half(&b[i].d), dst + i * QK4_0);
+    }
+}
+
+constexpr uint32_t id(Type t) { return static_cast<uint32_t>(t); }
+
+constexpr KernelTable make_table() {
+    KernelTable t = {"avx512", {}, {}, {}, {}};
+    t.vec_dot[id(Type::F32)] = vec_dot_f32;
+    t.vec_dot[id(Type::F16)] = vec_dot_f16;
+    t.vec_dot[id(Type::BF16)] = vec_dot_bf16;
+    t.vec_dot[id(Type::Q8_0)] = vec_dot_q8_0;
+    t.vec_dot[id(Type::Q4_0)] = vec_dot_q4_0;
+    t.quantize_row[id(Type::Q8_0)] = quantize_row_q8_0;
+    t.quantize_row[id(Type::F16)] = quantize_row_f16;
+    t.dequantize_row[id(Type::F16)] = dequantize_row_f16;
+    t.dequantize_row[id(Type::BF16)] = dequantize_row_bf16;
+    t.dequantize_row[id(Type::Q8_0)] = dequantize_row_q8_0;
+    t.dequantize_row[id(Type::Q4_0)] = dequantize_row_q4_0;
+    t.axpy[id(Type::F32)] = axpy_f32;
+    t.axpy[id(Type::F16)] = axpy_f16;
+    t.axpy[id(Type::BF16)] = axpy_bf16;
+    return t;
+}
+
+} // namespace
+
+// constinit: dispatch may read the table from another file's static initializer.
+extern const KernelTable kAvx512Table;
+constinit const KernelTable kAvx512Table = make_table();
+
+} // namespace gl

@@ -1,0 +1,102 @@
+#include "ggml-like/ops.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "ggml-like/quants.h"
+
+namespace gl::ops {
+
+void rmsnorm(const float* x, const float* w, int64_t n, float eps, float* out) {
+    double ss = 0; // double: a row of 4096 squares loses digits in float
+    for (int64_t i = 0; i < n; i++) ss += static_cast<double>(x[i]) * x[i];
+    const float scale = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
+    for (int64_t i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
+}
+
+void softmax(float* x, int64_t n) {
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < n; i++) mx = std::max(mx, x[i]);
+    double sum = 0;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = std::exp(x[i] - mx);
+        sum += x[i];
+    }
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int64_t i = 0; i < n; i++) x[i] *= inv;
+}
+
+void silu_mul(float* gate, const float* up, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float g = gate[i];
+        gate[i] = g / (1.0f + std::exp(-g)) * up[i];
+    }
+}
+
+void add(float* y, const float* x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+void rope_angles(double pos, int n_pairs, const double* inv_freq, float* cos_out, float* sin_out) {
+    for (int i = 0; i < n_pairs; i++) {
+        double a = pos * inv_freq[i];
+        cos_out[i] = static_cast<float>(std::cos(a));
+        sin_out[i] = static_cast<float>(std::sin(a));
+    }
+}
+
+void rope(float* x, int n_heads, int head_dim, int rope_dims, const float* cos, const float* sin, bool neox) {
+    const int half = rope_dims / 2;
+    for (int h = 0; h < n_heads; h++) {
+        float* v = x + static_cast<int64_t>(h) * head_dim;
+        for (int i = 0; i < half; i++) {
+            const int a = neox ? i : 2 * i;
+            const int b = neox ? i + half : 2 * i + 1;
+            const float x0 = v[a], x1 = v[b];
+            v[a] = x0 * cos[i] - x1 * sin[i];
+            v[b] = x0 * sin[i] + x1 * cos[i];
+        }
+    }
+}
+
+size_t matmul_scratch_bytes(Type weight, int64_t n_in, int64_t n_tok) {
+    const Type at = vec_dot_type(weight);
+    if (at == Type::F32) return 0; // float weights read x directly
+    return row_size(at, n_in) * static_cast<size_t>(n_tok);
+}
+
+namespace {
+// Rows per work unit: enough to amortize the loop, small enough that both
+// threads stay busy on the narrow matrices of small models.
+constexpr int64_t kRowChunk = 16;
+} // namespace
+
+void matmul(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, float* y, void* scratch) {
+    const Type at = vec_dot_type(w.type);
+    const int64_t n_in = w.ne0, n_out = w.ne1;
+    const void* act = x;
+    size_t act_row = static_cast<size_t>(n_in) * sizeof(float);
+    if (at != Type::F32) {
+        // Quantize each activation row once; every weight row then reuses it.
+        act_row = row_size(at, n_in);
+        uint8_t* dst = static_cast<uint8_t*>(scratch);
+        pool.parallel_for(n_tok, [&](int64_t b, int64_t e, int) {
+            for (int64_t t = b; t < e; t++) cpu::quantize_row(at, x + t * n_in, dst + t * act_row, n_in);
+        });
+        act = scratch;
+    }
+    const int64_t n_chunks = (n_out + kRowChunk - 1) / kRowChunk;
+    pool.parallel_for(n_chunks, [&](int64_t cb, int64_t ce, int) {
+        for (int64_t c = cb; c < ce; c++) {
+            const int64_t r0 = c * kRowChunk, r1 = std::min(n_out, r0 + kRowChunk);
+            // token-outer within the chunk: the chunk's weight rows stay in cache
+            for (int64_t t = 0; t < n_tok; t++) {
+                const uint8_t* a = static_cast<const uint8_t*>(act) + t * act_row;
+                float* yt = y + t * n_out;
+                for (int64_t r = r0; r < r1; r++) yt[r] = cpu::vec_dot(w.type, n_in, w.row(r), a);
+            }
+        }
+    });
+}
+
+} // namespace gl::ops

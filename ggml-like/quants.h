@@ -1,0 +1,53 @@
+// Row conversions and dot products per type, in two flavours:
+//  - gl::ref::*  plain scalar code, the reference every other path is tested against;
+//  - gl::cpu::*  the fastest path this CPU has (AVX-512, AVX2, NEON or the scalar one),
+//                chosen once at start-up.
+//
+// A dot product takes a weight row of type W and an activation row of type
+// vec_dot_type(W): quantized weights want activations quantized once per matrix
+// to Q8_0 (integer dot products), float weights want F32 activations.
+#pragma once
+
+#include "ggml-like/types.h"
+
+namespace gl {
+
+// The activation type a weight type's dot product wants.
+Type vec_dot_type(Type weight);
+
+namespace ref {
+// n elements; n is a multiple of the block size. Supported types only.
+void dequantize_row(Type t, const void* src, float* dst, int64_t n);
+void quantize_row(Type t, const float* src, void* dst, int64_t n); // F32, F16, BF16, Q8_0, Q4_0
+// sum_i w[i] * a[i], with w of type `weight` and a of type vec_dot_type(weight)
+float vec_dot(Type weight, int64_t n, const void* w, const void* a);
+// y[i] += alpha * x[i] for x of type F32, F16 or BF16 (used to accumulate V rows)
+void axpy(Type x_type, int64_t n, float alpha, const void* x, float* y);
+} // namespace ref
+
+// One ISA's kernels; a null member means "use the reference".
+struct KernelTable {
+    const char* isa; // "scalar", "avx2", "avx512", "neon"
+    float (*vec_dot[kTypeIdLimit])(int64_t n, const void* w, const void* a);
+    void (*quantize_row[kTypeIdLimit])(const float* src, void* dst, int64_t n); // activation types
+    void (*dequantize_row[kTypeIdLimit])(const void* src, float* dst, int64_t n);
+    void (*axpy[kTypeIdLimit])(int64_t n, float alpha, const void* x, float* y);
+};
+
+// Kernel tables compiled into this binary and usable on this CPU, best first;
+// the last one is always the scalar reference table. Tests run each against ref.
+int kernel_table_count();
+const KernelTable& kernel_table(int i);
+
+namespace cpu {
+// Dispatched to the best table (kernel_table(0)); falls back to ref per entry.
+const char* isa_name();
+float vec_dot(Type weight, int64_t n, const void* w, const void* a);
+void quantize_row(Type t, const float* src, void* dst, int64_t n);
+void dequantize_row(Type t, const void* src, float* dst, int64_t n);
+void axpy(Type x_type, int64_t n, float alpha, const void* x, float* y);
+// Force the scalar table (KVRUN_ISA=scalar in the environment does the same).
+void force_scalar(bool on);
+} // namespace cpu
+
+} // namespace gl

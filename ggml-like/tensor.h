@@ -1,0 +1,23 @@
+// A non-owning view of a 2-D weight or activation: rows of ne0 elements of one
+// type, `row_bytes` apart. Weights point into the mmapped GGUF file.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "ggml-like/types.h"
+
+namespace gl {
+
+struct Tensor {
+    Type type = Type::F32;
+    int64_t ne0 = 0;       // elements per row (contiguous)
+    int64_t ne1 = 0;       // rows
+    size_t row_bytes = 0;  // stride between rows
+    const void* data = nullptr;
+
+    const uint8_t* row(int64_t r) const { return static_cast<const uint8_t*>(data) + r * row_bytes; }
+    explicit operator bool() const { return data != nullptr; }
+};
+
+} // namespace gl

@@ -1,0 +1,89 @@
+#include "ggml-like/thread_pool.h"
+
+#include <fstream>
+#include <set>
+#include <string>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define GL_PAUSE() _mm_pause()
+#elif defined(__aarch64__)
+#define GL_PAUSE() asm volatile("yield")
+#else
+#define GL_PAUSE() ((void)0)
+#endif
+
+namespace gl {
+
+namespace {
+// Spin this many iterations before sleeping: long enough to bridge the gap
+// between two matmuls of one token, short enough not to burn a core when idle.
+constexpr int kSpinIters = 20000;
+} // namespace
+
+ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads < 1 ? 1 : n_threads) {
+    threads_.reserve(n_threads_ - 1);
+    for (int i = 1; i < n_threads_; i++) threads_.emplace_back([this, i] { worker(i); });
+}
+
+ThreadPool::~ThreadPool() {
+    stop_.store(true);
+    epoch_.fetch_add(1);
+    epoch_.notify_all();
+    for (auto& t : threads_) t.join();
+}
+
+void ThreadPool::run(Task fn, void* ctx) {
+    if (n_threads_ == 1) {
+        fn(ctx, 0, 1);
+        return;
+    }
+    task_ = fn;
+    ctx_ = ctx;
+    pending_.store(n_threads_ - 1, std::memory_order_relaxed);
+    epoch_.fetch_add(1, std::memory_order_release);
+    epoch_.notify_all();
+    fn(ctx, 0, n_threads_);
+    for (int spin = 0; pending_.load(std::memory_order_acquire) != 0; spin++) {
+        if (spin < kSpinIters) GL_PAUSE();
+        else std::this_thread::yield();
+    }
+}
+
+void ThreadPool::worker(int ith) {
+    uint64_t seen = 0;
+    for (;;) {
+        uint64_t e;
+        int spin = 0;
+        while ((e = epoch_.load(std::memory_order_acquire)) == seen) {
+            if (spin++ < kSpinIters) GL_PAUSE();
+            else epoch_.wait(seen, std::memory_order_acquire);
+        }
+        seen = e;
+        if (stop_.load()) return;
+        task_(ctx_, ith, n_threads_);
+        pending_.fetch_sub(1, std::memory_order_acq_rel);
+    }
+}
+
+int ThreadPool::physical_cores() {
+    // Count distinct (package, core) pairs; SMT siblings share one.
+    std::set<std::string> cores;
+    for (int cpu = 0; cpu < 4096; cpu++) {
+        std::string base = "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/";
+        std::ifstream pkg(base + "physical_package_id"), core(base + "core_id");
+        if (!pkg || !core) {
+            if (cpu > 0) break;
+            continue;
+        }
+        std::string p, c;
+        pkg >> p;
+        core >> c;
+        cores.insert(p + ":" + c);
+    }
+    if (!cores.empty()) return static_cast<int>(cores.size());
+    unsigned hw = std::thread::hardware_concurrency();
+    return hw ? static_cast<int>(hw) : 1;
+}
+
+} // namespace gl

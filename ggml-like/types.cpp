@@ -1,0 +1,209 @@
+// The type table and the scalar half-precision conversions.
+//
+// Block sizes and byte sizes are those of the GGUF format; they are facts about
+// the file layout, so they are known even for types kvrun cannot compute with
+// (a loader needs them to size and skip such tensors).
+#include "ggml-like/types.h"
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+
+namespace gl {
+
+namespace {
+
+struct Entry {
+    uint32_t id;
+    TypeInfo info;
+};
+
+// One line per id ever assigned by GGUF that kvrun knows the layout of.
+// Ids 4 and 5 (the removed Q4_2/Q4_3), 31..33 (the removed repacked Q4_0
+// variants) and 36..39 are left out and read as unknown.
+constexpr Entry kEntries[] = {
+    {0, {"f32", 1, 4, true}},
+    {1, {"f16", 1, 2, true}},
+    {2, {"q4_0", 32, 18, true}},   // fp16 d + 16 bytes of nibbles
+    {3, {"q4_1", 32, 20, false}},  // fp16 d, m + 16 bytes
+    {6, {"q5_0", 32, 22, false}},  // fp16 d + 4 bytes high bits + 16 bytes
+    {7, {"q5_1", 32, 24, false}},  // fp16 d, m + 4 + 16
+    {8, {"q8_0", 32, 34, true}},   // fp16 d + 32 int8
+    {9, {"q8_1", 32, 36, false}},  // fp16 d, s + 32 int8
+    {10, {"q2_K", 256, 84, false}},    // 16 scales + 64 quants + fp16 d, dmin
+    {11, {"q3_K", 256, 110, false}},   // 32 hmask + 64 quants + 12 scales + fp16 d
+    {12, {"q4_K", 256, 144, false}},   // fp16 d, dmin + 12 scales + 128 quants
+    {13, {"q5_K", 256, 176, false}},   // fp16 d, dmin + 12 scales + 32 high bits + 128
+    {14, {"q6_K", 256, 210, false}},   // 128 low + 64 high + 16 scales + fp16 d
+    {15, {"q8_K", 256, 292, false}},   // f32 d + 256 int8 + 16 int16 block sums
+    {16, {"iq2_xxs", 256, 66, false}}, // fp16 d + 32 uint16
+    {17, {"iq2_xs", 256, 74, false}},  // fp16 d + 32 uint16 + 8 scales
+    {18, {"iq3_xxs", 256, 98, false}}, // fp16 d + 96 bytes
+    {19, {"iq1_s", 256, 50, false}},   // fp16 d + 32 bytes + 8 uint16
+    {20, {"iq4_nl", 32, 18, false}},   // fp16 d + 16 bytes of nibbles
+    {21, {"iq3_s", 256, 110, false}},  // fp16 d + 64 + 8 + 32 + 4
+    {22, {"iq2_s", 256, 82, false}},   // fp16 d + 64 + 8 + 8
+    {23, {"iq4_xs", 256, 136, false}}, // fp16 d + uint16 + 4 + 128
+    {24, {"i8", 1, 1, false}},
+    {25, {"i16", 1, 2, false}},
+    {26, {"i32", 1, 4, false}},
+    {27, {"i64", 1, 8, false}},
+    {28, {"f64", 1, 8, false}},
+    {29, {"iq1_m", 256, 56, false}}, // 32 + 16 + 8 bytes, scale folded into the 8
+    {30, {"bf16", 1, 2, true}},
+    {34, {"tq1_0", 256, 54, false}}, // 48 base-3 bytes + 4 + fp16 d
+    {35, {"tq2_0", 256, 66, false}}, // 64 bytes of 2-bit + fp16 d
+};
+
+constexpr TypeInfo kUnknown = {nullptr, 0, 0, false};
+
+constexpr std::array<TypeInfo, kTypeIdLimit> make_table() {
+    std::array<TypeInfo, kTypeIdLimit> t{};
+    for (TypeInfo& i : t) i = kUnknown;
+    for (const Entry& e : kEntries) t[e.id] = e.info;
+    return t;
+}
+constexpr std::array<TypeInfo, kTypeIdLimit> kTable = make_table();
+
+// "unknown(<id>)" for every id below the limit, built at compile time so
+// type_name can hand out a pointer without any buffer of its own.
+struct UnknownNames {
+    char s[kTypeIdLimit][12];
+};
+constexpr UnknownNames make_unknown_names() {
+    UnknownNames u{};
+    for (uint32_t id = 0; id < kTypeIdLimit; id++) {
+        const char prefix[] = "unknown(";
+        int k = 0;
+        for (int i = 0; prefix[i]; i++) u.s[id][k++] = prefix[i];
+        if (id >= 10) u.s[id][k++] = static_cast<char>('0' + id / 10);
+        u.s[id][k++] = static_cast<char>('0' + id % 10);
+        u.s[id][k++] = ')';
+        u.s[id][k] = '\0';
+    }
+    return u;
+}
+constexpr UnknownNames kUnknownNames = make_unknown_names();
+
+char lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
+
+bool equal_nocase(const char* a, const char* b) {
+    for (; *a && *b; a++, b++)
+        if (lower(*a) != lower(*b)) return false;
+    return *a == *b;
+}
+
+uint32_t float_bits(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+float bits_float(uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+} // namespace
+
+const TypeInfo& type_info(uint32_t id) { return id < kTypeIdLimit ? kTable[id] : kUnknown; }
+
+const char* type_name(Type t) {
+    const uint32_t id = static_cast<uint32_t>(t);
+    if (id >= kTypeIdLimit) return "unknown";
+    return kTable[id].name ? kTable[id].name : kUnknownNames.s[id];
+}
+
+bool type_from_name(const char* name, Type* out) {
+    if (!name) return false;
+    for (const Entry& e : kEntries) {
+        if (equal_nocase(name, e.info.name)) {
+            if (out) *out = static_cast<Type>(e.id);
+            return true;
+        }
+    }
+    return false;
+}
+
+size_t row_size(Type t, int64_t n) {
+    const TypeInfo& ti = type_info(t);
+    if (ti.block_size <= 0) return 0;
+    return static_cast<size_t>(n / ti.block_size) * ti.type_size;
+}
+
+bool row_size_ok(Type t, int64_t n) {
+    const TypeInfo& ti = type_info(t);
+    if (ti.block_size <= 0 || n < 0 || n % ti.block_size != 0) return false;
+    // The byte count must fit in size_t (it always does on 64-bit hosts for
+    // sane n, but a hostile file can claim anything).
+    const uint64_t blocks = static_cast<uint64_t>(n / ti.block_size);
+    return blocks <= SIZE_MAX / ti.type_size;
+}
+
+// ---- half precision ----------------------------------------------------------
+//
+// IEEE binary16: 1 sign, 5 exponent (bias 15), 10 mantissa bits.
+// binary32:      1 sign, 8 exponent (bias 127), 23 mantissa bits.
+
+float fp16_to_fp32(uint16_t h) {
+    const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
+    if (exp == 0x1f) // inf / NaN: keep the payload so a quiet NaN stays quiet
+        return bits_float(sign | 0x7f800000u | (man << 13));
+    if (exp != 0) // normal: rebias 15 -> 127
+        return bits_float(sign | ((exp + 112) << 23) | (man << 13));
+    if (man == 0) return bits_float(sign); // +-0
+    // Subnormal half (man * 2^-24) is a normal float: shift the mantissa up
+    // until its leading one reaches the implicit-bit position.
+    exp = 113; // exponent of 2^-14, the value of bit 10
+    while (!(man & 0x400u)) {
+        man <<= 1;
+        exp--;
+    }
+    return bits_float(sign | (exp << 23) | ((man & 0x3ffu) << 13));
+}
+
+uint16_t fp32_to_fp16(float f) {
+    const uint32_t x = float_bits(f);
+    const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+    const uint32_t a = x & 0x7fffffffu;
+    if (a >= 0x7f800000u) { // inf or NaN
+        if (a == 0x7f800000u) return sign | 0x7c00u;
+        // Quiet NaN keeping the top payload bits, as F16C's vcvtps2ph does.
+        return static_cast<uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+    }
+    if (a >= 0x477ff000u) return sign | 0x7c00u; // >= 65520 rounds past 65504: inf
+    if (a >= 0x38800000u) {                       // >= 2^-14: a normal half
+        // Drop 13 mantissa bits and rebias; a carry out of the mantissa
+        // correctly bumps the exponent.
+        uint32_t h = (a >> 13) - (112u << 10);
+        const uint32_t rest = a & 0x1fffu;
+        if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;
+        return static_cast<uint16_t>(sign | h);
+    }
+    if (a <= 0x33000000u) return sign; // <= 2^-25: rounds (ties to even) to zero
+    // Subnormal half: value / 2^-24, rounded to nearest even. The float is
+    // normal here (exponent 102..112), so the shift is 14..24.
+    const uint32_t e = a >> 23;
+    const uint32_t m = (a & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126 - e;
+    uint32_t q = m >> shift;
+    const uint32_t rest = m & ((1u << shift) - 1);
+    const uint32_t half = 1u << (shift - 1);
+    if (rest > half || (rest == half && (q & 1u))) q++; // may reach 0x400 = 2^-14, still right
+    return static_cast<uint16_t>(sign | q);
+}
+
+float bf16_to_fp32(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
+
+uint16_t fp32_to_bf16(float f) {
+    const uint32_t x = float_bits(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) // NaN: truncating could give inf, so force quiet
+        return static_cast<uint16_t>((x >> 16) | 0x40u);
+    // Round to nearest even on the 16 dropped bits; overflow to inf is correct.
+    return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+} // namespace gl

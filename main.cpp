@@ -1,0 +1,36 @@
+// kvrun: dispatch to a subcommand, map errors to exit statuses.
+#include <cstdio>
+#include <cstring>
+#include <exception>
+
+#include <fmt/format.h>
+
+#include "cli/common.h"
+#include "error.h"
+
+int main(int argc, char** argv) {
+    using namespace kvrun;
+    struct Sub { const char* name; int (*fn)(int, char**); };
+    static const Sub subs[] = {
+        {"tokenize", cli::run_tokenize},
+        {"logits", cli::run_logits},
+        {"info", cli::run_info},
+        {"run", cli::run_generate},
+    };
+    try {
+        if (argc > 1)
+            for (const Sub& s : subs)
+                if (std::strcmp(argv[1], s.name) == 0) return s.fn(argc - 1, argv + 1);
+        return cli::run_generate(argc, argv);
+    } catch (const Error& e) {
+        std::fflush(stdout);
+        fmt::print(stderr, "kvrun: error: {}\n", e.what());
+        return static_cast<int>(e.code());
+    } catch (const std::bad_alloc&) {
+        fmt::print(stderr, "kvrun: error: out of memory\n");
+        return static_cast<int>(Exit::out_of_memory);
+    } catch (const std::exception& e) {
+        fmt::print(stderr, "kvrun: error: {}\n", e.what());
+        return static_cast<int>(Exit::error);
+    }
+}

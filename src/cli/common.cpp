@@ -1,0 +1,104 @@
+#include "cli/common.h"
+
+#include <csignal>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <sstream>
+#include <unistd.h>
+
+#include "error.h"
+#include "ggml-like/thread_pool.h"
+#include "session.h"
+
+namespace kvrun::cli {
+
+namespace {
+// The one piece of process-wide state here: a signal handler has no other way
+// to reach the generation loop.
+std::atomic<bool> g_interrupted{false};
+
+void on_sigint(int) {
+    if (g_interrupted.exchange(true)) {
+        constexpr char msg[] = "\nkvrun: interrupted\n";
+        [[maybe_unused]] auto r = ::write(2, msg, sizeof msg - 1);
+        _exit(static_cast<int>(Exit::interrupted));
+    }
+}
+} // namespace
+
+void install_interrupt_handler() {
+    struct sigaction sa {};
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, nullptr);
+}
+
+bool interrupted() { return g_interrupted.load(std::memory_order_relaxed); }
+
+void add_model_option(CLI::App& app, CommonOptions& o) {
+    app.add_option("-m,--model", o.model, "GGUF model file")->required();
+}
+
+void add_runtime_options(CLI::App& app, CommonOptions& o) {
+    app.add_option("-t,--threads", o.threads, "threads (default: physical cores)")->check(CLI::Range(0, 1024));
+    app.add_option("--cache-type-k,--ctk", o.cache_type_k, "KV cache type for K: f16 or f32")->capture_default_str();
+    app.add_option("--cache-type-v,--ctv", o.cache_type_v, "KV cache type for V: f16 or f32")->capture_default_str();
+    app.add_flag("-v,--verbose", o.verbose, "log model and cache details to stderr");
+}
+
+int resolve_threads(int requested) { return requested > 0 ? requested : gl::ThreadPool::physical_cores(); }
+
+gl::Type parse_cache_type(const std::string& name, const char* flag) {
+    gl::Type t;
+    if (!gl::type_from_name(name.c_str(), &t) || (t != gl::Type::F16 && t != gl::Type::F32))
+        fail(Exit::usage, "{} {}: unsupported KV cache type (use f16 or f32)", flag, name);
+    return t;
+}
+
+std::vector<int32_t> parse_token_list(const std::string& s) {
+    std::vector<int32_t> ids;
+    std::string item;
+    std::stringstream ss(s);
+    while (std::getline(ss, item, ',')) {
+        size_t b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
+        if (b == std::string::npos) fail(Exit::usage, "--tokens: empty item in '{}'", s);
+        item = item.substr(b, e - b + 1);
+        char* end = nullptr;
+        errno = 0;
+        long v = std::strtol(item.c_str(), &end, 10);
+        if (*end != '\0' || errno != 0 || v < 0 || v > INT32_MAX)
+            fail(Exit::usage, "--tokens: '{}' is not a token id", item);
+        ids.push_back(static_cast<int32_t>(v));
+    }
+    if (ids.empty()) fail(Exit::usage, "--tokens: no token ids given");
+    return ids;
+}
+
+std::string read_prompt(const std::string& text, const std::string& file, bool have_text) {
+    std::string prompt = text;
+    if (!file.empty()) {
+        std::string body;
+        if (file == "-") {
+            body.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+        } else {
+            std::ifstream in(file, std::ios::binary);
+            if (!in) fail(Exit::usage, "cannot read prompt file '{}': {}", file, std::strerror(errno));
+            body.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+        }
+        prompt = have_text && !prompt.empty() ? prompt + "\n" + body : body;
+    }
+    size_t bad = 0;
+    if (!valid_utf8(prompt, &bad)) fail(Exit::usage, "the prompt is not valid UTF-8 (bad byte at offset {})", bad);
+    return prompt;
+}
+
+std::string human_bytes(uint64_t b) {
+    if (b >= (1ull << 30)) return fmt::format("{:.2f} GiB", b / double(1ull << 30));
+    if (b >= (1ull << 20)) return fmt::format("{:.2f} MiB", b / double(1ull << 20));
+    if (b >= (1ull << 10)) return fmt::format("{:.1f} KiB", b / 1024.0);
+    return fmt::format("{} B", b);
+}
+
+} // namespace kvrun::cli

@@ -1,0 +1,72 @@
+// `kvrun info -m M [-c N]`: what the model is and what its context costs.
+#include <cstdio>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/common.h"
+#include "error.h"
+#include "kv_cache.h"
+#include "session.h"
+
+namespace kvrun::cli {
+
+int run_info(int argc, char** argv) {
+    CommonOptions c;
+    int64_t n_ctx = 0;
+    bool json = false;
+    CLI::App app{"kvrun info: model architecture, tensor types, sizes and KV cache cost", "kvrun info"};
+    add_model_option(app, c);
+    app.add_option("-c,--ctx-size", n_ctx, "context size to cost (default: the model's trained context)")->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+    app.add_option("--cache-type-k,--ctk", c.cache_type_k, "KV cache type for K")->capture_default_str();
+    app.add_option("--cache-type-v,--ctv", c.cache_type_v, "KV cache type for V")->capture_default_str();
+    app.add_flag("--json", json, "print JSON");
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        return app.exit(e) == 0 ? 0 : static_cast<int>(Exit::usage);
+    }
+    const gl::Type tk = parse_cache_type(c.cache_type_k, "--cache-type-k");
+    const gl::Type tv = parse_cache_type(c.cache_type_v, "--cache-type-v");
+    auto lm = LoadedModel::load(c.model);
+    const Hparams& hp = lm->model.hp;
+    if (n_ctx == 0) n_ctx = hp.n_ctx_train;
+
+    std::map<std::string, int> type_counts;
+    for (const auto& t : lm->file.tensors()) type_counts[gl::type_name(t.type)]++;
+    const size_t bytes_k = gl::row_size(tk, hp.kv_dim()), bytes_v = gl::row_size(tv, hp.kv_dim());
+    const uint64_t per_token = static_cast<uint64_t>(hp.n_layer) * (bytes_k + bytes_v);
+    const uint64_t kv_total = per_token * static_cast<uint64_t>(n_ctx);
+    const uint64_t file_size = lm->file.file_size();
+
+    if (json) {
+        nlohmann::json j = {
+            {"architecture", hp.arch}, {"n_vocab", hp.n_vocab}, {"n_embd", hp.n_embd}, {"n_layer", hp.n_layer},
+            {"n_head", hp.n_head}, {"n_head_kv", hp.n_head_kv}, {"head_dim", hp.head_dim}, {"n_ff", hp.n_ff},
+            {"n_ctx_train", hp.n_ctx_train}, {"rope_base", hp.rope_base}, {"tensor_types", type_counts},
+            {"file_bytes", file_size}, {"weight_bytes", lm->model.weight_bytes},
+            {"kv", {{"n_ctx", n_ctx}, {"type_k", gl::type_name(tk)}, {"type_v", gl::type_name(tv)},
+                    {"bytes_per_token", per_token}, {"bytes", kv_total}}},
+            {"total_bytes", lm->model.weight_bytes + kv_total}};
+        fmt::print("{}\n", j.dump(2));
+        return 0;
+    }
+    std::string types;
+    for (const auto& [name, count] : type_counts) types += fmt::format("{}{} × {}", types.empty() ? "" : ", ", count, name);
+    fmt::print("model:        {}\n", c.model);
+    fmt::print("architecture: {} (GGUF v{})\n", hp.arch, lm->file.version());
+    fmt::print("dimensions:   {} layers, width {}, {} heads / {} KV heads of {}, FFN {}, vocab {}\n", hp.n_layer,
+               hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff, hp.n_vocab);
+    fmt::print("context:      {} tokens trained; RoPE base {}, {} dims{}\n", hp.n_ctx_train, hp.rope_base,
+               hp.rope_dims, hp.rope_neox ? " (neox)" : "");
+    fmt::print("tensors:      {}\n", types);
+    fmt::print("file size:    {} ({} bytes); weights {}\n", human_bytes(file_size), file_size,
+               human_bytes(lm->model.weight_bytes));
+    fmt::print("KV per token: {} = {} layers × {} KV heads × {} dims × ({} + {} bytes)\n", human_bytes(per_token),
+               hp.n_layer, hp.n_head_kv, hp.head_dim, bytes_k / hp.kv_dim(), bytes_v / hp.kv_dim());
+    fmt::print("KV at -c {}: {} ({} bytes); weights + KV = {}\n", n_ctx, human_bytes(kv_total), kv_total,
+               human_bytes(lm->model.weight_bytes + kv_total));
+    return 0;
+}
+
+} // namespace kvrun::cli

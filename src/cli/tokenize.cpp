@@ -1,0 +1,48 @@
+// `kvrun tokenize -m M -p TEXT [--json]`: the ids the model would see.
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/common.h"
+#include "error.h"
+#include "gguf.h"
+#include "tokenizer.h"
+
+namespace kvrun::cli {
+
+int run_tokenize(int argc, char** argv) {
+    CommonOptions c;
+    std::string prompt, file;
+    bool json = false, no_bos = false, no_special = false, pieces = false;
+    CLI::App app{"kvrun tokenize: print the token ids of a text", "kvrun tokenize"};
+    add_model_option(app, c);
+    auto* p_opt = app.add_option("-p,--prompt", prompt, "text to tokenize");
+    app.add_option("-f,--file", file, "read the text from FILE (- for stdin)");
+    app.add_flag("--json", json, "print a JSON array of ids");
+    app.add_flag("--no-bos", no_bos, "do not add BOS even if the vocabulary asks for it");
+    app.add_flag("--no-special", no_special, "treat special-token text as plain text");
+    app.add_flag("--pieces", pieces, "print one 'id<TAB>piece' line per token");
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        return app.exit(e) == 0 ? 0 : static_cast<int>(Exit::usage);
+    }
+    if (file.empty() && !*p_opt) fail(Exit::usage, "give a text with -p TEXT or -f FILE");
+    const std::string text = read_prompt(prompt, file, static_cast<bool>(*p_opt));
+    // Only the vocabulary is needed: no weights are bound, so vocab-only files work.
+    GgufFile f = GgufFile::open(c.model);
+    Tokenizer tok(Vocab::from_gguf(f));
+    const std::vector<int32_t> ids = tok.encode(text, !no_bos, !no_special);
+    if (json) {
+        fmt::print("{}\n", nlohmann::json(ids).dump());
+    } else if (pieces) {
+        for (int32_t id : ids) fmt::print("{}\t{}\n", id, nlohmann::json(tok.piece(id, true)).dump());
+    } else {
+        std::string line;
+        for (size_t i = 0; i < ids.size(); i++) line += (i ? " " : "") + std::to_string(ids[i]);
+        fmt::print("{}\n", line);
+    }
+    return 0;
+}
+
+} // namespace kvrun::cli

@@ -1,0 +1,147 @@
+#include "forward.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "error.h"
+#include "ggml-like/ops.h"
+#include "ggml-like/quants.h"
+
+namespace kvrun {
+
+Forward::Forward(const Model& m, KvCache& kv, gl::Backend& be, int max_batch)
+    : m_(m), kv_(kv), be_(be), max_batch_(max_batch) {
+    const Hparams& hp = m.hp;
+    KV_ASSERT(max_batch >= 1);
+    KV_ASSERT(kv.config().n_layer == hp.n_layer && kv.kv_dim() == hp.kv_dim());
+    const size_t B = max_batch;
+    x_.resize(B * hp.n_embd);
+    xb_.resize(B * hp.n_embd);
+    q_.resize(B * hp.q_dim());
+    q_unrot_.resize(B * hp.q_dim());
+    k_.resize(B * hp.kv_dim());
+    v_.resize(B * hp.kv_dim());
+    kc_.resize(B * kv.row_bytes_k());
+    vc_.resize(B * kv.row_bytes_v());
+    att_.resize(B * hp.q_dim());
+    hb_.resize(B * hp.n_ff);
+    hb2_.resize(B * hp.n_ff);
+    cos_.resize(B * hp.rope_dims / 2);
+    sin_.resize(B * hp.rope_dims / 2);
+    sink_cos_.resize(hp.rope_dims / 2);
+    sin_sink_.resize(hp.rope_dims / 2);
+    pos_.resize(B);
+    logits_.resize(static_cast<size_t>(hp.n_vocab)); // grown once if all rows are asked for
+
+    size_t mm = 0;
+    auto need = [&](const gl::Tensor& w) { mm = std::max(mm, gl::ops::matmul_scratch_bytes(w.type, w.ne0, B)); };
+    for (const LayerWeights& L : m.layers)
+        for (const gl::Tensor* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) need(*w);
+    need(m.output);
+    be.reserve(mm, gl::attention_scratch_floats(be.n_threads(), kv.n_ctx(), max_batch));
+}
+
+const float* Forward::eval(const int32_t* tokens, int n, bool all_logits) {
+    const Hparams& hp = m_.hp;
+    KV_ASSERT(n >= 1 && n <= max_batch_);
+    const int64_t pos0 = kv_.n_past();
+    // A batch holding sink positions must end before the window slides, so
+    // that no query in it needs the sinks' shifted form (attention.h).
+    KV_ASSERT(pos0 >= kv_.keep() || pos0 + n <= kv_.n_ctx());
+    for (int i = 0; i < n; i++) {
+        const int32_t id = tokens[i];
+        KV_ASSERT(id >= 0 && id < hp.n_vocab);
+        gl::cpu::dequantize_row(m_.token_embd.type, m_.token_embd.row(id), x_.data() + static_cast<size_t>(i) * hp.n_embd,
+                                hp.n_embd);
+        pos_[i] = pos0 + i;
+        gl::ops::rope_angles(static_cast<double>(pos0 + i), hp.rope_dims / 2, m_.rope_inv_freq.data(),
+                             cos_.data() + static_cast<size_t>(i) * hp.rope_dims / 2,
+                             sin_.data() + static_cast<size_t>(i) * hp.rope_dims / 2);
+    }
+    for (int l = 0; l < hp.n_layer; l++) layer(l, n, pos0);
+    kv_.commit(pos0, n);
+
+    const int first = all_logits ? 0 : n - 1;
+    const int rows = n - first;
+    if (logits_.size() < static_cast<size_t>(rows) * hp.n_vocab) logits_.resize(static_cast<size_t>(rows) * hp.n_vocab);
+    float* xn = xb_.data();
+    be_.rmsnorm(x_.data() + static_cast<size_t>(first) * hp.n_embd, m_.output_norm.data(), hp.n_embd, rows, hp.rms_eps, xn);
+    be_.matmul(m_.output, xn, rows, logits_.data());
+    return logits_.data();
+}
+
+void Forward::layer(int l, int n, int64_t pos0) {
+    const Hparams& hp = m_.hp;
+    const LayerWeights& L = m_.layers[l];
+    const int qd = hp.q_dim(), kvd = hp.kv_dim();
+
+    // ---- attention block ----
+    be_.rmsnorm(x_.data(), L.attn_norm.data(), hp.n_embd, n, hp.rms_eps, xb_.data());
+    be_.matmul(L.wq, xb_.data(), n, q_.data());
+    be_.matmul(L.wk, xb_.data(), n, k_.data());
+    be_.matmul(L.wv, xb_.data(), n, v_.data());
+    if (!L.bq.empty())
+        for (int i = 0; i < n; i++) {
+            be_.add(q_.data() + static_cast<size_t>(i) * qd, L.bq.data(), qd);
+            be_.add(k_.data() + static_cast<size_t>(i) * kvd, L.bk.data(), kvd);
+            be_.add(v_.data() + static_cast<size_t>(i) * kvd, L.bv.data(), kvd);
+        }
+
+    // Sinks: keep each sink key pre-rotated by -(n_ctx - 1 - j), for queries
+    // past the window (see kv_cache.h). Computed from the unrotated key, in
+    // double-precision angles, once per sink: nothing accumulates.
+    const int half = hp.rope_dims / 2;
+    for (int i = 0; i < n && pos0 + i < kv_.keep(); i++) {
+        const int64_t j = pos0 + i;
+        float* dst = kv_.sink_k(l) + j * kvd;
+        std::memcpy(dst, k_.data() + static_cast<size_t>(i) * kvd, sizeof(float) * kvd);
+        gl::ops::rope_angles(-static_cast<double>(kv_.n_ctx() - 1 - j), half, m_.rope_inv_freq.data(),
+                             sink_cos_.data(), sin_sink_.data());
+        gl::ops::rope(dst, hp.n_head_kv, hp.head_dim, hp.rope_dims, sink_cos_.data(), sin_sink_.data(), hp.rope_neox);
+    }
+    const bool any_slid = pos0 + n - 1 >= kv_.n_ctx();
+    if (any_slid) std::memcpy(q_unrot_.data(), q_.data(), sizeof(float) * static_cast<size_t>(n) * qd);
+
+    be_.rope(q_.data(), n, hp.n_head, hp.head_dim, hp.rope_dims, cos_.data(), sin_.data(), hp.rope_neox);
+    be_.rope(k_.data(), n, hp.n_head_kv, hp.head_dim, hp.rope_dims, cos_.data(), sin_.data(), hp.rope_neox);
+    be_.convert_rows(kv_.config().type_k, k_.data(), kvd, n, kc_.data());
+    be_.convert_rows(kv_.config().type_v, v_.data(), kvd, n, vc_.data());
+
+    gl::AttentionArgs a;
+    a.n_tok = n;
+    a.n_head = hp.n_head;
+    a.n_head_kv = hp.n_head_kv;
+    a.head_dim = hp.head_dim;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
+    a.q = q_.data();
+    a.q_unrot = any_slid ? q_unrot_.data() : nullptr;
+    a.pos = pos_.data();
+    a.kv_type = kv_.config().type_k;
+    KV_ASSERT(kv_.config().type_k == kv_.config().type_v);
+    a.kv_row_bytes = kv_.row_bytes_k();
+    a.n_ctx = kv_.n_ctx();
+    a.k_slots = kv_.k_slots(l);
+    a.v_slots = kv_.v_slots(l);
+    a.slot_pos = kv_.slot_pos();
+    a.k_new = kc_.data();
+    a.v_new = vc_.data();
+    a.n_sink = kv_.keep();
+    a.window = kv_.window();
+    a.sink_k = kv_.sink_k(l);
+    a.out = att_.data();
+    be_.attention(a);
+    kv_.write(l, pos0, n, kc_.data(), vc_.data());
+
+    be_.matmul(L.wo, att_.data(), n, xb_.data());
+    be_.add(x_.data(), xb_.data(), static_cast<int64_t>(n) * hp.n_embd);
+
+    // ---- feed-forward block (SwiGLU) ----
+    be_.rmsnorm(x_.data(), L.ffn_norm.data(), hp.n_embd, n, hp.rms_eps, xb_.data());
+    be_.matmul(L.w_gate, xb_.data(), n, hb_.data());
+    be_.matmul(L.w_up, xb_.data(), n, hb2_.data());
+    be_.silu_mul(hb_.data(), hb2_.data(), static_cast<int64_t>(n) * hp.n_ff);
+    be_.matmul(L.w_down, hb_.data(), n, xb_.data());
+    be_.add(x_.data(), xb_.data(), static_cast<int64_t>(n) * hp.n_embd);
+}
+
+} // namespace kvrun

@@ -1,0 +1,93 @@
+#include "kv_cache.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "error.h"
+
+namespace kvrun {
+
+void KvCache::Free::operator()(void* p) const { std::free(p); }
+
+size_t KvCache::ring_bytes_for(const KvCacheConfig& c) {
+    const int64_t kv_dim = static_cast<int64_t>(c.n_head_kv) * c.head_dim;
+    return static_cast<size_t>(c.n_layer) * c.n_ctx *
+           (gl::row_size(c.type_k, kv_dim) + gl::row_size(c.type_v, kv_dim));
+}
+
+KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg) {
+    if (cfg.n_ctx < 2) fail(Exit::usage, "context size {} is too small (at least 2)", cfg.n_ctx);
+    if (cfg.keep < 0 || cfg.keep >= cfg.n_ctx)
+        fail(Exit::usage, "--keep {} must be at least 0 and smaller than the context ({})", cfg.keep, cfg.n_ctx);
+    for (gl::Type t : {cfg.type_k, cfg.type_v})
+        if (t != gl::Type::F32 && t != gl::Type::F16)
+            fail(Exit::usage, "KV cache type {} is not supported (f32 or f16)", gl::type_name(t));
+    row_k_ = gl::row_size(cfg.type_k, kv_dim());
+    row_v_ = gl::row_size(cfg.type_v, kv_dim());
+    k_.reserve(cfg.n_layer);
+    v_.reserve(cfg.n_layer);
+    for (int l = 0; l < cfg.n_layer; l++) {
+        // 64-byte aligned so SIMD loads of a row never split a cache line needlessly
+        auto alloc = [&](size_t row) {
+            size_t n = (row * cfg.n_ctx + 63) / 64 * 64;
+            void* p = std::aligned_alloc(64, n);
+            if (!p) fail(Exit::out_of_memory, "cannot allocate {} bytes for the KV cache", n);
+            std::memset(p, 0, n);
+            return std::unique_ptr<uint8_t[], Free>(static_cast<uint8_t*>(p));
+        };
+        k_.push_back(alloc(row_k_));
+        v_.push_back(alloc(row_v_));
+    }
+    slot_pos_.assign(cfg.n_ctx, -1);
+    sink_k_.assign(static_cast<size_t>(cfg.n_layer) * cfg.keep * kv_dim(), 0.0f);
+}
+
+int KvCache::slot_of(int64_t pos) const {
+    KV_ASSERT(pos >= 0);
+    if (pos < cfg_.keep) return static_cast<int>(pos);
+    return static_cast<int>(cfg_.keep + (pos - cfg_.keep) % window());
+}
+
+size_t KvCache::ring_bytes() const { return ring_bytes_for(cfg_); }
+size_t KvCache::sink_bytes() const { return sink_k_.size() * sizeof(float); }
+
+void KvCache::write(int layer, int64_t pos0, int n, const void* k_rows, const void* v_rows) {
+    KV_ASSERT(layer >= 0 && layer < cfg_.n_layer && pos0 == n_past_);
+    // When the batch is longer than the window only its newest tokens survive;
+    // skip the ones that would be overwritten within the same batch.
+    int first = 0;
+    if (pos0 + n > cfg_.keep && n > window()) {
+        first = static_cast<int>(n - window());
+        while (first > 0 && pos0 + first < cfg_.keep) first--; // never skip sinks
+    }
+    auto* kb = k_[layer].get();
+    auto* vb = v_[layer].get();
+    for (int i = 0; i < n; i++) {
+        const int64_t p = pos0 + i;
+        if (i < first && p >= cfg_.keep) continue;
+        const int s = slot_of(p);
+        std::memcpy(kb + s * row_k_, static_cast<const uint8_t*>(k_rows) + i * row_k_, row_k_);
+        std::memcpy(vb + s * row_v_, static_cast<const uint8_t*>(v_rows) + i * row_v_, row_v_);
+    }
+}
+
+void KvCache::commit(int64_t pos0, int n) {
+    KV_ASSERT(pos0 == n_past_);
+    for (int i = 0; i < n; i++) slot_pos_[slot_of(pos0 + i)] = pos0 + i;
+    n_past_ = pos0 + n;
+}
+
+void KvCache::clear() {
+    std::fill(slot_pos_.begin(), slot_pos_.end(), -1);
+    n_past_ = 0;
+}
+
+bool KvCache::truncate(int64_t n) {
+    if (n >= n_past_) return n == n_past_;
+    if (n_past_ > cfg_.n_ctx) return false; // the ring has wrapped: old slots are gone
+    for (int64_t p = n; p < n_past_; p++) slot_pos_[slot_of(p)] = -1;
+    n_past_ = n;
+    return true;
+}
+
+} // namespace kvrun

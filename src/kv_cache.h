@@ -1,0 +1,81 @@
+// The KV cache: per layer, one K and one V buffer of exactly n_ctx rows
+// ("slots") of n_head_kv * head_dim elements, allocated once and never grown.
+//
+// It is a ring with a pinned prefix. Position p lives in slot
+//     p                                   if p < keep   (attention sinks)
+//     keep + (p - keep) mod (n_ctx - keep) otherwise,
+// so once generation passes n_ctx every new token overwrites the oldest
+// window token and goes on forever with no pause to shift or recompute.
+// Window keys are stored rotated at their absolute positions. Each sink key is
+// also kept once, in F32, pre-rotated by -(n_ctx - 1 - j): dotted with an
+// unrotated query it scores as if the sink sat just before the oldest window
+// token, so no query-key distance ever exceeds n_ctx - 1 (see gl::AttentionArgs).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "ggml-like/types.h"
+
+namespace kvrun {
+
+struct KvCacheConfig {
+    int n_layer = 0, n_head_kv = 0, head_dim = 0;
+    int n_ctx = 0;
+    int keep = 4;
+    gl::Type type_k = gl::Type::F16, type_v = gl::Type::F16;
+};
+
+class KvCache {
+  public:
+    explicit KvCache(const KvCacheConfig& cfg); // throws Error on an invalid config
+    const KvCacheConfig& config() const { return cfg_; }
+    int n_ctx() const { return cfg_.n_ctx; }
+    int keep() const { return cfg_.keep; }
+    int64_t window() const { return cfg_.n_ctx - cfg_.keep; }
+    int kv_dim() const { return cfg_.n_head_kv * cfg_.head_dim; }
+
+    // Tokens evaluated so far; the next token goes at this position.
+    int64_t n_past() const { return n_past_; }
+    int slot_of(int64_t pos) const;
+
+    // Exactly 2 × n_layer × n_ctx × n_head_kv × head_dim × bytes per element.
+    size_t ring_bytes() const;
+    // The sinks' pre-rotated F32 copies.
+    size_t sink_bytes() const;
+    static size_t ring_bytes_for(const KvCacheConfig& cfg);
+    size_t row_bytes_k() const { return row_k_; }
+    size_t row_bytes_v() const { return row_v_; }
+
+    const void* k_slots(int layer) const { return k_[layer].get(); }
+    const void* v_slots(int layer) const { return v_[layer].get(); }
+    const int64_t* slot_pos() const { return slot_pos_.data(); }
+    float* sink_k(int layer) { return sink_k_.data() + static_cast<size_t>(layer) * cfg_.keep * kv_dim(); }
+    const float* sink_k(int layer) const {
+        return sink_k_.data() + static_cast<size_t>(layer) * cfg_.keep * kv_dim();
+    }
+
+    // Copy a batch's K/V rows (already in the cache types) for one layer into
+    // the slots of positions pos0 .. pos0 + n - 1.
+    void write(int layer, int64_t pos0, int n, const void* k_rows, const void* v_rows);
+    // After all layers are written: record the positions the slots now hold.
+    void commit(int64_t pos0, int n);
+
+    // Forget everything.
+    void clear();
+    // Keep only the first n tokens; possible while no slot of those has been
+    // overwritten (returns false otherwise, and the caller must clear).
+    bool truncate(int64_t n);
+
+  private:
+    KvCacheConfig cfg_;
+    size_t row_k_ = 0, row_v_ = 0;
+    struct Free { void operator()(void* p) const; };
+    std::vector<std::unique_ptr<uint8_t[], Free>> k_, v_; // [n_layer] of [n_ctx][row]
+    std::vector<int64_t> slot_pos_;                      // [n_ctx], -1 = empty
+    std::vector<float> sink_k_;                          // [n_layer][keep][kv_dim]
+    int64_t n_past_ = 0;
+};
+
+} // namespace kvrun

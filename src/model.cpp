@@ -1,0 +1,163 @@
+#include "model.h"
+
+#include <cmath>
+
+#include "error.h"
+#include "ggml-like/quants.h"
+
+namespace kvrun {
+
+namespace {
+
+// What differs between the llama-like families kvrun runs.
+struct ArchTraits {
+    const char* name;
+    bool rope_neox;
+    bool qkv_bias;
+};
+constexpr ArchTraits kArchs[] = {
+    {"llama", false, false},
+    {"qwen2", true, true},
+};
+
+class Binder {
+  public:
+    Binder(const GgufFile& f) : f_(f) {}
+
+    const GgufTensor* find(const std::string& name) const { return f_.tensor(name); }
+
+    // A 2-D weight matrix: rows of `in` elements, `out` rows.
+    gl::Tensor matrix(const std::string& name, int64_t in, int64_t out) const {
+        const GgufTensor* t = find(name);
+        if (!t) fail(Exit::bad_model, "{}: missing tensor '{}'", f_.path(), name);
+        return view(*t, in, out);
+    }
+
+    gl::Tensor view(const GgufTensor& t, int64_t in, int64_t out) const {
+        if (t.n_dims > 2 || t.ne[0] != in || t.ne[1] != out)
+            fail(Exit::bad_model, "{}: tensor '{}' has shape {}, expected [{}, {}]", f_.path(), t.name,
+                 t.shape_str(), in, out);
+        check_type(t);
+        gl::Tensor v;
+        v.type = t.type;
+        v.ne0 = in;
+        v.ne1 = out;
+        v.row_bytes = gl::row_size(t.type, in);
+        v.data = t.data;
+        return v;
+    }
+
+    // A 1-D tensor converted to F32 (norm weights, biases). Optional if !required.
+    std::vector<float> vector(const std::string& name, int64_t n, bool required = true) const {
+        const GgufTensor* t = find(name);
+        if (!t) {
+            if (required) fail(Exit::bad_model, "{}: missing tensor '{}'", f_.path(), name);
+            return {};
+        }
+        if (t->n_elements() != n || t->ne[0] != n)
+            fail(Exit::bad_model, "{}: tensor '{}' has shape {}, expected [{}]", f_.path(), name, t->shape_str(), n);
+        check_type(*t);
+        std::vector<float> out(n);
+        gl::ref::dequantize_row(t->type, t->data, out.data(), n);
+        return out;
+    }
+
+    void check_type(const GgufTensor& t) const {
+        if (!gl::type_info(t.type).supported)
+            fail(Exit::bad_model, "{}: tensor '{}' has type {}, which kvrun does not support yet", f_.path(),
+                 t.name, gl::type_name(t.type));
+    }
+
+  private:
+    const GgufFile& f_;
+};
+
+int as_int(uint64_t v, const GgufFile& f, const std::string& key, uint64_t max = 1u << 24) {
+    if (v == 0 || v > max) fail(Exit::bad_model, "{}: '{}' = {} is out of range", f.path(), key, v);
+    return static_cast<int>(v);
+}
+
+} // namespace
+
+const char* supported_architectures() { return "llama, qwen2"; }
+
+Model Model::load(const GgufFile& f) {
+    Model m;
+    Hparams& hp = m.hp;
+    hp.arch = std::string(f.need_str("general.architecture"));
+    const ArchTraits* arch = nullptr;
+    for (const auto& a : kArchs)
+        if (hp.arch == a.name) arch = &a;
+    if (!arch)
+        fail(Exit::bad_model, "{}: architecture '{}' is not supported (kvrun runs: {})", f.path(), hp.arch,
+             supported_architectures());
+    const std::string p = hp.arch + ".";
+    auto need = [&](const std::string& k, uint64_t max = 1u << 24) { return as_int(f.need_u64(p + k), f, p + k, max); };
+
+    hp.n_embd = need("embedding_length");
+    hp.n_layer = need("block_count", 4096);
+    hp.n_ff = need("feed_forward_length");
+    hp.n_head = need("attention.head_count", 4096);
+    hp.n_head_kv = f.get_u64(p + "attention.head_count_kv") ? need("attention.head_count_kv", 4096) : hp.n_head;
+    hp.n_ctx_train = need("context_length", 1u << 30);
+    if (hp.n_head % hp.n_head_kv != 0)
+        fail(Exit::bad_model, "{}: {} query heads cannot be grouped over {} KV heads", f.path(), hp.n_head, hp.n_head_kv);
+    if (hp.n_embd % hp.n_head != 0 && !f.get_u64(p + "attention.key_length"))
+        fail(Exit::bad_model, "{}: width {} is not a multiple of {} heads", f.path(), hp.n_embd, hp.n_head);
+    hp.head_dim = f.get_u64(p + "attention.key_length") ? need("attention.key_length", 4096) : hp.n_embd / hp.n_head;
+    if (auto vl = f.get_u64(p + "attention.value_length"); vl && static_cast<int>(*vl) != hp.head_dim)
+        fail(Exit::bad_model, "{}: key length {} != value length {} is not supported", f.path(), hp.head_dim, *vl);
+    if (hp.head_dim % 2 != 0) fail(Exit::bad_model, "{}: head size {} is odd", f.path(), hp.head_dim);
+    hp.rms_eps = static_cast<float>(f.get_f64(p + "attention.layer_norm_rms_epsilon").value_or(1e-5));
+    hp.rope_base = f.get_f64(p + "rope.freq_base").value_or(10000.0);
+    hp.rope_dims = f.get_u64(p + "rope.dimension_count") ? need("rope.dimension_count", 4096) : hp.head_dim;
+    if (hp.rope_dims > hp.head_dim || hp.rope_dims % 2 != 0)
+        fail(Exit::bad_model, "{}: rope.dimension_count {} does not fit head size {}", f.path(), hp.rope_dims, hp.head_dim);
+    if (!(hp.rope_base > 0) || !(hp.rms_eps > 0))
+        fail(Exit::bad_model, "{}: rope.freq_base and the RMS epsilon must be positive", f.path());
+    hp.rope_neox = arch->rope_neox;
+    if (auto scaling = f.get_str(p + "rope.scaling.type"); scaling && *scaling != "none")
+        fail(Exit::bad_model, "{}: RoPE scaling '{}' is not supported yet", f.path(), *scaling);
+
+    Binder b(f);
+    const GgufTensor* emb = b.find("token_embd.weight");
+    if (!emb) fail(Exit::bad_model, "{}: missing tensor 'token_embd.weight'", f.path());
+    if (emb->n_dims != 2 || emb->ne[0] != hp.n_embd)
+        fail(Exit::bad_model, "{}: token_embd.weight has shape {}, expected [{}, n_vocab]", f.path(),
+             emb->shape_str(), hp.n_embd);
+    hp.n_vocab = static_cast<int>(emb->ne[1]);
+    m.token_embd = b.view(*emb, hp.n_embd, hp.n_vocab);
+    m.output_norm = b.vector("output_norm.weight", hp.n_embd);
+    m.output = b.find("output.weight") ? b.matrix("output.weight", hp.n_embd, hp.n_vocab) : m.token_embd;
+
+    m.layers.resize(hp.n_layer);
+    for (int l = 0; l < hp.n_layer; l++) {
+        const std::string n = "blk." + std::to_string(l) + ".";
+        LayerWeights& L = m.layers[l];
+        L.attn_norm = b.vector(n + "attn_norm.weight", hp.n_embd);
+        L.wq = b.matrix(n + "attn_q.weight", hp.n_embd, hp.q_dim());
+        L.wk = b.matrix(n + "attn_k.weight", hp.n_embd, hp.kv_dim());
+        L.wv = b.matrix(n + "attn_v.weight", hp.n_embd, hp.kv_dim());
+        L.bq = b.vector(n + "attn_q.bias", hp.q_dim(), arch->qkv_bias);
+        L.bk = b.vector(n + "attn_k.bias", hp.kv_dim(), arch->qkv_bias);
+        L.bv = b.vector(n + "attn_v.bias", hp.kv_dim(), arch->qkv_bias);
+        L.wo = b.matrix(n + "attn_output.weight", hp.q_dim(), hp.n_embd);
+        L.ffn_norm = b.vector(n + "ffn_norm.weight", hp.n_embd);
+        L.w_gate = b.matrix(n + "ffn_gate.weight", hp.n_embd, hp.n_ff);
+        L.w_up = b.matrix(n + "ffn_up.weight", hp.n_embd, hp.n_ff);
+        L.w_down = b.matrix(n + "ffn_down.weight", hp.n_ff, hp.n_embd);
+    }
+
+    // theta_i = base^(-2i/d); Llama 3 files carry per-frequency divisors in rope_freqs.
+    const int n_pairs = hp.rope_dims / 2;
+    std::vector<float> factors = b.vector("rope_freqs.weight", n_pairs, false);
+    m.rope_inv_freq.resize(n_pairs);
+    for (int i = 0; i < n_pairs; i++) {
+        m.rope_inv_freq[i] = std::pow(hp.rope_base, -2.0 * i / hp.rope_dims);
+        if (!factors.empty()) m.rope_inv_freq[i] /= factors[i];
+    }
+    for (const auto& t : f.tensors()) m.weight_bytes += t.nbytes;
+    return m;
+}
+
+} // namespace kvrun

@@ -1,0 +1,57 @@
+// Hyperparameters and weights of a decoder-only transformer, bound by name and
+// expected shape from a GgufFile. Weight matrices are views into the mmapped
+// file (no copy); small 1-D tensors (norms, biases) are converted to F32.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ggml-like/tensor.h"
+#include "gguf.h"
+
+namespace kvrun {
+
+struct Hparams {
+    std::string arch;       // "llama", "qwen2"
+    int n_vocab = 0;
+    int n_embd = 0;         // model width
+    int n_layer = 0;
+    int n_head = 0, n_head_kv = 0, head_dim = 0;
+    int n_ff = 0;           // FFN hidden width
+    int64_t n_ctx_train = 0; // context the model was trained for
+    float rms_eps = 1e-5f;
+    double rope_base = 10000.0;
+    int rope_dims = 0;      // rotated dims per head (<= head_dim)
+    bool rope_neox = false; // rotate pairs (i, i + d/2) instead of (2i, 2i+1)
+    int q_dim() const { return n_head * head_dim; }
+    int kv_dim() const { return n_head_kv * head_dim; }
+};
+
+struct LayerWeights {
+    std::vector<float> attn_norm;            // [n_embd]
+    gl::Tensor wq, wk, wv;                   // [n_embd] -> [q_dim], [kv_dim], [kv_dim]
+    std::vector<float> bq, bk, bv;           // optional biases (qwen2)
+    gl::Tensor wo;                           // [q_dim] -> [n_embd]
+    std::vector<float> ffn_norm;             // [n_embd]
+    gl::Tensor w_gate, w_up;                 // [n_embd] -> [n_ff]
+    gl::Tensor w_down;                       // [n_ff] -> [n_embd]
+};
+
+struct Model {
+    Hparams hp;
+    gl::Tensor token_embd;          // [n_vocab] rows of [n_embd]
+    std::vector<float> output_norm; // [n_embd]
+    gl::Tensor output;              // [n_embd] -> [n_vocab]; token_embd when tied
+    std::vector<LayerWeights> layers;
+    std::vector<double> rope_inv_freq; // [rope_dims / 2], with rope_freqs factors applied
+    uint64_t weight_bytes = 0;      // bytes of all tensors in the file
+
+    // Throws Error(Exit::bad_model) naming what is missing, misshapen or unsupported.
+    static Model load(const GgufFile& f);
+};
+
+// Architectures kvrun can run, for messages.
+const char* supported_architectures();
+
+} // namespace kvrun
