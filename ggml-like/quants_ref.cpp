@@ -22,8 +22,7 @@ namespace {
 [[noreturn]] void unsupported(const char* what, Type t) {
     // A caller bug (types are validated when a model loads); no exceptions in
     // kernels, so stop loudly rather than compute garbage.
-    std::fprintf(stderr, "kvrun: internal error: %s for unsupported type %s\n", what,
-                 type_name(t));
+    std::fprintf(stderr, "kvrun: internal error: %s for unsupported type %s\n", what, type_name(t));
     std::abort();
 }
 
@@ -33,7 +32,11 @@ uint16_t load_u16(const void* p) {
     return v;
 }
 
-float load_fp16(const void* p) { return fp16_to_fp32(load_u16(p)); }
+// Through the table: same values as fp16_to_fp32, several times faster in
+// the scalar path (F16 weights and KV rows on CPUs without a SIMD table).
+float load_fp16(const void* p) {
+    return kFp16ToFp32[load_u16(p)];
+}
 
 // ---- dequantize ---------------------------------------------------------------
 
@@ -128,20 +131,37 @@ namespace ref {
 
 void dequantize_row(Type t, const void* src, float* dst, int64_t n) {
     switch (t) {
-    case Type::F32: std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float)); return;
-    case Type::F16: dequant_f16(src, dst, n); return;
-    case Type::BF16: dequant_bf16(src, dst, n); return;
-    case Type::Q8_0: dequant_q8_0(src, dst, n); return;
-    case Type::Q4_0: dequant_q4_0(src, dst, n); return;
-    default: unsupported("dequantize_row", t);
+    case Type::F32:
+        std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+        return;
+    case Type::F16:
+        dequant_f16(src, dst, n);
+        return;
+    case Type::BF16:
+        dequant_bf16(src, dst, n);
+        return;
+    case Type::Q8_0:
+        dequant_q8_0(src, dst, n);
+        return;
+    case Type::Q4_0:
+        dequant_q4_0(src, dst, n);
+        return;
+    default:
+        unsupported("dequantize_row", t);
     }
 }
 
 void quantize_row(Type t, const float* src, void* dst, int64_t n) {
     switch (t) {
-    case Type::F32: std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float)); return;
-    case Type::F16: quant_f16(src, dst, n); return;
-    case Type::BF16: quant_bf16(src, dst, n); return;
+    case Type::F32:
+        std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+        return;
+    case Type::F16:
+        quant_f16(src, dst, n);
+        return;
+    case Type::BF16:
+        quant_bf16(src, dst, n);
+        return;
     case Type::Q8_0: {
         auto* b = static_cast<BlockQ8_0*>(dst);
         for (int64_t i = 0; i < n / QK8_0; i++) quantize_block_q8_0(src + i * QK8_0, b + i);
@@ -152,7 +172,8 @@ void quantize_row(Type t, const float* src, void* dst, int64_t n) {
         for (int64_t i = 0; i < n / QK4_0; i++) quantize_block_q4_0(src + i * QK4_0, b + i);
         return;
     }
-    default: unsupported("quantize_row", t);
+    default:
+        unsupported("quantize_row", t);
     }
 }
 
@@ -197,12 +218,15 @@ float load_f32(const void* p, int64_t i) {
     std::memcpy(&v, static_cast<const uint8_t*>(p) + 4 * i, sizeof v);
     return v;
 }
-float load_f16(const void* p, int64_t i) { return load_fp16(static_cast<const uint8_t*>(p) + 2 * i); }
+float load_f16(const void* p, int64_t i) {
+    return load_fp16(static_cast<const uint8_t*>(p) + 2 * i);
+}
 float load_bf16(const void* p, int64_t i) {
     return bf16_to_fp32(load_u16(static_cast<const uint8_t*>(p) + 2 * i));
 }
 
-template <typename Load> void axpy_float(int64_t n, float alpha, const void* x, float* y, Load load) {
+template <typename Load>
+void axpy_float(int64_t n, float alpha, const void* x, float* y, Load load) {
     for (int64_t i = 0; i < n; i++) y[i] += alpha * load(x, i);
 }
 
@@ -211,21 +235,34 @@ template <typename Load> void axpy_float(int64_t n, float alpha, const void* x, 
 float vec_dot(Type weight, int64_t n, const void* w, const void* a) {
     const auto* af = static_cast<const float*>(a);
     switch (weight) {
-    case Type::F32: return dot_float(n, w, af, load_f32);
-    case Type::F16: return dot_float(n, w, af, load_f16);
-    case Type::BF16: return dot_float(n, w, af, load_bf16);
-    case Type::Q8_0: return dot_q8_0(n, w, a);
-    case Type::Q4_0: return dot_q4_0(n, w, a);
-    default: unsupported("vec_dot", weight);
+    case Type::F32:
+        return dot_float(n, w, af, load_f32);
+    case Type::F16:
+        return dot_float(n, w, af, load_f16);
+    case Type::BF16:
+        return dot_float(n, w, af, load_bf16);
+    case Type::Q8_0:
+        return dot_q8_0(n, w, a);
+    case Type::Q4_0:
+        return dot_q4_0(n, w, a);
+    default:
+        unsupported("vec_dot", weight);
     }
 }
 
 void axpy(Type x_type, int64_t n, float alpha, const void* x, float* y) {
     switch (x_type) {
-    case Type::F32: axpy_float(n, alpha, x, y, load_f32); return;
-    case Type::F16: axpy_float(n, alpha, x, y, load_f16); return;
-    case Type::BF16: axpy_float(n, alpha, x, y, load_bf16); return;
-    default: unsupported("axpy", x_type);
+    case Type::F32:
+        axpy_float(n, alpha, x, y, load_f32);
+        return;
+    case Type::F16:
+        axpy_float(n, alpha, x, y, load_f16);
+        return;
+    case Type::BF16:
+        axpy_float(n, alpha, x, y, load_bf16);
+        return;
+    default:
+        unsupported("axpy", x_type);
     }
 }
 
@@ -234,10 +271,12 @@ void axpy(Type x_type, int64_t n, float alpha, const void* x, float* y) {
 Type vec_dot_type(Type weight) {
     switch (weight) {
     case Type::Q4_0:
-    case Type::Q8_0: return Type::Q8_0;
+    case Type::Q8_0:
+        return Type::Q8_0;
     // Float weights (and, by convention, anything kvrun cannot compute with;
     // callers check `supported` first) take F32 activations.
-    default: return Type::F32;
+    default:
+        return Type::F32;
     }
 }
 

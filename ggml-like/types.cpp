@@ -6,8 +6,8 @@
 #include "ggml-like/types.h"
 
 #include <array>
+#include <bit>
 #include <cstdint>
-#include <cstring>
 
 namespace gl {
 
@@ -24,12 +24,12 @@ struct Entry {
 constexpr Entry kEntries[] = {
     {0, {"f32", 1, 4, true}},
     {1, {"f16", 1, 2, true}},
-    {2, {"q4_0", 32, 18, true}},   // fp16 d + 16 bytes of nibbles
-    {3, {"q4_1", 32, 20, false}},  // fp16 d, m + 16 bytes
-    {6, {"q5_0", 32, 22, false}},  // fp16 d + 4 bytes high bits + 16 bytes
-    {7, {"q5_1", 32, 24, false}},  // fp16 d, m + 4 + 16
-    {8, {"q8_0", 32, 34, true}},   // fp16 d + 32 int8
-    {9, {"q8_1", 32, 36, false}},  // fp16 d, s + 32 int8
+    {2, {"q4_0", 32, 18, true}},       // fp16 d + 16 bytes of nibbles
+    {3, {"q4_1", 32, 20, false}},      // fp16 d, m + 16 bytes
+    {6, {"q5_0", 32, 22, false}},      // fp16 d + 4 bytes high bits + 16 bytes
+    {7, {"q5_1", 32, 24, false}},      // fp16 d, m + 4 + 16
+    {8, {"q8_0", 32, 34, true}},       // fp16 d + 32 int8
+    {9, {"q8_1", 32, 36, false}},      // fp16 d, s + 32 int8
     {10, {"q2_K", 256, 84, false}},    // 16 scales + 64 quants + fp16 d, dmin
     {11, {"q3_K", 256, 110, false}},   // 32 hmask + 64 quants + 12 scales + fp16 d
     {12, {"q4_K", 256, 144, false}},   // fp16 d, dmin + 12 scales + 128 quants
@@ -85,7 +85,9 @@ constexpr UnknownNames make_unknown_names() {
 }
 constexpr UnknownNames kUnknownNames = make_unknown_names();
 
-char lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
+char lower(char c) {
+    return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
+}
 
 bool equal_nocase(const char* a, const char* b) {
     for (; *a && *b; a++, b++)
@@ -93,21 +95,37 @@ bool equal_nocase(const char* a, const char* b) {
     return *a == *b;
 }
 
-uint32_t float_bits(float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, sizeof u);
-    return u;
+// constexpr so the lookup table below is built by the compiler.
+constexpr float half_to_float(uint16_t h) {
+    const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
+    if (exp == 0x1f) // inf / NaN: keep the payload so a quiet NaN stays quiet
+        return std::bit_cast<float>(sign | 0x7f800000u | (man << 13));
+    if (exp != 0) // normal: rebias 15 -> 127
+        return std::bit_cast<float>(sign | ((exp + 112) << 23) | (man << 13));
+    if (man == 0) return std::bit_cast<float>(sign); // +-0
+    // Subnormal half (man * 2^-24) is a normal float: shift the mantissa up
+    // until its leading one reaches the implicit-bit position.
+    exp = 113; // exponent of 2^-14, the value of bit 10
+    while (!(man & 0x400u)) {
+        man <<= 1;
+        exp--;
+    }
+    return std::bit_cast<float>(sign | (exp << 23) | ((man & 0x3ffu) << 13));
 }
 
-float bits_float(uint32_t u) {
-    float f;
-    std::memcpy(&f, &u, sizeof f);
-    return f;
+constexpr std::array<float, 65536> make_half_table() {
+    std::array<float, 65536> t{};
+    for (uint32_t h = 0; h < 65536; h++) t[h] = half_to_float(static_cast<uint16_t>(h));
+    return t;
 }
 
 } // namespace
 
-const TypeInfo& type_info(uint32_t id) { return id < kTypeIdLimit ? kTable[id] : kUnknown; }
+const TypeInfo& type_info(uint32_t id) {
+    return id < kTypeIdLimit ? kTable[id] : kUnknown;
+}
 
 const char* type_name(Type t) {
     const uint32_t id = static_cast<uint32_t>(t);
@@ -141,32 +159,20 @@ bool row_size_ok(Type t, int64_t n) {
     return blocks <= SIZE_MAX / ti.type_size;
 }
 
+// Table and the function come from the same code, so they agree bit for bit.
+alignas(64) constinit const std::array<float, 65536> kFp16ToFp32 = make_half_table();
+
 // ---- half precision ----------------------------------------------------------
 //
 // IEEE binary16: 1 sign, 5 exponent (bias 15), 10 mantissa bits.
 // binary32:      1 sign, 8 exponent (bias 127), 23 mantissa bits.
 
 float fp16_to_fp32(uint16_t h) {
-    const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu;
-    uint32_t man = h & 0x3ffu;
-    if (exp == 0x1f) // inf / NaN: keep the payload so a quiet NaN stays quiet
-        return bits_float(sign | 0x7f800000u | (man << 13));
-    if (exp != 0) // normal: rebias 15 -> 127
-        return bits_float(sign | ((exp + 112) << 23) | (man << 13));
-    if (man == 0) return bits_float(sign); // +-0
-    // Subnormal half (man * 2^-24) is a normal float: shift the mantissa up
-    // until its leading one reaches the implicit-bit position.
-    exp = 113; // exponent of 2^-14, the value of bit 10
-    while (!(man & 0x400u)) {
-        man <<= 1;
-        exp--;
-    }
-    return bits_float(sign | (exp << 23) | ((man & 0x3ffu) << 13));
+    return half_to_float(h);
 }
 
 uint16_t fp32_to_fp16(float f) {
-    const uint32_t x = float_bits(f);
+    const uint32_t x = std::bit_cast<uint32_t>(f);
     const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
     const uint32_t a = x & 0x7fffffffu;
     if (a >= 0x7f800000u) { // inf or NaN
@@ -175,7 +181,7 @@ uint16_t fp32_to_fp16(float f) {
         return static_cast<uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
     }
     if (a >= 0x477ff000u) return sign | 0x7c00u; // >= 65520 rounds past 65504: inf
-    if (a >= 0x38800000u) {                       // >= 2^-14: a normal half
+    if (a >= 0x38800000u) {                      // >= 2^-14: a normal half
         // Drop 13 mantissa bits and rebias; a carry out of the mantissa
         // correctly bumps the exponent.
         uint32_t h = (a >> 13) - (112u << 10);
@@ -196,10 +202,12 @@ uint16_t fp32_to_fp16(float f) {
     return static_cast<uint16_t>(sign | q);
 }
 
-float bf16_to_fp32(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
+float bf16_to_fp32(uint16_t h) {
+    return std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
+}
 
 uint16_t fp32_to_bf16(float f) {
-    const uint32_t x = float_bits(f);
+    const uint32_t x = std::bit_cast<uint32_t>(f);
     if ((x & 0x7fffffffu) > 0x7f800000u) // NaN: truncating could give inf, so force quiet
         return static_cast<uint16_t>((x >> 16) | 0x40u);
     // Round to nearest even on the 16 dropped bits; overflow to inf is correct.

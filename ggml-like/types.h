@@ -6,6 +6,7 @@
 // uses it fails with a clear message instead of silent garbage.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 
@@ -69,6 +70,10 @@ bool row_size_ok(Type t, int64_t n);
 float fp16_to_fp32(uint16_t h);
 uint16_t fp32_to_fp16(float f); // round to nearest even, like F16C
 float bf16_to_fp32(uint16_t h);
+// fp16_to_fp32 of every half, computed at compile time (256 KiB). SIMD kernels
+// read block scales through it: a broadcast load costs no shuffle-port uop,
+// unlike an F16C conversion followed by a broadcast.
+extern const std::array<float, 65536> kFp16ToFp32;
 uint16_t fp32_to_bf16(float f); // round to nearest even; NaN stays NaN
 
 // ---- block layouts (as stored in GGUF) ---------------------------------------

@@ -6,7 +6,7 @@
 
 #include <algorithm>
 #include <array>
-#include <climits>
+#include <cstdint>
 #include <queue>
 #include <unordered_map>
 
@@ -25,13 +25,21 @@ constexpr std::string_view k_space_marker = "\xE2\x96\x81"; // U+2581, SentenceP
 // Texts of end-of-turn tokens for vocabularies that do not name one, in the
 // order of preference (as the reference engine recognises them).
 constexpr std::string_view k_eot_texts[] = {
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-    "<EOT>",      "_<EOT>",     "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<EOT>",
+    "_<EOT>",
+    // DeepSeek's "<｜end▁of▁sentence｜>", split so that \x9C does not swallow the 'e'
+    "<\xEF\xBD\x9C"
+    "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",
 };
 // Texts that end generation whenever present (end of turn / of message).
 constexpr std::string_view k_eog_texts[] = {
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>",
-    "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>",
+    "<|eot_id|>",    "<|im_end|>", "<|end|>", "<end_of_turn>",
+    "<|endoftext|>", "<|eom_id|>", "<EOT>",   "_<EOT>",
 };
 
 // A token id key: absent -> def; -1 / all-ones (how converters write "none")
@@ -56,7 +64,8 @@ int32_t read_token_id(const GgufFile& f, std::string_view key, int64_t n, int32_
 Vocab Vocab::from_gguf(const GgufFile& f) {
     Vocab v;
     auto model = f.get_str("tokenizer.ggml.model");
-    if (!model) fail(Exit::bad_model, "{}: no tokenizer (missing 'tokenizer.ggml.model')", f.path());
+    if (!model)
+        fail(Exit::bad_model, "{}: no tokenizer (missing 'tokenizer.ggml.model')", f.path());
     if (*model == "llama") {
         v.kind = Kind::spm;
     } else if (*model == "gpt2") {
@@ -244,9 +253,8 @@ Tokenizer::Impl::Impl(Vocab vocab) : v(std::move(vocab)) {
 
     for (int32_t i = 0; i < n; i++)
         if (is_special_attr(v.attrs[i]) && !v.tokens[i].empty()) specials.push_back(i);
-    std::stable_sort(specials.begin(), specials.end(), [&](int32_t a, int32_t b) {
-        return v.tokens[a].size() > v.tokens[b].size();
-    });
+    std::stable_sort(specials.begin(), specials.end(),
+                     [&](int32_t a, int32_t b) { return v.tokens[a].size() > v.tokens[b].size(); });
 
     byte_token.fill(-1);
     byte_sym.fill(-1);
@@ -297,15 +305,18 @@ std::string Tokenizer::Impl::make_piece(int32_t id) const {
     case TokenAttr::control:
     case TokenAttr::unknown:
     case TokenAttr::unused:
-    case TokenAttr::undefined: return {};
-    case TokenAttr::user_defined: return t;
+    case TokenAttr::undefined:
+        return {};
+    case TokenAttr::user_defined:
+        return t;
     case TokenAttr::byte:
         if (v.kind == Vocab::Kind::spm) {
             int b = parse_byte_token(t);
             return b < 0 ? std::string() : std::string(1, static_cast<char>(b));
         }
         return unicode::byte_decode(t);
-    case TokenAttr::normal: break;
+    case TokenAttr::normal:
+        break;
     }
     if (v.kind == Vocab::Kind::bpe) return unicode::byte_decode(t);
     std::string out;
@@ -326,7 +337,7 @@ std::string Tokenizer::Impl::make_piece(int32_t id) const {
 // its occurrences. Control and unknown tokens count only when parse_special;
 // user-defined ones always do (they are part of the vocabulary's text).
 std::vector<Tokenizer::Impl::Fragment> Tokenizer::Impl::partition(std::string_view text,
-                                                                 bool parse_special) const {
+                                                                  bool parse_special) const {
     std::vector<Fragment> frags;
     if (text.empty()) return frags;
     frags.push_back({-1, text});
@@ -384,8 +395,10 @@ void Tokenizer::Impl::encode_spm(std::string_view text, bool space_prefix,
     };
     std::vector<Sym> syms; // (chars of s)
     for (size_t off = 0; off < s.size();) {
-        size_t len = std::min(unicode::utf8_len_from_lead(static_cast<uint8_t>(s[off])),
-                              s.size() - off);
+        // An invalid byte is a symbol of its own (the reference goes by the
+        // lead byte alone, which can swallow part of a following U+2581).
+        int valid = unicode::valid_seq_len(s, off);
+        size_t len = valid > 0 ? static_cast<size_t>(valid) : 1;
         int idx = static_cast<int>(syms.size());
         syms.push_back({off, len, idx - 1, off + len < s.size() ? idx + 1 : -1});
         off += len;
@@ -529,11 +542,21 @@ Tokenizer::Tokenizer(Vocab v) : impl_(std::make_unique<Impl>(std::move(v))) {}
 Tokenizer::~Tokenizer() = default;
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 
-const Vocab& Tokenizer::vocab() const { return impl_->v; }
-int32_t Tokenizer::n_vocab() const { return impl_->n; }
-int32_t Tokenizer::bos() const { return impl_->v.bos; }
-int32_t Tokenizer::eos() const { return impl_->v.eos; }
-bool Tokenizer::is_eog(int32_t id) const { return id >= 0 && id < impl_->n && impl_->eog[id]; }
+const Vocab& Tokenizer::vocab() const {
+    return impl_->v;
+}
+int32_t Tokenizer::n_vocab() const {
+    return impl_->n;
+}
+int32_t Tokenizer::bos() const {
+    return impl_->v.bos;
+}
+int32_t Tokenizer::eos() const {
+    return impl_->v.eos;
+}
+bool Tokenizer::is_eog(int32_t id) const {
+    return id >= 0 && id < impl_->n && impl_->eog[id];
+}
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos,
                                        bool parse_special) const {

@@ -44,14 +44,22 @@ uint32_t next_cp(std::string_view s, size_t& i) {
     auto b = [&](size_t k) { return static_cast<uint32_t>(static_cast<unsigned char>(s[k])); };
     uint32_t cp;
     switch (len) {
-    case 1: cp = b(i); break;
-    case 2: cp = (b(i) & 0x1F) << 6 | (b(i + 1) & 0x3F); break;
-    case 3: cp = (b(i) & 0x0F) << 12 | (b(i + 1) & 0x3F) << 6 | (b(i + 2) & 0x3F); break;
+    case 1:
+        cp = b(i);
+        break;
+    case 2:
+        cp = (b(i) & 0x1F) << 6 | (b(i + 1) & 0x3F);
+        break;
+    case 3:
+        cp = (b(i) & 0x0F) << 12 | (b(i + 1) & 0x3F) << 6 | (b(i + 2) & 0x3F);
+        break;
     case 4:
         cp = (b(i) & 0x07) << 18 | (b(i + 1) & 0x3F) << 12 | (b(i + 2) & 0x3F) << 6 |
              (b(i + 3) & 0x3F);
         break;
-    default: i += 1; return invalid_cp;
+    default:
+        i += 1;
+        return invalid_cp;
     }
     i += len;
     return cp;
@@ -133,7 +141,9 @@ const ByteTable& byte_table() {
 }
 } // namespace
 
-uint32_t byte_to_cp(uint8_t b) { return byte_table().to_cp[b]; }
+uint32_t byte_to_cp(uint8_t b) {
+    return byte_table().to_cp[b];
+}
 
 int cp_to_byte(uint32_t cp) {
     const auto& t = byte_table().to_byte;
@@ -180,8 +190,12 @@ struct Text {
 
 using Matcher = size_t (*)(const Text& t, size_t pos);
 
-bool is_other(uint32_t cp) { return !is_letter(cp) && !is_number(cp) && !is_whitespace(cp); }
-bool is_crlf(uint32_t cp) { return cp == '\r' || cp == '\n'; }
+bool is_other(uint32_t cp) {
+    return !is_letter(cp) && !is_number(cp) && !is_whitespace(cp);
+}
+bool is_crlf(uint32_t cp) {
+    return cp == '\r' || cp == '\n';
+}
 
 template <typename Pred> size_t run(const Text& t, size_t pos, Pred p) {
     size_t k = pos;
@@ -239,7 +253,8 @@ template <size_t MaxDigits> size_t match_llama3(const Text& t, size_t pos) {
         size_t n = run(t, pos, is_number);
         return n < MaxDigits ? n : MaxDigits;
     }
-    if (size_t n = opt_then_run(t, pos, is_space_char, is_other)) return n + run(t, pos + n, is_crlf);
+    if (size_t n = opt_then_run(t, pos, is_space_char, is_other))
+        return n + run(t, pos + n, is_crlf);
     size_t k = run(t, pos, is_whitespace);
     // \s*[\r\n]+ : up to and including the run's last line break
     for (size_t j = pos + k; j > pos; j--) {
@@ -248,11 +263,15 @@ template <size_t MaxDigits> size_t match_llama3(const Text& t, size_t pos) {
     return space_run(t, pos);
 }
 
-size_t match_one_number(const Text& t, size_t pos) { return is_number(t.c[pos]) ? 1 : 0; }
+size_t match_one_number(const Text& t, size_t pos) {
+    return is_number(t.c[pos]) ? 1 : 0;
+}
 
 // DeepSeek LLM: [\r\n] | \s?[cased letters]+ | \s?[ASCII/fullwidth punct]+ |
 // \s+$ | [CJK and Hangul ranges]+ | \p{N}+
-size_t match_crlf(const Text& t, size_t pos) { return is_crlf(t.c[pos]) ? 1 : 0; }
+size_t match_crlf(const Text& t, size_t pos) {
+    return is_crlf(t.c[pos]) ? 1 : 0;
+}
 
 size_t match_ds_letters(const Text& t, size_t pos) {
     return opt_then_run(t, pos, is_whitespace, is_cased_letter);
@@ -260,9 +279,9 @@ size_t match_ds_letters(const Text& t, size_t pos) {
 
 size_t match_ds_punct(const Text& t, size_t pos) {
     auto punct = [](uint32_t c) {
-        return (c >= 0x21 && c <= 0x2F) || (c >= 0x3A && c <= 0x7E) || (c >= 0xFF01 && c <= 0xFF0F) ||
-               (c >= 0xFF1A && c <= 0xFF5E) || (c >= 0x2018 && c <= 0x201F) ||
-               (c >= 0x3000 && c <= 0x3002);
+        return (c >= 0x21 && c <= 0x2F) || (c >= 0x3A && c <= 0x7E) ||
+               (c >= 0xFF01 && c <= 0xFF0F) || (c >= 0xFF1A && c <= 0xFF5E) ||
+               (c >= 0x2018 && c <= 0x201F) || (c >= 0x3000 && c <= 0x3002);
     };
     return opt_then_run(t, pos, is_whitespace, punct);
 }
@@ -279,7 +298,9 @@ size_t match_ds_cjk(const Text& t, size_t pos) {
     });
 }
 
-size_t match_numbers(const Text& t, size_t pos) { return run(t, pos, is_number); }
+size_t match_numbers(const Text& t, size_t pos) {
+    return run(t, pos, is_number);
+}
 
 struct Range {
     size_t b, e;
@@ -311,13 +332,17 @@ void apply(Matcher m, const std::vector<uint32_t>& cps, std::vector<Range>& rang
 
 std::vector<Matcher> matchers(PreSplit kind) {
     switch (kind) {
-    case PreSplit::gpt2: return {match_gpt2};
-    case PreSplit::llama3: return {match_llama3<3>};
-    case PreSplit::qwen2: return {match_llama3<1>};
-    case PreSplit::smollm: return {match_one_number, match_gpt2};
+    case PreSplit::gpt2:
+        return {match_gpt2};
+    case PreSplit::llama3:
+        return {match_llama3<3>};
+    case PreSplit::qwen2:
+        return {match_llama3<1>};
+    case PreSplit::smollm:
+        return {match_one_number, match_gpt2};
     case PreSplit::deepseek_llm:
-        return {match_crlf,        match_ds_letters, match_ds_punct, match_ds_trailing_space,
-                match_ds_cjk,      match_numbers};
+        return {match_crlf,   match_ds_letters, match_ds_punct, match_ds_trailing_space,
+                match_ds_cjk, match_numbers};
     }
     return {match_gpt2};
 }
@@ -338,8 +363,8 @@ std::optional<PreSplit> pre_split_from_name(std::string_view name) {
 }
 
 std::vector<std::string_view> pre_split(PreSplit kind, std::string_view text) {
-    std::vector<uint32_t> cps;     // (n) code points; invalid bytes as invalid_cp
-    std::vector<size_t> offs;      // (n + 1) byte offset of each code point
+    std::vector<uint32_t> cps; // (n) code points; invalid bytes as invalid_cp
+    std::vector<size_t> offs;  // (n + 1) byte offset of each code point
     cps.reserve(text.size());
     offs.reserve(text.size() + 1);
     for (size_t i = 0; i < text.size();) {

@@ -32,18 +32,9 @@ int valid_seq_len(std::string_view s, size_t i, size_t* bad_len = nullptr);
 
 void append_utf8(std::string& out, uint32_t cp);
 
-// Length of a sequence judged by its lead byte alone (1 for anything that is
-// not a lead byte), as SentencePiece splits text into characters.
-inline size_t utf8_len_from_lead(unsigned char c) {
-    if (c < 0xC0) return 1;
-    if (c < 0xE0) return 2;
-    if (c < 0xF0) return 3;
-    return 4;
-}
-
-bool is_letter(uint32_t cp);      // \p{L}
-bool is_number(uint32_t cp);      // \p{N}
-bool is_whitespace(uint32_t cp);  // \s: the Unicode White_Space property
+bool is_letter(uint32_t cp);       // \p{L}
+bool is_number(uint32_t cp);       // \p{N}
+bool is_whitespace(uint32_t cp);   // \s: the Unicode White_Space property
 bool is_cased_letter(uint32_t cp); // Lu, Ll, Lt
 
 // GPT-2 byte-level encoding: every byte maps to one printable code point.

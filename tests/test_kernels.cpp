@@ -4,6 +4,7 @@
 
 #include "ggml-like/quants.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -16,11 +17,12 @@ namespace {
 
 using gl::Type;
 
-constexpr uint32_t id(Type t) { return static_cast<uint32_t>(t); }
+constexpr uint32_t id(Type t) {
+    return static_cast<uint32_t>(t);
+}
 
 const Type kSupported[] = {Type::F32, Type::F16, Type::BF16, Type::Q8_0, Type::Q4_0};
 const Type kFloatTypes[] = {Type::F32, Type::F16, Type::BF16};
-const Type kQuantTypes[] = {Type::Q8_0, Type::Q4_0};
 
 // Multiples of 32 with odd block counts (1, 3, 5, 7, 127, 131) and some even
 // ones, so every unrolled loop's remainder path runs.
@@ -184,21 +186,36 @@ TEST_CASE("type table: GGUF block and byte sizes") {
         bool supported;
     };
     const Want want[] = {
-        {Type::F32, "f32", 1, 4, true},          {Type::F16, "f16", 1, 2, true},
-        {Type::Q4_0, "q4_0", 32, 18, true},      {Type::Q4_1, "q4_1", 32, 20, false},
-        {Type::Q5_0, "q5_0", 32, 22, false},     {Type::Q5_1, "q5_1", 32, 24, false},
-        {Type::Q8_0, "q8_0", 32, 34, true},      {Type::Q8_1, "q8_1", 32, 36, false},
-        {Type::Q2_K, "q2_K", 256, 84, false},    {Type::Q3_K, "q3_K", 256, 110, false},
-        {Type::Q4_K, "q4_K", 256, 144, false},   {Type::Q5_K, "q5_K", 256, 176, false},
-        {Type::Q6_K, "q6_K", 256, 210, false},   {Type::Q8_K, "q8_K", 256, 292, false},
-        {Type::IQ2_XXS, "iq2_xxs", 256, 66, false}, {Type::IQ2_XS, "iq2_xs", 256, 74, false},
-        {Type::IQ3_XXS, "iq3_xxs", 256, 98, false}, {Type::IQ1_S, "iq1_s", 256, 50, false},
-        {Type::IQ4_NL, "iq4_nl", 32, 18, false}, {Type::IQ3_S, "iq3_s", 256, 110, false},
-        {Type::IQ2_S, "iq2_s", 256, 82, false},  {Type::IQ4_XS, "iq4_xs", 256, 136, false},
-        {Type::I8, "i8", 1, 1, false},           {Type::I16, "i16", 1, 2, false},
-        {Type::I32, "i32", 1, 4, false},         {Type::I64, "i64", 1, 8, false},
-        {Type::F64, "f64", 1, 8, false},         {Type::IQ1_M, "iq1_m", 256, 56, false},
-        {Type::BF16, "bf16", 1, 2, true},        {Type::TQ1_0, "tq1_0", 256, 54, false},
+        {Type::F32, "f32", 1, 4, true},
+        {Type::F16, "f16", 1, 2, true},
+        {Type::Q4_0, "q4_0", 32, 18, true},
+        {Type::Q4_1, "q4_1", 32, 20, false},
+        {Type::Q5_0, "q5_0", 32, 22, false},
+        {Type::Q5_1, "q5_1", 32, 24, false},
+        {Type::Q8_0, "q8_0", 32, 34, true},
+        {Type::Q8_1, "q8_1", 32, 36, false},
+        {Type::Q2_K, "q2_K", 256, 84, false},
+        {Type::Q3_K, "q3_K", 256, 110, false},
+        {Type::Q4_K, "q4_K", 256, 144, false},
+        {Type::Q5_K, "q5_K", 256, 176, false},
+        {Type::Q6_K, "q6_K", 256, 210, false},
+        {Type::Q8_K, "q8_K", 256, 292, false},
+        {Type::IQ2_XXS, "iq2_xxs", 256, 66, false},
+        {Type::IQ2_XS, "iq2_xs", 256, 74, false},
+        {Type::IQ3_XXS, "iq3_xxs", 256, 98, false},
+        {Type::IQ1_S, "iq1_s", 256, 50, false},
+        {Type::IQ4_NL, "iq4_nl", 32, 18, false},
+        {Type::IQ3_S, "iq3_s", 256, 110, false},
+        {Type::IQ2_S, "iq2_s", 256, 82, false},
+        {Type::IQ4_XS, "iq4_xs", 256, 136, false},
+        {Type::I8, "i8", 1, 1, false},
+        {Type::I16, "i16", 1, 2, false},
+        {Type::I32, "i32", 1, 4, false},
+        {Type::I64, "i64", 1, 8, false},
+        {Type::F64, "f64", 1, 8, false},
+        {Type::IQ1_M, "iq1_m", 256, 56, false},
+        {Type::BF16, "bf16", 1, 2, true},
+        {Type::TQ1_0, "tq1_0", 256, 54, false},
         {Type::TQ2_0, "tq2_0", 256, 66, false},
     };
     for (const Want& w : want) {
@@ -277,14 +294,14 @@ TEST_CASE("fp16: special values") {
     CHECK((nan & 0x7c00) == 0x7c00);
     CHECK((nan & 0x03ff) != 0);
     CHECK(gl::fp32_to_fp16(bits_to_float(0x7f800001)) != 0x7c00); // signalling NaN stays NaN
-    CHECK(gl::fp32_to_fp16(std::ldexp(1.0f, -24)) == 0x0001);      // smallest subnormal
-    CHECK(gl::fp32_to_fp16(std::ldexp(1.0f, -25)) == 0x0000);      // half of it: tie to even 0
+    CHECK(gl::fp32_to_fp16(std::ldexp(1.0f, -24)) == 0x0001);     // smallest subnormal
+    CHECK(gl::fp32_to_fp16(std::ldexp(1.0f, -25)) == 0x0000);     // half of it: tie to even 0
     CHECK(gl::fp32_to_fp16(std::ldexp(1.5f, -25)) == 0x0001);
     CHECK(gl::fp32_to_fp16(std::ldexp(3.0f, -25)) == 0x0002); // 1.5 units: tie to even 2
     CHECK(gl::fp32_to_fp16(std::ldexp(5.0f, -25)) == 0x0002); // 2.5 units: tie to even 2
     CHECK(gl::fp32_to_fp16(-std::ldexp(1.0f, -24)) == 0x8001);
-    CHECK(gl::fp32_to_fp16(std::ldexp(1.0f, -14)) == 0x0400); // smallest normal
-    CHECK(gl::fp32_to_fp16(std::ldexp(1023.5f, -24)) == 0x0400); // rounds up into the normals
+    CHECK(gl::fp32_to_fp16(std::ldexp(1.0f, -14)) == 0x0400);        // smallest normal
+    CHECK(gl::fp32_to_fp16(std::ldexp(1023.5f, -24)) == 0x0400);     // rounds up into the normals
     CHECK(gl::fp32_to_fp16(1.0f + std::ldexp(1.0f, -11)) == 0x3c00); // tie: even mantissa 0
     CHECK(gl::fp32_to_fp16(1.0f + std::ldexp(3.0f, -11)) == 0x3c02); // tie: even mantissa 2
     CHECK(gl::fp32_to_fp16(bits_to_float(0x3f801001)) == 0x3c01);    // just above a tie
@@ -329,6 +346,14 @@ TEST_CASE("fp16: every value round-trips and every midpoint rounds to even") {
     }
     CHECK(bad_roundtrip == 0);
     CHECK(bad_rounding == 0);
+
+    // The lookup table the kernels use agrees with the function bit for bit.
+    int bad_table = 0;
+    for (uint32_t h = 0; h < 0x10000; h++) {
+        const float a = gl::fp16_to_fp32(static_cast<uint16_t>(h));
+        bad_table += std::memcmp(&a, &gl::kFp16ToFp32[h], sizeof a) != 0;
+    }
+    CHECK(bad_table == 0);
 }
 
 TEST_CASE("bf16: conversion and rounding") {
@@ -341,8 +366,8 @@ TEST_CASE("bf16: conversion and rounding") {
     CHECK(gl::fp32_to_bf16(bits_to_float(0x3f808001)) == 0x3f81); // above the tie
     CHECK(gl::fp32_to_bf16(bits_to_float(0x7f7fffff)) == 0x7f80); // max float rounds to inf
     CHECK(gl::fp32_to_bf16(std::numeric_limits<float>::infinity()) == 0x7f80);
-    CHECK(gl::fp32_to_bf16(bits_to_float(0x00000001)) == 0x0000);  // tiny subnormal
-    CHECK(gl::fp32_to_bf16(bits_to_float(0x00018000)) == 0x0002);  // subnormal tie: even
+    CHECK(gl::fp32_to_bf16(bits_to_float(0x00000001)) == 0x0000);     // tiny subnormal
+    CHECK(gl::fp32_to_bf16(bits_to_float(0x00018000)) == 0x0002);     // subnormal tie: even
     const uint16_t nan = gl::fp32_to_bf16(bits_to_float(0x7f800001)); // would truncate to inf
     CHECK(std::isnan(gl::bf16_to_fp32(nan)));
     CHECK(std::isnan(gl::bf16_to_fp32(gl::fp32_to_bf16(-std::numeric_limits<float>::quiet_NaN()))));
@@ -364,7 +389,7 @@ TEST_CASE("dequantize: hand-built blocks give hand-computed values") {
     for (int j = 0; j < 16; j++) {
         want4[j] = (j - 8) * 0.5f;
         want4[j + 16] = (7 - j) * 0.5f;
-        want4[32 + j] = -0.0f;             // q = 8 is zero, signed like d: 0 * -2 = -0
+        want4[32 + j] = -0.0f; // q = 8 is zero, signed like d: 0 * -2 = -0
         want4[48 + j] = (j - 8) * -2.0f;
     }
     CHECK(want4[0] == -4.0f);
@@ -408,9 +433,8 @@ TEST_CASE("vec_dot: hand-built Q4_0 x Q8_0 block") {
     for (int j = 0; j < 16; j++) w.qs[j] = static_cast<uint8_t>(j | (j << 4));
     for (int j = 0; j < 32; j++) a.qs[j] = 1;
     CHECK(gl::ref::vec_dot(Type::Q4_0, 32, &w, &a) == -16.0f);
-    for_each_table([&](const gl::KernelTable& k) {
-        CHECK(t_vec_dot(k, Type::Q4_0, 32, &w, &a) == -16.0f);
-    });
+    for_each_table(
+        [&](const gl::KernelTable& k) { CHECK(t_vec_dot(k, Type::Q4_0, 32, &w, &a) == -16.0f); });
 }
 
 // ---- every table against the reference -------------------------------------------
@@ -425,8 +449,9 @@ TEST_CASE("vec_dot: exact-arithmetic rows give identical results in every table"
     uint32_t seed = 1;
     for (Type w : kSupported) {
         const bool quant = gl::type_info(w).block_size > 1;
-        const std::vector<int64_t> sizes = quant ? std::vector<int64_t>(std::begin(kQuantSizes), std::end(kQuantSizes))
-                                                 : std::vector<int64_t>(std::begin(kFloatSizes), std::end(kFloatSizes));
+        const std::vector<int64_t> sizes =
+            quant ? std::vector<int64_t>(std::begin(kQuantSizes), std::end(kQuantSizes))
+                  : std::vector<int64_t>(std::begin(kFloatSizes), std::end(kFloatSizes));
         for (int64_t n : sizes) {
             INFO("type ", gl::type_name(w), " n ", n);
             const auto wb = exact_weights(w, n, seed++);
@@ -449,8 +474,9 @@ TEST_CASE("vec_dot: random rows agree with ref within the float rounding bound")
     uint32_t seed = 100;
     for (Type w : kSupported) {
         const bool quant = gl::type_info(w).block_size > 1;
-        const std::vector<int64_t> sizes = quant ? std::vector<int64_t>(std::begin(kQuantSizes), std::end(kQuantSizes))
-                                                 : std::vector<int64_t>(std::begin(kFloatSizes), std::end(kFloatSizes));
+        const std::vector<int64_t> sizes =
+            quant ? std::vector<int64_t>(std::begin(kQuantSizes), std::end(kQuantSizes))
+                  : std::vector<int64_t>(std::begin(kFloatSizes), std::end(kFloatSizes));
         for (int64_t n : sizes) {
             INFO("type ", gl::type_name(w), " n ", n);
             const auto wv = random_weights(w, n, seed++);
@@ -461,9 +487,9 @@ TEST_CASE("vec_dot: random rows agree with ref within the float rounding bound")
             std::memcpy(wb.p, wv.data(), wv.size());
             std::memcpy(ab.p, av.data(), av.size());
             const float want = gl::ref::vec_dot(w, n, wb.p, ab.p);
-            const double tol = (static_cast<double>(n) + 4) * std::ldexp(1.0, -24) *
-                                   abs_dot(w, n, wb.p, ab.p) +
-                               std::fabs(want) * std::ldexp(1.0, -24);
+            const double tol =
+                (static_cast<double>(n) + 4) * std::ldexp(1.0, -24) * abs_dot(w, n, wb.p, ab.p) +
+                std::fabs(want) * std::ldexp(1.0, -24);
             for_each_table([&](const gl::KernelTable& k) {
                 const float got = t_vec_dot(k, w, n, wb.p, ab.p);
                 INFO("got ", got, " want ", want, " tol ", tol);
@@ -477,8 +503,9 @@ TEST_CASE("dequantize_row: every table is bit-identical to ref") {
     uint32_t seed = 200;
     for (Type t : kSupported) {
         const bool quant = gl::type_info(t).block_size > 1;
-        const std::vector<int64_t> sizes = quant ? std::vector<int64_t>(std::begin(kQuantSizes), std::end(kQuantSizes))
-                                                 : std::vector<int64_t>(std::begin(kFloatSizes), std::end(kFloatSizes));
+        const std::vector<int64_t> sizes =
+            quant ? std::vector<int64_t>(std::begin(kQuantSizes), std::end(kQuantSizes))
+                  : std::vector<int64_t>(std::begin(kFloatSizes), std::end(kFloatSizes));
         for (int64_t n : sizes) {
             INFO("type ", gl::type_name(t), " n ", n);
             const auto src = random_weights(t, n, seed++);
@@ -498,7 +525,8 @@ TEST_CASE("quantize_row Q8_0: every table is bit-identical to ref") {
     // rounded differently would make results depend on the CPU.
     std::vector<float> x;
     for (int scale_exp : {-30, -20, -12, -3, 0, 3, 10, 20}) {
-        auto r = random_floats(4096, static_cast<uint32_t>(300 + scale_exp), std::ldexp(1.0f, scale_exp));
+        auto r = random_floats(4096, static_cast<uint32_t>(300 + scale_exp),
+                               std::ldexp(1.0f, scale_exp));
         x.insert(x.end(), r.begin(), r.end());
     }
     // Blocks with amax 127 (d = 1 exactly) and values on .5: ties must go
@@ -536,13 +564,25 @@ TEST_CASE("quantize_row Q8_0: every table is bit-identical to ref") {
 
 TEST_CASE("quantize_row F16/BF16: every table is bit-identical to ref, specials included") {
     std::vector<float> x = random_floats(1001, 400, 100.0f);
-    const float specials[] = {0.0f, -0.0f, 65504.0f, 65519.0f, 65520.0f, -65520.0f, 1e30f,
+    const float specials[] = {0.0f,
+                              -0.0f,
+                              65504.0f,
+                              65519.0f,
+                              65520.0f,
+                              -65520.0f,
+                              1e30f,
                               std::numeric_limits<float>::infinity(),
                               -std::numeric_limits<float>::infinity(),
-                              std::numeric_limits<float>::quiet_NaN(), bits_to_float(0x7f800001),
-                              bits_to_float(0xffc12345), std::ldexp(1.0f, -24), std::ldexp(1.0f, -25),
-                              std::ldexp(3.0f, -25), std::ldexp(1.0f, -14), 1.0f + std::ldexp(1.0f, -11),
-                              bits_to_float(0x00000001), bits_to_float(0x3f808000)};
+                              std::numeric_limits<float>::quiet_NaN(),
+                              bits_to_float(0x7f800001),
+                              bits_to_float(0xffc12345),
+                              std::ldexp(1.0f, -24),
+                              std::ldexp(1.0f, -25),
+                              std::ldexp(3.0f, -25),
+                              std::ldexp(1.0f, -14),
+                              1.0f + std::ldexp(1.0f, -11),
+                              bits_to_float(0x00000001),
+                              bits_to_float(0x3f808000)};
     x.insert(x.end(), std::begin(specials), std::end(specials));
     std::mt19937 rng(401);
     for (int i = 0; i < 4000; i++) x.push_back(bits_to_float(static_cast<uint32_t>(rng())));
@@ -567,7 +607,8 @@ TEST_CASE("quantize -> dequantize round trip stays within half a step") {
     for (int scale_exp : {-10, 0, 8}) {
         INFO("scale 2^", scale_exp);
         const int64_t n = 4096;
-        const auto x = random_floats(n, static_cast<uint32_t>(500 + scale_exp), std::ldexp(1.0f, scale_exp));
+        const auto x =
+            random_floats(n, static_cast<uint32_t>(500 + scale_exp), std::ldexp(1.0f, scale_exp));
         std::vector<float> y(static_cast<size_t>(n));
 
         // Q8_0: q is chosen against the stored fp16 d and |x| / d <= 127.06,
@@ -593,7 +634,8 @@ TEST_CASE("quantize -> dequantize round trip stays within half a step") {
         for (int64_t i = 0; i < n; i++) {
             const double d = gl::fp16_to_fp32(q4[static_cast<size_t>(i / 32)].d);
             const bool clamped = x[i] / d > 7.5;
-            const double bound = (clamped ? std::fabs(d) : std::fabs(d) / 2) + std::fabs(x[i]) * 4e-7;
+            const double bound =
+                (clamped ? std::fabs(d) : std::fabs(d) / 2) + std::fabs(x[i]) * 4e-7;
             bad4 += std::fabs(x[i] - y[i]) > bound;
         }
         CHECK(bad4 == 0);
@@ -632,7 +674,8 @@ TEST_CASE("axpy: every table matches ref within one rounding") {
                 t_axpy(k, t, n, alpha, xb.data(), got.data());
                 int bad = 0;
                 for (size_t i = 0; i < want.size(); i++) {
-                    const double tol = std::ldexp(1.0, -23) * (std::fabs(alpha * xf[i]) + std::fabs(y0[i]));
+                    const double tol =
+                        std::ldexp(1.0, -23) * (std::fabs(alpha * xf[i]) + std::fabs(y0[i]));
                     bad += std::fabs(static_cast<double>(got[i]) - want[i]) > tol;
                 }
                 CHECK(bad == 0);

@@ -119,6 +119,11 @@ struct GgufBuilder {
         put(v);
         return *this;
     }
+    GgufBuilder& flag(std::string_view k, bool v) {
+        key(k, GgufType::boolean);
+        put<uint8_t>(v ? 1 : 0);
+        return *this;
+    }
     GgufBuilder& strs(std::string_view k, const std::vector<std::string>& v) {
         key(k, GgufType::array);
         put<uint32_t>(static_cast<uint32_t>(GgufType::string));
@@ -168,7 +173,8 @@ TEST_CASE("tokenizer: reference test vectors") {
         std::string base = k_shared + "/vocab/ggml-vocab-" + name + ".gguf";
         auto inputs = read_inputs(base + ".inp");
         auto expected = read_outputs(base + ".out");
-        CAPTURE(name);
+        std::string vocab_name = name;
+        CAPTURE(vocab_name);
         REQUIRE(inputs.size() == expected.size());
         REQUIRE(inputs.size() >= 40);
         const Tokenizer& t = vocab_tok(name);
@@ -184,7 +190,8 @@ TEST_CASE("tokenizer: reference test vectors") {
             if (t.vocab().kind == Vocab::Kind::spm && !want.empty()) want = " " + want;
             CHECK(t.decode(ids) == want);
         }
-        MESSAGE(name << ": " << inputs.size() - failed << "/" << inputs.size() << " vectors match");
+        MESSAGE(std::string(name) << ": " << inputs.size() - failed << "/" << inputs.size()
+                                  << " vectors match");
     }
 }
 
@@ -254,7 +261,7 @@ TEST_CASE("tokenizer: special tokens in text") {
     CHECK(spm.decode(plain) == " <s>Hello</s>");
     CHECK(spm.piece(1) == "");
     CHECK(spm.piece(1, true) == "<s>");
-    CHECK(spm.piece(0) == "");          // <unk>
+    CHECK(spm.piece(0) == ""); // <unk>
     CHECK(spm.piece(0, true) == "<unk>");
 
     const Tokenizer& gpt2 = vocab_tok("gpt-2");
@@ -361,6 +368,11 @@ TEST_CASE("tokenizer: round trips") {
     std::string spm_bytes;
     for (int32_t id : spm.encode(bad, false, false)) spm_bytes += spm.piece(id);
     CHECK(spm_bytes == " " + bad);
+    // An invalid lead byte must not swallow the U+2581 of a following space.
+    std::string bad2 = "\xF4= x";
+    spm_bytes.clear();
+    for (int32_t id : spm.encode(bad2, false, false)) spm_bytes += spm.piece(id);
+    CHECK(spm_bytes == " " + bad2);
 }
 
 TEST_CASE("tokenizer: GPT-2 pre-tokenizer") {
@@ -380,7 +392,8 @@ TEST_CASE("tokenizer: GPT-2 pre-tokenizer") {
     CHECK(split(PreSplit::gpt2, "hello!!! ok?") == V{"hello", "!!!", " ok", "?"});
     CHECK(split(PreSplit::gpt2, "x\ty") == V{"x", "\t", "y"});
     CHECK(split(PreSplit::gpt2, "naïve café") == V{"naïve", " café"});
-    CHECK(split(PreSplit::gpt2, "a\xFF" "b") == V{"a", "\xFF", "b"}); // raw bytes kept
+    CHECK(split(PreSplit::gpt2, "a\xFF"
+                                "b") == V{"a", "\xFF", "b"}); // raw bytes kept
     CHECK(split(PreSplit::gpt2, "") == V{});
 }
 
@@ -438,14 +451,16 @@ TEST_CASE("tokenizer: byte-level table") {
 TEST_CASE("tokenizer: vocabulary validation") {
     auto base = [](const char* model) {
         GgufBuilder b;
-        b.s("tokenizer.ggml.model", model).strs("tokenizer.ggml.tokens", {"<unk>", "<s>", "</s>", "a"});
+        b.s("tokenizer.ggml.model", model)
+            .strs("tokenizer.ggml.tokens", {"<unk>", "<s>", "</s>", "a"});
         return b;
     };
     CHECK(what_of(base("bert")).find("unsupported tokenizer model 'bert'") != std::string::npos);
-    CHECK(what_of(GgufBuilder().strs("tokenizer.ggml.tokens", {"a"})).find("tokenizer.ggml.model") !=
-          std::string::npos);
-    CHECK(what_of(base("llama").f32s("tokenizer.ggml.scores", {0, 0})).find("2 scores for 4 tokens") !=
-          std::string::npos);
+    CHECK(
+        what_of(GgufBuilder().strs("tokenizer.ggml.tokens", {"a"})).find("tokenizer.ggml.model") !=
+        std::string::npos);
+    CHECK(what_of(base("llama").f32s("tokenizer.ggml.scores", {0, 0}))
+              .find("2 scores for 4 tokens") != std::string::npos);
     CHECK(what_of(base("llama").u32("tokenizer.ggml.bos_token_id", 7)).find("out of range") !=
           std::string::npos);
     CHECK(what_of(base("gpt2")).find("tokenizer.ggml.merges") != std::string::npos);
@@ -477,6 +492,26 @@ TEST_CASE("tokenizer: vocabulary validation") {
     CHECK(t.encode("ab ab", true, true) == std::vector<int32_t>{2, 5});
     CHECK(t.encode("aba", true, true) == std::vector<int32_t>{2, 0});
     CHECK(t.decode({2, 5}) == "ab ab");
+
+    // Llama 3 family: BOS by default, and a pre-token that is a whole token
+    // is used as is, merges or not; EOS appended when the vocabulary says so.
+    auto llama3 = [](const char* pre) {
+        return GgufBuilder()
+            .s("tokenizer.ggml.model", "gpt2")
+            .s("tokenizer.ggml.pre", pre)
+            .strs("tokenizer.ggml.tokens", {"a", "b", "c", "abc", "<s>", "</s>"})
+            .strs("tokenizer.ggml.merges", {})
+            .u32("tokenizer.ggml.bos_token_id", 4)
+            .u32("tokenizer.ggml.eos_token_id", 5);
+    };
+    Tokenizer l3(vocab_from(llama3("llama-bpe")));
+    CHECK(l3.vocab().add_bos);
+    CHECK(l3.encode("abc", true, false) == std::vector<int32_t>{4, 3});
+    CHECK(l3.encode("abc", false, false) == std::vector<int32_t>{3});
+    Tokenizer g2(vocab_from(llama3("gpt-2").flag("tokenizer.ggml.add_eos_token", true)));
+    CHECK_FALSE(g2.vocab().add_bos);
+    CHECK(g2.encode("abc", true, false) == std::vector<int32_t>{0, 1, 2, 5});
+    CHECK(g2.encode("abc", false, false) == std::vector<int32_t>{0, 1, 2});
 }
 
 TEST_CASE("tokenizer: speed on 10k words") {
@@ -486,10 +521,10 @@ TEST_CASE("tokenizer: speed on 10k words") {
         const Tokenizer& t = vocab_tok(name);
         auto t0 = std::chrono::steady_clock::now();
         auto ids = t.encode(text, true, true);
-        double ms =
-            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-        MESSAGE(name << ": " << text.size() << " bytes -> " << ids.size() << " tokens in " << ms
-                     << " ms");
+        double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                        .count();
+        MESSAGE(std::string(name) << ": " << text.size() << " bytes -> " << ids.size()
+                                  << " tokens in " << ms << " ms");
         CHECK(ms < 2000); // generous: sanitizer builds; a release build takes milliseconds
         std::string back = t.decode(ids);
         CHECK(back == (t.vocab().kind == Vocab::Kind::spm ? " " + text : text));

@@ -11,6 +11,9 @@
 #include <cstdlib>
 #include <cstring>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #if defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
 #endif
@@ -30,23 +33,35 @@ namespace {
 // All members null: every entry falls back to gl::ref.
 constexpr KernelTable kScalarTable = {"scalar", {}, {}, {}, {}};
 
+#if defined(__x86_64__)
+// Asked through cpuid because older clang's __builtin_cpu_supports does not
+// know "f16c". (AVX state support by the OS is checked by the builtins for
+// avx2/avx512f, and F16C uses the same registers.)
+bool cpu_has_f16c() {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    constexpr unsigned kF16cBit = 1u << 29; // CPUID.1:ECX.F16C
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & kF16cBit);
+}
+#endif
+
 bool cpu_has(const char* isa) {
 #if defined(__x86_64__)
     if (std::strcmp(isa, "avx512") == 0)
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
                __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx2") &&
-               __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+               __builtin_cpu_supports("fma") && cpu_has_f16c();
     if (std::strcmp(isa, "avx2") == 0)
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-               __builtin_cpu_supports("f16c");
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
 #elif defined(__aarch64__)
     if (std::strcmp(isa, "neon") == 0) {
 #if defined(__linux__)
-        // The table needs the dot-product instructions (not in every ARMv8,
-        // e.g. Cortex-A72); fp16<->fp32 conversion is baseline ARMv8.
-        constexpr unsigned long kHwcapAsimddp = 1ul << 20;
-        return (getauxval(AT_HWCAP) & kHwcapAsimddp) != 0;
+        // The table is built for armv8.2-a+dotprod+fp16: it needs the
+        // dot-product instructions (absent on e.g. Cortex-A72) and, since the
+        // compiler may use them, the half-precision ones.
+        constexpr unsigned long kHwcapAsimdhp = 1ul << 10, kHwcapAsimddp = 1ul << 20;
+        const unsigned long hw = getauxval(AT_HWCAP);
+        return (hw & kHwcapAsimddp) && (hw & kHwcapAsimdhp);
 #elif defined(__APPLE__)
         return true; // every Apple arm64 chip macOS runs on has dotprod
 #else
@@ -119,7 +134,9 @@ const KernelTable& active() {
 
 } // namespace
 
-int kernel_table_count() { return tables().n; }
+int kernel_table_count() {
+    return tables().n;
+}
 
 const KernelTable& kernel_table(int i) {
     const Tables& t = tables();
@@ -128,7 +145,9 @@ const KernelTable& kernel_table(int i) {
 
 namespace cpu {
 
-const char* isa_name() { return active().isa; }
+const char* isa_name() {
+    return active().isa;
+}
 
 float vec_dot(Type weight, int64_t n, const void* w, const void* a) {
     const uint32_t id = static_cast<uint32_t>(weight);
@@ -162,7 +181,9 @@ void axpy(Type x_type, int64_t n, float alpha, const void* x, float* y) {
     ref::axpy(x_type, n, alpha, x, y);
 }
 
-void force_scalar(bool on) { g_force_scalar.store(on, std::memory_order_relaxed); }
+void force_scalar(bool on) {
+    g_force_scalar.store(on, std::memory_order_relaxed);
+}
 
 } // namespace cpu
 

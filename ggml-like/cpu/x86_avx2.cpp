@@ -3,14 +3,18 @@
 //
 // Quantized dot products multiply int8 pairs with maddubs (u8 x s8 -> s16
 // pairs), widen with madd to int32, and only then scale by d_w * d_a in float,
-// so each block's integer sum is exact. Generation is bandwidth bound, so the
-// loops keep everything in registers, unroll two blocks per iteration with
-// independent accumulators, and reduce horizontally once at the end.
+// so each block's integer sum is exact. The loops keep everything in
+// registers, unroll two blocks per iteration into independent accumulators and
+// reduce horizontally once at the end.
+//
+// These loops are bound by the vector ALU ports, not by memory, so the per
+// block work avoids shuffle-port (p5) uops: block scales come from the fp16
+// lookup table as broadcast loads, and nibbles are split with a broadcast load
+// plus a per-lane shift instead of an insert.
 #include "ggml-like/quants.h"
 
 #include <immintrin.h>
 
-#include <cmath>
 #include <cstring>
 
 namespace gl {
@@ -30,8 +34,18 @@ float load_half(const void* p) {
     return _cvtsh_ss(h);
 }
 
-__m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
-__m128i load128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
+// d_w * d_a in all lanes: two broadcast loads from the table and a multiply.
+__m256 scale(uint16_t dw, uint16_t da) {
+    return _mm256_mul_ps(_mm256_broadcast_ss(&kFp16ToFp32[dw]),
+                         _mm256_broadcast_ss(&kFp16ToFp32[da]));
+}
+
+__m256i load256(const void* p) {
+    return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
+__m128i load128(const void* p) {
+    return _mm_loadu_si128(static_cast<const __m128i*>(p));
+}
 
 // Eight partial int32 sums of w[i] * a[i] over 32 int8 pairs. maddubs wants an
 // unsigned operand, so feed it |w| and a with w's sign moved onto it. Exact as
@@ -50,18 +64,19 @@ __m256i dot_u4(__m256i q, __m256i a) {
     return _mm256_madd_epi16(_mm256_sub_epi16(qa, ea), _mm256_set1_epi16(1));
 }
 
-// A Q4_0 block's 32 nibbles as bytes 0..15 in element order: the low nibbles
-// are elements 0..15, the high ones 16..31.
+// A Q4_0 block's 32 nibbles as bytes in element order: the low nibbles are
+// elements 0..15, the high ones 16..31. The 16 bytes are loaded into both
+// halves and only the upper half is shifted.
 __m256i unpack_q4(const uint8_t* qs) {
-    const __m128i b = load128(qs);
-    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(b, 4), b);
+    const __m256i b = _mm256_broadcastsi128_si256(load128(qs));
+    const __m256i both = _mm256_srlv_epi64(b, _mm256_setr_epi64x(0, 0, 4, 4));
     return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
 }
 
 // ---- vec_dot --------------------------------------------------------------------
 
 __m256 block_q8_0(const BlockQ8_0& x, const BlockQ8_0& y, __m256 acc) {
-    const __m256 d = _mm256_set1_ps(load_half(&x.d) * load_half(&y.d));
+    const __m256 d = scale(x.d, y.d);
     const __m256i s = dot_i8(load256(x.qs), load256(y.qs));
     return _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc);
 }
@@ -81,7 +96,7 @@ float vec_dot_q8_0(int64_t n, const void* w, const void* a) {
 }
 
 __m256 block_q4_0(const BlockQ4_0& x, const BlockQ8_0& y, __m256 acc) {
-    const __m256 d = _mm256_set1_ps(load_half(&x.d) * load_half(&y.d));
+    const __m256 d = scale(x.d, y.d);
     const __m256i s = dot_u4(unpack_q4(x.qs), load256(y.qs));
     return _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc);
 }
@@ -100,19 +115,21 @@ float vec_dot_q4_0(int64_t n, const void* w, const void* a) {
     return hsum(_mm256_add_ps(acc0, acc1));
 }
 
-// Float weights: `Load` turns 8 weights at element i into floats. The row is
-// walked 32 at a time into four accumulators (FMA latency is 4 cycles), then
-// 8 at a time, then the last 0..7 through a zero-padded copy so the tail is
-// summed the same way as the rest.
-template <typename Elem, typename Load>
-float dot_float(int64_t n, const Elem* w, const float* a, Load load) {
+// Float weights: `Load::get` turns 8 weights into floats (a type, not a
+// function pointer, so it is always inlined). The row is walked 32 at a time
+// into four accumulators (FMA latency is 4 cycles), then 8 at a time, then
+// the last 0..7 through a zero-padded copy so the tail is summed the same way.
+template <typename Load, typename Elem = typename Load::Elem>
+float dot_float(int64_t n, const Elem* w, const float* a) {
+    constexpr auto load = Load::get;
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                      _mm256_setzero_ps()};
     int64_t i = 0;
     for (; i + 32 <= n; i += 32)
         for (int k = 0; k < 4; k++)
             acc[k] = _mm256_fmadd_ps(load(w + i + 8 * k), _mm256_loadu_ps(a + i + 8 * k), acc[k]);
-    for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(load(w + i), _mm256_loadu_ps(a + i), acc[0]);
+    for (; i + 8 <= n; i += 8)
+        acc[0] = _mm256_fmadd_ps(load(w + i), _mm256_loadu_ps(a + i), acc[0]);
     if (i < n) {
         Elem wt[8] = {};
         float at[8] = {};
@@ -123,26 +140,31 @@ float dot_float(int64_t n, const Elem* w, const float* a, Load load) {
     return hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
 }
 
-__m256 load8_f32(const float* p) { return _mm256_loadu_ps(p); }
-__m256 load8_f16(const uint16_t* p) { return _mm256_cvtph_ps(load128(p)); }
-__m256 load8_bf16(const uint16_t* p) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(load128(p)), 16));
-}
+struct F32 {
+    using Elem = float;
+    static __m256 get(const float* p) { return _mm256_loadu_ps(p); }
+};
+struct F16 {
+    using Elem = uint16_t;
+    static __m256 get(const uint16_t* p) { return _mm256_cvtph_ps(load128(p)); }
+};
+struct BF16 {
+    using Elem = uint16_t;
+    static __m256 get(const uint16_t* p) {
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(load128(p)), 16));
+    }
+};
 
-float vec_dot_f32(int64_t n, const void* w, const void* a) {
-    return dot_float(n, static_cast<const float*>(w), static_cast<const float*>(a), load8_f32);
-}
-float vec_dot_f16(int64_t n, const void* w, const void* a) {
-    return dot_float(n, static_cast<const uint16_t*>(w), static_cast<const float*>(a), load8_f16);
-}
-float vec_dot_bf16(int64_t n, const void* w, const void* a) {
-    return dot_float(n, static_cast<const uint16_t*>(w), static_cast<const float*>(a), load8_bf16);
+template <typename Load> float vec_dot_float(int64_t n, const void* w, const void* a) {
+    return dot_float<Load>(n, static_cast<const typename Load::Elem*>(w),
+                           static_cast<const float*>(a));
 }
 
 // ---- axpy -----------------------------------------------------------------------
 
-template <typename Elem, typename Load>
-void axpy_float(int64_t n, float alpha, const Elem* x, float* y, Load load) {
+template <typename Load, typename Elem = typename Load::Elem>
+void axpy_float(int64_t n, float alpha, const Elem* x, float* y) {
+    constexpr auto load = Load::get;
     const __m256 va = _mm256_set1_ps(alpha);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
@@ -158,14 +180,8 @@ void axpy_float(int64_t n, float alpha, const Elem* x, float* y, Load load) {
     }
 }
 
-void axpy_f32(int64_t n, float alpha, const void* x, float* y) {
-    axpy_float(n, alpha, static_cast<const float*>(x), y, load8_f32);
-}
-void axpy_f16(int64_t n, float alpha, const void* x, float* y) {
-    axpy_float(n, alpha, static_cast<const uint16_t*>(x), y, load8_f16);
-}
-void axpy_bf16(int64_t n, float alpha, const void* x, float* y) {
-    axpy_float(n, alpha, static_cast<const uint16_t*>(x), y, load8_bf16);
+template <typename Load> void axpy(int64_t n, float alpha, const void* x, float* y) {
+    axpy_float<Load>(n, alpha, static_cast<const typename Load::Elem*>(x), y);
 }
 
 // ---- quantize -------------------------------------------------------------------
@@ -189,8 +205,9 @@ void quantize_block_q8_0(const float* x, BlockQ8_0* out) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     __m256 v[4];
     for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_ps(x + 8 * k);
-    __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
-                             _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+    __m256 m =
+        _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                      _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
@@ -211,8 +228,10 @@ void quantize_block_q8_0(const float* x, BlockQ8_0* out) {
         q[k] = _mm256_cvttps_epi32(_mm256_min_ps(hi, _mm256_max_ps(lo, r)));
     }
     // The packs interleave 128-bit lanes; the permute puts the 32 bytes back in order.
-    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-    const __m256i ordered = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    const __m256i p =
+        _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    const __m256i ordered =
+        _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out->qs), ordered);
 }
 
@@ -237,14 +256,14 @@ void quantize_row_f16(const float* src, void* dst, int64_t n) {
 void dequantize_row_f16(const void* src, float* dst, int64_t n) {
     const auto* s = static_cast<const uint16_t*>(src);
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load8_f16(s + i));
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, F16::get(s + i));
     for (; i < n; i++) dst[i] = load_half(s + i);
 }
 
 void dequantize_row_bf16(const void* src, float* dst, int64_t n) {
     const auto* s = static_cast<const uint16_t*>(src);
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load8_bf16(s + i));
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, BF16::get(s + i));
     for (; i < n; i++) dst[i] = bf16_to_fp32(s[i]);
 }
 
@@ -254,7 +273,8 @@ void store_scaled_i8(__m256i q, float d, float* out) {
     const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
     const __m128i part[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
     for (int k = 0; k < 4; k++)
-        _mm256_storeu_ps(out + 8 * k, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part[k])), vd));
+        _mm256_storeu_ps(out + 8 * k,
+                         _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part[k])), vd));
 }
 
 void dequantize_row_q8_0(const void* src, float* dst, int64_t n) {
@@ -271,13 +291,15 @@ void dequantize_row_q4_0(const void* src, float* dst, int64_t n) {
     }
 }
 
-constexpr uint32_t id(Type t) { return static_cast<uint32_t>(t); }
+constexpr uint32_t id(Type t) {
+    return static_cast<uint32_t>(t);
+}
 
 constexpr KernelTable make_table() {
     KernelTable t = {"avx2", {}, {}, {}, {}};
-    t.vec_dot[id(Type::F32)] = vec_dot_f32;
-    t.vec_dot[id(Type::F16)] = vec_dot_f16;
-    t.vec_dot[id(Type::BF16)] = vec_dot_bf16;
+    t.vec_dot[id(Type::F32)] = vec_dot_float<F32>;
+    t.vec_dot[id(Type::F16)] = vec_dot_float<F16>;
+    t.vec_dot[id(Type::BF16)] = vec_dot_float<BF16>;
     t.vec_dot[id(Type::Q8_0)] = vec_dot_q8_0;
     t.vec_dot[id(Type::Q4_0)] = vec_dot_q4_0;
     t.quantize_row[id(Type::Q8_0)] = quantize_row_q8_0;
@@ -286,9 +308,9 @@ constexpr KernelTable make_table() {
     t.dequantize_row[id(Type::BF16)] = dequantize_row_bf16;
     t.dequantize_row[id(Type::Q8_0)] = dequantize_row_q8_0;
     t.dequantize_row[id(Type::Q4_0)] = dequantize_row_q4_0;
-    t.axpy[id(Type::F32)] = axpy_f32;
-    t.axpy[id(Type::F16)] = axpy_f16;
-    t.axpy[id(Type::BF16)] = axpy_bf16;
+    t.axpy[id(Type::F32)] = axpy<F32>;
+    t.axpy[id(Type::F16)] = axpy<F16>;
+    t.axpy[id(Type::BF16)] = axpy<BF16>;
     return t;
 }
 

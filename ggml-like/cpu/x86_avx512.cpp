@@ -1,13 +1,17 @@
 // AVX-512 (F, BW, VL, DQ) + VNNI kernels; compiled with those flags and only
 // reached after dispatch.cpp has checked the CPU for them.
 //
-// A 32-element block is 32 bytes of int8, half a 512-bit register, so the
-// quantized dot products put two blocks side by side and let one vpdpbusd
-// (u8 x s8, four products summed into each int32 lane) do the multiply-add
-// for both. vpdpbusd wants an unsigned operand: Q8_0 weights are shifted by
-// +128 and Q4_0 nibbles are already unsigned; the offset times sum(a) is
-// subtracted afterwards, which keeps every block sum exact in int32 for any
-// int8 input (no saturating int16 step as with maddubs).
+// Quantized dot products use VNNI's vpdpbusd (u8 x s8, four products summed
+// into each int32 lane) on one 32-element block per 256-bit register. Two
+// blocks per 512-bit register were tried and were slower: building the pair
+// (inserts, per-half scales) costs shuffle-port uops, and these loops are
+// bound by the vector ALU ports, not by memory. vpdpbusd wants an unsigned
+// operand: Q8_0 feeds it |w| and moves w's sign onto a; Q4_0 nibbles are
+// already unsigned and 8 * sum(a) is subtracted afterwards. Sums go straight
+// to int32 (no saturating int16 step as with maddubs), so each block's sum is
+// exact. Block scales are broadcast loads from the fp16 table.
+//
+// Float rows use 512-bit registers with masked loads for the tail.
 #include "ggml-like/quants.h"
 
 // GCC 12's AVX-512 headers start many intrinsics from _mm512_undefined_*(),
@@ -19,7 +23,6 @@
 #endif
 #include <immintrin.h>
 
-#include <cmath>
 #include <cstring>
 
 namespace gl {
@@ -43,129 +46,110 @@ float load_half(const void* p) {
     return _cvtsh_ss(h);
 }
 
-__m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
-__m128i load128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
-
-// Two 32-byte blocks, p0 in the low half.
-__m512i load_pair(const void* p0, const void* p1) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(load256(p0)), load256(p1), 1);
+__m256i load256(const void* p) {
+    return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
+__m128i load128(const void* p) {
+    return _mm_loadu_si128(static_cast<const __m128i*>(p));
 }
 
-// Lanes 0..7 get s0, lanes 8..15 get s1, matching load_pair's halves.
-__m512 scale_pair(float s0, float s1) {
-    return _mm512_insertf32x8(_mm512_set1_ps(s0), _mm256_set1_ps(s1), 1);
+// d_w * d_a in all lanes: two broadcast loads from the table and a multiply.
+__m256 scale(uint16_t dw, uint16_t da) {
+    return _mm256_mul_ps(_mm256_broadcast_ss(&kFp16ToFp32[dw]),
+                         _mm256_broadcast_ss(&kFp16ToFp32[da]));
 }
 
-// Per-lane sums of (u - off) * a where u = w + off is unsigned.
-__m512i dot_offset(__m512i u, __m512i a, __m512i off) {
-    const __m512i zero = _mm512_setzero_si512();
-    return _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, u, a), _mm512_dpbusd_epi32(zero, off, a));
-}
+// Per-lane sums of u * a - off * a.
 __m256i dot_offset(__m256i u, __m256i a, __m256i off) {
     const __m256i zero = _mm256_setzero_si256();
     return _mm256_sub_epi32(_mm256_dpbusd_epi32(zero, u, a), _mm256_dpbusd_epi32(zero, off, a));
 }
 
-// Two Q4_0 blocks' nibbles as unsigned bytes, each block's 32 in element
-// order (low nibbles are elements 0..15, high ones 16..31), block x0 in the
-// low half.
-__m512i unpack_q4_pair(const uint8_t* qs0, const uint8_t* qs1) {
-    const __m256i t = _mm256_inserti128_si256(_mm256_castsi128_si256(load128(qs0)), load128(qs1), 1);
-    // [qs0, qs1, qs0 >> 4, qs1 >> 4] -> [qs0, qs0 >> 4, qs1, qs1 >> 4]
-    __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(t), _mm256_srli_epi16(t, 4), 1);
-    z = _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));
-    return _mm512_and_si512(z, _mm512_set1_epi8(0x0f));
+// Q4_0 trick: the block's 16 bytes go to both halves; the low half keeps the
+// low nibbles (elements 0..15) and the high half keeps the high nibbles in
+// place, i.e. 16 * q (elements 16..31), saving a shift. The matching offset
+// is 8 below and 16 * 8 above, so lanes 4..7 of every block sum come out
+// exactly 16x too large; that is one power-of-two factor for the whole
+// accumulator, removed once at the end (exact in float).
+__m256i q4_masked(const uint8_t* qs) {
+    const __m256i b = _mm256_broadcastsi128_si256(load128(qs));
+    return _mm256_and_si256(
+        b, _mm256_set_m128i(_mm_set1_epi8(static_cast<char>(0xf0)), _mm_set1_epi8(0x0f)));
+}
+__m256i q4_offset() {
+    return _mm256_set_m128i(_mm_set1_epi8(static_cast<char>(128)), _mm_set1_epi8(8));
 }
 
+// For dequantize: nibbles as bytes in element order.
 __m256i unpack_q4(const uint8_t* qs) {
-    const __m128i b = load128(qs);
-    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(b, 4), b);
+    const __m256i b = _mm256_broadcastsi128_si256(load128(qs));
+    const __m256i both = _mm256_srlv_epi64(b, _mm256_setr_epi64x(0, 0, 4, 4));
     return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
 }
 
 // ---- vec_dot --------------------------------------------------------------------
 
-__m512 pair_q8_0(const BlockQ8_0* x, const BlockQ8_0* y, __m512 acc) {
-    const __m512i off = _mm512_set1_epi8(static_cast<char>(0x80));
-    const __m512i u = _mm512_xor_si512(load_pair(x[0].qs, x[1].qs), off); // w + 128
-    const __m512i s = dot_offset(u, load_pair(y[0].qs, y[1].qs), off);
-    const __m512 d = scale_pair(load_half(&x[0].d) * load_half(&y[0].d),
-                                load_half(&x[1].d) * load_half(&y[1].d));
-    return _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc);
-}
-
+// Q8_0 x Q8_0: vpdpbusd on |w| and a carrying w's sign. One uop fewer than
+// the +128 offset form; exact unless a holds -128, which the Q8_0 activation
+// quantizer never produces (it clamps to +-127).
 __m256 block_q8_0(const BlockQ8_0& x, const BlockQ8_0& y, __m256 acc) {
-    const __m256i off = _mm256_set1_epi8(static_cast<char>(0x80));
-    const __m256i s = dot_offset(_mm256_xor_si256(load256(x.qs), off), load256(y.qs), off);
-    const __m256 d = _mm256_set1_ps(load_half(&x.d) * load_half(&y.d));
-    return _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc);
+    const __m256i w = load256(x.qs);
+    const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(w, w),
+                                          _mm256_sign_epi8(load256(y.qs), w));
+    return _mm256_fmadd_ps(scale(x.d, y.d), _mm256_cvtepi32_ps(s), acc);
 }
 
 float vec_dot_q8_0(int64_t n, const void* w, const void* a) {
     const auto* x = static_cast<const BlockQ8_0*>(w);
     const auto* y = static_cast<const BlockQ8_0*>(a);
     const int64_t nb = n / QK8_0;
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     int64_t i = 0;
-    for (; i + 4 <= nb; i += 4) {
-        acc0 = pair_q8_0(x + i, y + i, acc0);
-        acc1 = pair_q8_0(x + i + 2, y + i + 2, acc1);
+    for (; i + 2 <= nb; i += 2) {
+        acc0 = block_q8_0(x[i], y[i], acc0);
+        acc1 = block_q8_0(x[i + 1], y[i + 1], acc1);
     }
-    if (i + 2 <= nb) {
-        acc0 = pair_q8_0(x + i, y + i, acc0);
-        i += 2;
-    }
-    __m256 tail = _mm256_setzero_ps();
-    if (i < nb) tail = block_q8_0(x[i], y[i], tail);
-    return hsum(_mm512_add_ps(acc0, acc1)) + hsum(tail);
-}
-
-__m512 pair_q4_0(const BlockQ4_0* x, const BlockQ8_0* y, __m512 acc) {
-    const __m512i q = unpack_q4_pair(x[0].qs, x[1].qs);
-    const __m512i s = dot_offset(q, load_pair(y[0].qs, y[1].qs), _mm512_set1_epi8(8));
-    const __m512 d = scale_pair(load_half(&x[0].d) * load_half(&y[0].d),
-                                load_half(&x[1].d) * load_half(&y[1].d));
-    return _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc);
+    if (i < nb) acc0 = block_q8_0(x[i], y[i], acc0);
+    return hsum(_mm256_add_ps(acc0, acc1));
 }
 
 __m256 block_q4_0(const BlockQ4_0& x, const BlockQ8_0& y, __m256 acc) {
-    const __m256i s = dot_offset(unpack_q4(x.qs), load256(y.qs), _mm256_set1_epi8(8));
-    const __m256 d = _mm256_set1_ps(load_half(&x.d) * load_half(&y.d));
-    return _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc);
+    const __m256i s = dot_offset(q4_masked(x.qs), load256(y.qs), q4_offset());
+    return _mm256_fmadd_ps(scale(x.d, y.d), _mm256_cvtepi32_ps(s), acc);
 }
 
 float vec_dot_q4_0(int64_t n, const void* w, const void* a) {
     const auto* x = static_cast<const BlockQ4_0*>(w);
     const auto* y = static_cast<const BlockQ8_0*>(a);
     const int64_t nb = n / QK4_0;
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     int64_t i = 0;
-    for (; i + 4 <= nb; i += 4) {
-        acc0 = pair_q4_0(x + i, y + i, acc0);
-        acc1 = pair_q4_0(x + i + 2, y + i + 2, acc1);
+    for (; i + 2 <= nb; i += 2) {
+        acc0 = block_q4_0(x[i], y[i], acc0);
+        acc1 = block_q4_0(x[i + 1], y[i + 1], acc1);
     }
-    if (i + 2 <= nb) {
-        acc0 = pair_q4_0(x + i, y + i, acc0);
-        i += 2;
-    }
-    __m256 tail = _mm256_setzero_ps();
-    if (i < nb) tail = block_q4_0(x[i], y[i], tail);
-    return hsum(_mm512_add_ps(acc0, acc1)) + hsum(tail);
+    if (i < nb) acc0 = block_q4_0(x[i], y[i], acc0);
+    // Undo the 16x of the high-nibble lanes (see q4_masked).
+    const __m256 unscale = _mm256_setr_ps(1, 1, 1, 1, 1.0f / 16, 1.0f / 16, 1.0f / 16, 1.0f / 16);
+    return hsum(_mm256_mul_ps(_mm256_add_ps(acc0, acc1), unscale));
 }
 
-// Float weights: `Load` gives 16 weights at element i as floats, `LoadMasked`
-// the first `m` of them (rest zero). Four accumulators cover the FMA latency;
-// the last 0..15 elements go through masked loads, which never touch memory
-// past the end of the row.
-template <typename Elem, typename Load, typename LoadMasked>
-float dot_float(int64_t n, const Elem* w, const float* a, Load load, LoadMasked load_masked) {
+// Float weights: `Load::get` gives 16 weights as floats, `Load::masked` the
+// first m of them (rest zero); types, not function pointers, so they inline.
+// Four accumulators cover the FMA latency; the last 0..15 elements go through
+// masked loads, which never touch memory past the end of the row.
+template <typename Load, typename Elem = typename Load::Elem>
+float dot_float(int64_t n, const Elem* w, const float* a) {
+    constexpr auto load = Load::get;
+    constexpr auto load_masked = Load::masked;
     __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
                      _mm512_setzero_ps()};
     int64_t i = 0;
     for (; i + 64 <= n; i += 64)
         for (int k = 0; k < 4; k++)
             acc[k] = _mm512_fmadd_ps(load(w + i + 16 * k), _mm512_loadu_ps(a + i + 16 * k), acc[k]);
-    for (; i + 16 <= n; i += 16) acc[0] = _mm512_fmadd_ps(load(w + i), _mm512_loadu_ps(a + i), acc[0]);
+    for (; i + 16 <= n; i += 16)
+        acc[0] = _mm512_fmadd_ps(load(w + i), _mm512_loadu_ps(a + i), acc[0]);
     if (i < n) {
         const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
         acc[1] = _mm512_fmadd_ps(load_masked(m, w + i), _mm512_maskz_loadu_ps(m, a + i), acc[1]);
@@ -173,56 +157,54 @@ float dot_float(int64_t n, const Elem* w, const float* a, Load load, LoadMasked 
     return hsum(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
 }
 
-__m512 load16_f32(const float* p) { return _mm512_loadu_ps(p); }
-__m512 load16_f32_masked(__mmask16 m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
-__m512 load16_f16(const uint16_t* p) { return _mm512_cvtph_ps(load256(p)); }
-__m512 load16_f16_masked(__mmask16 m, const uint16_t* p) {
-    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
-}
-__m512 bf16_widen(__m256i h) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-__m512 load16_bf16(const uint16_t* p) { return bf16_widen(load256(p)); }
-__m512 load16_bf16_masked(__mmask16 m, const uint16_t* p) {
-    return bf16_widen(_mm256_maskz_loadu_epi16(m, p));
-}
+struct F32 {
+    using Elem = float;
+    static __m512 get(const float* p) { return _mm512_loadu_ps(p); }
+    static __m512 masked(__mmask16 m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
+};
+struct F16 {
+    using Elem = uint16_t;
+    static __m512 get(const uint16_t* p) { return _mm512_cvtph_ps(load256(p)); }
+    static __m512 masked(__mmask16 m, const uint16_t* p) {
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+    }
+};
+struct BF16 {
+    using Elem = uint16_t;
+    static __m512 widen(__m256i h) {
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    static __m512 get(const uint16_t* p) { return widen(load256(p)); }
+    static __m512 masked(__mmask16 m, const uint16_t* p) {
+        return widen(_mm256_maskz_loadu_epi16(m, p));
+    }
+};
 
-float vec_dot_f32(int64_t n, const void* w, const void* a) {
-    return dot_float(n, static_cast<const float*>(w), static_cast<const float*>(a), load16_f32,
-                     load16_f32_masked);
-}
-float vec_dot_f16(int64_t n, const void* w, const void* a) {
-    return dot_float(n, static_cast<const uint16_t*>(w), static_cast<const float*>(a), load16_f16,
-                     load16_f16_masked);
-}
-float vec_dot_bf16(int64_t n, const void* w, const void* a) {
-    return dot_float(n, static_cast<const uint16_t*>(w), static_cast<const float*>(a), load16_bf16,
-                     load16_bf16_masked);
+template <typename Load> float vec_dot_float(int64_t n, const void* w, const void* a) {
+    return dot_float<Load>(n, static_cast<const typename Load::Elem*>(w),
+                           static_cast<const float*>(a));
 }
 
 // ---- axpy -----------------------------------------------------------------------
 
-template <typename Elem, typename Load, typename LoadMasked>
-void axpy_float(int64_t n, float alpha, const Elem* x, float* y, Load load, LoadMasked load_masked) {
+template <typename Load, typename Elem = typename Load::Elem>
+void axpy_float(int64_t n, float alpha, const Elem* x, float* y) {
+    constexpr auto load = Load::get;
+    constexpr auto load_masked = Load::masked;
     const __m512 va = _mm512_set1_ps(alpha);
     int64_t i = 0;
     for (; i + 16 <= n; i += 16)
         _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, load(x + i), _mm512_loadu_ps(y + i)));
     if (i < n) {
         const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
-        const __m512 r = _mm512_fmadd_ps(va, load_masked(m, x + i), _mm512_maskz_loadu_ps(m, y + i));
+        const __m512 r =
+            _mm512_fmadd_ps(va, load_masked(m, x + i), _mm512_maskz_loadu_ps(m, y + i));
         _mm512_mask_storeu_ps(y + i, m, r);
     }
 }
 
-void axpy_f32(int64_t n, float alpha, const void* x, float* y) {
-    axpy_float(n, alpha, static_cast<const float*>(x), y, load16_f32, load16_f32_masked);
-}
-void axpy_f16(int64_t n, float alpha, const void* x, float* y) {
-    axpy_float(n, alpha, static_cast<const uint16_t*>(x), y, load16_f16, load16_f16_masked);
-}
-void axpy_bf16(int64_t n, float alpha, const void* x, float* y) {
-    axpy_float(n, alpha, static_cast<const uint16_t*>(x), y, load16_bf16, load16_bf16_masked);
+template <typename Load> void axpy(int64_t n, float alpha, const void* x, float* y) {
+    axpy_float<Load>(n, alpha, static_cast<const typename Load::Elem*>(x), y);
 }
 
 // ---- quantize -------------------------------------------------------------------
@@ -276,7 +258,8 @@ void quantize_row_f16(const float* src, void* dst, int64_t n) {
                             _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
     if (i < n) {
         const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
-        const __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, src + i), _MM_FROUND_TO_NEAREST_INT);
+        const __m256i h =
+            _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, src + i), _MM_FROUND_TO_NEAREST_INT);
         _mm256_mask_storeu_epi16(d + i, m, h);
     }
 }
@@ -286,20 +269,20 @@ void quantize_row_f16(const float* src, void* dst, int64_t n) {
 void dequantize_row_f16(const void* src, float* dst, int64_t n) {
     const auto* s = static_cast<const uint16_t*>(src);
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, load16_f16(s + i));
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, F16::get(s + i));
     if (i < n) {
         const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
-        _mm512_mask_storeu_ps(dst + i, m, load16_f16_masked(m, s + i));
+        _mm512_mask_storeu_ps(dst + i, m, F16::masked(m, s + i));
     }
 }
 
 void dequantize_row_bf16(const void* src, float* dst, int64_t n) {
     const auto* s = static_cast<const uint16_t*>(src);
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, load16_bf16(s + i));
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, BF16::get(s + i));
     if (i < n) {
         const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
-        _mm512_mask_storeu_ps(dst + i, m, load16_bf16_masked(m, s + i));
+        _mm512_mask_storeu_ps(dst + i, m, BF16::masked(m, s + i));
     }
 }
 
@@ -326,13 +309,15 @@ void dequantize_row_q4_0(const void* src, float* dst, int64_t n) {
     }
 }
 
-constexpr uint32_t id(Type t) { return static_cast<uint32_t>(t); }
+constexpr uint32_t id(Type t) {
+    return static_cast<uint32_t>(t);
+}
 
 constexpr KernelTable make_table() {
     KernelTable t = {"avx512", {}, {}, {}, {}};
-    t.vec_dot[id(Type::F32)] = vec_dot_f32;
-    t.vec_dot[id(Type::F16)] = vec_dot_f16;
-    t.vec_dot[id(Type::BF16)] = vec_dot_bf16;
+    t.vec_dot[id(Type::F32)] = vec_dot_float<F32>;
+    t.vec_dot[id(Type::F16)] = vec_dot_float<F16>;
+    t.vec_dot[id(Type::BF16)] = vec_dot_float<BF16>;
     t.vec_dot[id(Type::Q8_0)] = vec_dot_q8_0;
     t.vec_dot[id(Type::Q4_0)] = vec_dot_q4_0;
     t.quantize_row[id(Type::Q8_0)] = quantize_row_q8_0;
@@ -341,9 +326,9 @@ constexpr KernelTable make_table() {
     t.dequantize_row[id(Type::BF16)] = dequantize_row_bf16;
     t.dequantize_row[id(Type::Q8_0)] = dequantize_row_q8_0;
     t.dequantize_row[id(Type::Q4_0)] = dequantize_row_q4_0;
-    t.axpy[id(Type::F32)] = axpy_f32;
-    t.axpy[id(Type::F16)] = axpy_f16;
-    t.axpy[id(Type::BF16)] = axpy_bf16;
+    t.axpy[id(Type::F32)] = axpy<F32>;
+    t.axpy[id(Type::F16)] = axpy<F16>;
+    t.axpy[id(Type::BF16)] = axpy<BF16>;
     return t;
 }
 

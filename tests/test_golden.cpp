@@ -1,0 +1,159 @@
+// Conformance with the reference engine: every ../shared/golden/*.json.
+// Tokenization must match exactly; teacher-forced logits within the
+// tolerances of golden/README.md; argmax and free-running greedy tokens agree
+// wherever the reference's margin is larger than twice the tolerance.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "forward.h"
+#include "sampler.h"
+#include "session.h"
+#include "test_util.h"
+
+using namespace kvrun;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Row {
+    double lse;
+    std::vector<std::pair<int32_t, double>> top;
+    double margin() const { return top.size() > 1 ? top[0].second - top[1].second : 1e9; }
+};
+
+std::vector<Row> rows_of(const nlohmann::json& a) {
+    std::vector<Row> v;
+    for (const auto& r : a) {
+        Row row{r["lse"].get<double>(), {}};
+        for (const auto& t : r["top"]) row.top.emplace_back(t[0].get<int32_t>(), t[1].get<double>());
+        v.push_back(row);
+    }
+    return v;
+}
+
+// golden/README.md: 0.02 for F32/F16 synthetic weights, 0.1 for stories260K and quantized.
+double tolerance_for(const std::string& model) {
+    return model.find("-f16") != std::string::npos || model.find("-f32") != std::string::npos ? 0.02 : 0.1;
+}
+
+std::string model_path(const std::string& name) {
+    std::string p = kvtest::shared("models/" + name);
+    return fs::exists(p) ? p : kvtest::shared("models/synthetic/" + name);
+}
+
+double lse(const float* row, int n) {
+    const float mx = *std::max_element(row, row + n);
+    double s = 0;
+    for (int i = 0; i < n; i++) s += std::exp(static_cast<double>(row[i]) - mx);
+    return mx + std::log(s);
+}
+
+LoadedModel& model_cached(const std::string& path) {
+    static std::map<std::string, std::unique_ptr<LoadedModel>> cache;
+    auto& p = cache[path];
+    if (!p) p = LoadedModel::load(path);
+    return *p;
+}
+
+void check_golden(const fs::path& file) {
+    std::ifstream in(file);
+    const nlohmann::json g = nlohmann::json::parse(in);
+    const std::string model = g["model"];
+    const double tol = tolerance_for(model);
+    INFO("golden ", file.filename().string(), " tolerance ", tol);
+    LoadedModel& lm = model_cached(model_path(model));
+    const Hparams& hp = lm.model.hp;
+
+    const auto prompt_tokens = g["prompt_tokens"].get<std::vector<int32_t>>();
+    const auto gen_tokens = g["gen_tokens"].get<std::vector<int32_t>>();
+    CHECK(lm.tokenizer.encode(g["prompt"].get<std::string>(), true, true) == prompt_tokens);
+
+    std::vector<Row> ref = rows_of(g["prompt_logits"]);
+    for (const Row& r : rows_of(g["gen_logits"])) ref.push_back(r);
+    std::vector<int32_t> seq = prompt_tokens;
+    seq.insert(seq.end(), gen_tokens.begin(), gen_tokens.end() - 1);
+    REQUIRE(ref.size() == seq.size());
+
+    auto be = gl::make_cpu_backend(2);
+    // Teacher forcing, in batches as the CLI does, with the default F16 cache.
+    {
+        const int n = static_cast<int>(seq.size());
+        KvCache kv({hp.n_layer, hp.n_head_kv, hp.head_dim, n, 4, gl::Type::F16, gl::Type::F16});
+        Forward fwd(lm.model, kv, *be, std::min(n, 512));
+        double worst = 0;
+        int argmax_checked = 0;
+        for (int i = 0; i < n;) {
+            const int nb = std::min(fwd.max_batch(), n - i);
+            const float* rows = fwd.eval(seq.data() + i, nb, true);
+            for (int r = 0; r < nb; r++) {
+                const float* row = rows + static_cast<size_t>(r) * hp.n_vocab;
+                const Row& want = ref[i + r];
+                worst = std::max(worst, std::abs(lse(row, hp.n_vocab) - want.lse));
+                for (auto [id, logit] : want.top) worst = std::max(worst, std::abs(row[id] - logit));
+                if (want.margin() > 2 * tol) {
+                    argmax_checked++;
+                    CHECK_MESSAGE(argmax(row, hp.n_vocab) == want.top[0].first, "argmax differs at row ", i + r);
+                }
+            }
+            i += nb;
+        }
+        MESSAGE(file.filename().string(), ": max |diff| ", worst, " over ", n, " rows, argmax checked on ",
+                argmax_checked);
+        CHECK(worst <= tol);
+    }
+    // Free-running greedy from the prompt, up to the first step whose reference
+    // margin is too small to decide (for stories260K/story: 100 tokens).
+    {
+        const size_t n_prompt = prompt_tokens.size();
+        size_t decidable = 0;
+        while (decidable < gen_tokens.size() && ref[n_prompt - 1 + decidable].margin() > 2 * tol) decidable++;
+        // golden/README.md: the story's first 100 tokens have margins >= 0.053,
+        // while correct implementations differ by under 0.02 at such lengths.
+        if (model == "stories260K.gguf" && g["prompt"] == "Once upon a time") decidable = std::max<size_t>(decidable, 100);
+        const int n_ctx = static_cast<int>(n_prompt + gen_tokens.size());
+        KvCache kv({hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx, 4, gl::Type::F16, gl::Type::F16});
+        Forward fwd(lm.model, kv, *be, 512);
+        const float* logits = nullptr;
+        for (size_t i = 0; i < n_prompt;) {
+            const int nb = static_cast<int>(std::min<size_t>(512, n_prompt - i));
+            logits = fwd.eval(prompt_tokens.data() + i, nb, false);
+            i += nb;
+        }
+        std::vector<int32_t> got;
+        for (size_t i = 0; i < decidable; i++) {
+            const int32_t t = argmax(logits, hp.n_vocab);
+            got.push_back(t);
+            logits = fwd.eval(&t, 1, false);
+        }
+        CHECK(got == std::vector<int32_t>(gen_tokens.begin(), gen_tokens.begin() + decidable));
+    }
+}
+
+std::vector<fs::path> goldens() {
+    std::vector<fs::path> v;
+    for (const auto& e : fs::directory_iterator(kvtest::shared("golden")))
+        if (e.path().extension() == ".json") v.push_back(e.path());
+    std::sort(v.begin(), v.end());
+    return v;
+}
+
+} // namespace
+
+TEST_CASE("golden: every reference file in ../shared/golden") {
+    const auto files = goldens();
+    REQUIRE(files.size() >= 28);
+    for (const auto& f : files) {
+        try {
+            check_golden(f);
+        } catch (const std::exception& e) {
+            FAIL_CHECK(f.filename().string(), ": ", e.what());
+        }
+    }
+}

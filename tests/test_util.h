@@ -1,0 +1,24 @@
+// Shared helpers for tests: where ../shared is, and running the kvrun binary.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace kvtest {
+
+// The ../shared folder next to the repository (CI has it there too).
+std::string shared(const std::string& rel);
+
+struct RunResult {
+    int status = -1;  // exit status, or 128 + signal
+    std::string out;  // stdout
+    std::string err;  // stderr
+};
+// Run the kvrun binary built alongside the tests with these arguments,
+// feeding `input` on stdin (closed afterwards; no stdin at all if null).
+RunResult run_kvrun(const std::vector<std::string>& args, const std::string* input = nullptr);
+
+// Non-empty lines of s.
+std::vector<std::string> lines(const std::string& s);
+
+} // namespace kvtest
