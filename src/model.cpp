@@ -72,6 +72,12 @@ class Binder {
     const GgufFile& f_;
 };
 
+const ArchTraits* find_arch(const std::string& name) {
+    for (const auto& a : kArchs)
+        if (name == a.name) return &a;
+    return nullptr;
+}
+
 int as_int(uint64_t v, const GgufFile& f, const std::string& key, uint64_t max = 1u << 24) {
     if (v == 0 || v > max) fail(Exit::bad_model, "{}: '{}' = {} is out of range", f.path(), key, v);
     return static_cast<int>(v);
@@ -81,13 +87,10 @@ int as_int(uint64_t v, const GgufFile& f, const std::string& key, uint64_t max =
 
 const char* supported_architectures() { return "llama, qwen2"; }
 
-Model Model::load(const GgufFile& f) {
-    Model m;
-    Hparams& hp = m.hp;
+Hparams read_hparams(const GgufFile& f) {
+    Hparams hp;
     hp.arch = std::string(f.need_str("general.architecture"));
-    const ArchTraits* arch = nullptr;
-    for (const auto& a : kArchs)
-        if (hp.arch == a.name) arch = &a;
+    const ArchTraits* arch = find_arch(hp.arch);
     if (!arch)
         fail(Exit::bad_model, "{}: architecture '{}' is not supported (kvrun runs: {})", f.path(), hp.arch,
              supported_architectures());
@@ -119,14 +122,22 @@ Model Model::load(const GgufFile& f) {
     if (auto scaling = f.get_str(p + "rope.scaling.type"); scaling && *scaling != "none")
         fail(Exit::bad_model, "{}: RoPE scaling '{}' is not supported yet", f.path(), *scaling);
 
-    Binder b(f);
-    const GgufTensor* emb = b.find("token_embd.weight");
+    const GgufTensor* emb = f.tensor("token_embd.weight");
     if (!emb) fail(Exit::bad_model, "{}: missing tensor 'token_embd.weight'", f.path());
     if (emb->n_dims != 2 || emb->ne[0] != hp.n_embd)
         fail(Exit::bad_model, "{}: token_embd.weight has shape {}, expected [{}, n_vocab]", f.path(),
              emb->shape_str(), hp.n_embd);
     hp.n_vocab = static_cast<int>(emb->ne[1]);
-    m.token_embd = b.view(*emb, hp.n_embd, hp.n_vocab);
+    return hp;
+}
+
+Model Model::load(const GgufFile& f) {
+    Model m;
+    m.hp = read_hparams(f);
+    const Hparams& hp = m.hp;
+    const ArchTraits* arch = find_arch(hp.arch);
+    Binder b(f);
+    m.token_embd = b.view(*f.tensor("token_embd.weight"), hp.n_embd, hp.n_vocab);
     m.output_norm = b.vector("output_norm.weight", hp.n_embd);
     m.output = b.find("output.weight") ? b.matrix("output.weight", hp.n_embd, hp.n_vocab) : m.token_embd;
 

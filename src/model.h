@@ -51,6 +51,10 @@ struct Model {
     static Model load(const GgufFile& f);
 };
 
+// Hyperparameters only (no weights bound): enough to plan memory, and works
+// for files whose tensor types kvrun cannot compute with yet.
+Hparams read_hparams(const GgufFile& f);
+
 // Architectures kvrun can run, for messages.
 const char* supported_architectures();
 

@@ -150,9 +150,9 @@ struct TempDir {
 struct Raw {
     Bytes b;
     template <typename T> Raw& put(T v) {
-        uint8_t x[sizeof(T)];
-        std::memcpy(x, &v, sizeof(T));
-        b.insert(b.end(), x, x + sizeof(T));
+        const size_t at = b.size();
+        b.resize(at + sizeof(T));
+        std::memcpy(b.data() + at, &v, sizeof(T));
         return *this;
     }
     Raw& u32(uint32_t v) { return put(v); }
@@ -840,7 +840,7 @@ TEST_CASE("gguf: hostile inputs throw Error(bad_model) naming the problem") {
         cases.push_back({what, t.bytes(), std::move(needles)});
     };
     const std::string tn = "blk.0.attn_q.weight";
-    constexpr uint64_t p60 = 1ull << 60, p62 = 1ull << 62, p63 = 1ull << 63;
+    static constexpr uint64_t p60 = 1ull << 60, p62 = 1ull << 62, p63 = 1ull << 63;
     using T = OneTensor;
 
     one("bad magic", [](T& t) { t.magic = 0x47475546; }, {"magic"});

@@ -7,6 +7,7 @@
 #include "cli/common.h"
 #include "error.h"
 #include "kv_cache.h"
+#include "model.h"
 #include "session.h"
 
 namespace kvrun::cli {
@@ -28,44 +29,54 @@ int run_info(int argc, char** argv) {
     }
     const gl::Type tk = parse_cache_type(c.cache_type_k, "--cache-type-k");
     const gl::Type tv = parse_cache_type(c.cache_type_v, "--cache-type-v");
-    auto lm = LoadedModel::load(c.model);
-    const Hparams& hp = lm->model.hp;
+    // Metadata only: info must work for files kvrun cannot run yet, and says why.
+    GgufFile file = GgufFile::open(c.model);
+    const Hparams hp = read_hparams(file);
+    uint64_t weight_bytes = 0;
+    std::string unsupported;
+    for (const auto& t : file.tensors()) {
+        weight_bytes += t.nbytes;
+        if (!gl::type_info(t.type).supported && unsupported.find(gl::type_name(t.type)) == std::string::npos)
+            unsupported += std::string(unsupported.empty() ? "" : ", ") + gl::type_name(t.type);
+    }
     if (n_ctx == 0) n_ctx = hp.n_ctx_train;
 
     std::map<std::string, int> type_counts;
-    for (const auto& t : lm->file.tensors()) type_counts[gl::type_name(t.type)]++;
+    for (const auto& t : file.tensors()) type_counts[gl::type_name(t.type)]++;
     const size_t bytes_k = gl::row_size(tk, hp.kv_dim()), bytes_v = gl::row_size(tv, hp.kv_dim());
     const uint64_t per_token = static_cast<uint64_t>(hp.n_layer) * (bytes_k + bytes_v);
     const uint64_t kv_total = per_token * static_cast<uint64_t>(n_ctx);
-    const uint64_t file_size = lm->file.file_size();
+    const uint64_t file_size = file.file_size();
 
     if (json) {
         nlohmann::json j = {
             {"architecture", hp.arch}, {"n_vocab", hp.n_vocab}, {"n_embd", hp.n_embd}, {"n_layer", hp.n_layer},
             {"n_head", hp.n_head}, {"n_head_kv", hp.n_head_kv}, {"head_dim", hp.head_dim}, {"n_ff", hp.n_ff},
             {"n_ctx_train", hp.n_ctx_train}, {"rope_base", hp.rope_base}, {"tensor_types", type_counts},
-            {"file_bytes", file_size}, {"weight_bytes", lm->model.weight_bytes},
+            {"file_bytes", file_size}, {"weight_bytes", weight_bytes},
             {"kv", {{"n_ctx", n_ctx}, {"type_k", gl::type_name(tk)}, {"type_v", gl::type_name(tv)},
                     {"bytes_per_token", per_token}, {"bytes", kv_total}}},
-            {"total_bytes", lm->model.weight_bytes + kv_total}};
+            {"total_bytes", weight_bytes + kv_total}, {"runnable", unsupported.empty()},
+            {"unsupported_types", unsupported}};
         fmt::print("{}\n", j.dump(2));
         return 0;
     }
     std::string types;
     for (const auto& [name, count] : type_counts) types += fmt::format("{}{} × {}", types.empty() ? "" : ", ", count, name);
     fmt::print("model:        {}\n", c.model);
-    fmt::print("architecture: {} (GGUF v{})\n", hp.arch, lm->file.version());
+    fmt::print("architecture: {} (GGUF v{})\n", hp.arch, file.version());
     fmt::print("dimensions:   {} layers, width {}, {} heads / {} KV heads of {}, FFN {}, vocab {}\n", hp.n_layer,
                hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff, hp.n_vocab);
     fmt::print("context:      {} tokens trained; RoPE base {}, {} dims{}\n", hp.n_ctx_train, hp.rope_base,
                hp.rope_dims, hp.rope_neox ? " (neox)" : "");
     fmt::print("tensors:      {}\n", types);
+    if (!unsupported.empty()) fmt::print("runnable:     no (tensor types not supported yet: {})\n", unsupported);
     fmt::print("file size:    {} ({} bytes); weights {}\n", human_bytes(file_size), file_size,
-               human_bytes(lm->model.weight_bytes));
+               human_bytes(weight_bytes));
     fmt::print("KV per token: {} = {} layers × {} KV heads × {} dims × ({} + {} bytes)\n", human_bytes(per_token),
                hp.n_layer, hp.n_head_kv, hp.head_dim, bytes_k / hp.kv_dim(), bytes_v / hp.kv_dim());
     fmt::print("KV at -c {}: {} ({} bytes); weights + KV = {}\n", n_ctx, human_bytes(kv_total), kv_total,
-               human_bytes(lm->model.weight_bytes + kv_total));
+               human_bytes(weight_bytes + kv_total));
     return 0;
 }
 
