@@ -153,7 +153,8 @@ TEST_CASE("golden: every reference file in ../shared/golden") {
         try {
             check_golden(f);
         } catch (const std::exception& e) {
-            FAIL_CHECK(f.filename().string() + ": " + e.what());
+            const std::string msg = f.filename().string() + ": " + e.what();
+            FAIL_CHECK(msg);
         }
     }
 }
