@@ -15,6 +15,8 @@ int main(int argc, char** argv) {
         {"tokenize", cli::run_tokenize},
         {"logits", cli::run_logits},
         {"info", cli::run_info},
+        {"synth", cli::run_synth},
+        {"quantize", cli::run_quantize},
         {"run", cli::run_generate},
     };
     try {

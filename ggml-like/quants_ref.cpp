@@ -9,6 +9,7 @@
 //  - Quantizers pick q against the scale as stored (fp16-rounded), so the
 //    round-trip error is at most half a step of the scale the decoder sees.
 #include "ggml-like/quants.h"
+#include "ggml-like/quants_k.h"
 
 #include <cmath>
 #include <cstdio>
@@ -147,6 +148,7 @@ void dequantize_row(Type t, const void* src, float* dst, int64_t n) {
         dequant_q4_0(src, dst, n);
         return;
     default:
+        if (dequantize_row_k(t, src, dst, n)) return;
         unsupported("dequantize_row", t);
     }
 }
@@ -173,6 +175,7 @@ void quantize_row(Type t, const float* src, void* dst, int64_t n) {
         return;
     }
     default:
+        if (quantize_row_k(t, src, dst, n)) return;
         unsupported("quantize_row", t);
     }
 }
@@ -245,8 +248,11 @@ float vec_dot(Type weight, int64_t n, const void* w, const void* a) {
         return dot_q8_0(n, w, a);
     case Type::Q4_0:
         return dot_q4_0(n, w, a);
-    default:
+    default: {
+        float out;
+        if (vec_dot_k(weight, n, w, a, &out)) return out;
         unsupported("vec_dot", weight);
+    }
     }
 }
 
@@ -273,10 +279,10 @@ Type vec_dot_type(Type weight) {
     case Type::Q4_0:
     case Type::Q8_0:
         return Type::Q8_0;
-    // Float weights (and, by convention, anything kvrun cannot compute with;
-    // callers check `supported` first) take F32 activations.
+    // The types of quants_k.h; float weights (and, by convention, anything
+    // kvrun cannot compute with; callers check `supported` first) take F32.
     default:
-        return Type::F32;
+        return vec_dot_type_k(weight);
     }
 }
 

@@ -25,22 +25,22 @@ constexpr Entry kEntries[] = {
     {0, {"f32", 1, 4, true}},
     {1, {"f16", 1, 2, true}},
     {2, {"q4_0", 32, 18, true}},       // fp16 d + 16 bytes of nibbles
-    {3, {"q4_1", 32, 20, false}},      // fp16 d, m + 16 bytes
-    {6, {"q5_0", 32, 22, false}},      // fp16 d + 4 bytes high bits + 16 bytes
-    {7, {"q5_1", 32, 24, false}},      // fp16 d, m + 4 + 16
+    {3, {"q4_1", 32, 20, true}},       // fp16 d, m + 16 bytes
+    {6, {"q5_0", 32, 22, true}},       // fp16 d + 4 bytes high bits + 16 bytes
+    {7, {"q5_1", 32, 24, true}},       // fp16 d, m + 4 + 16
     {8, {"q8_0", 32, 34, true}},       // fp16 d + 32 int8
     {9, {"q8_1", 32, 36, false}},      // fp16 d, s + 32 int8
-    {10, {"q2_K", 256, 84, false}},    // 16 scales + 64 quants + fp16 d, dmin
-    {11, {"q3_K", 256, 110, false}},   // 32 hmask + 64 quants + 12 scales + fp16 d
-    {12, {"q4_K", 256, 144, false}},   // fp16 d, dmin + 12 scales + 128 quants
-    {13, {"q5_K", 256, 176, false}},   // fp16 d, dmin + 12 scales + 32 high bits + 128
-    {14, {"q6_K", 256, 210, false}},   // 128 low + 64 high + 16 scales + fp16 d
+    {10, {"q2_K", 256, 84, true}},     // 16 scales + 64 quants + fp16 d, dmin
+    {11, {"q3_K", 256, 110, true}},    // 32 hmask + 64 quants + 12 scales + fp16 d
+    {12, {"q4_K", 256, 144, true}},    // fp16 d, dmin + 12 scales + 128 quants
+    {13, {"q5_K", 256, 176, true}},    // fp16 d, dmin + 12 scales + 32 high bits + 128
+    {14, {"q6_K", 256, 210, true}},    // 128 low + 64 high + 16 scales + fp16 d
     {15, {"q8_K", 256, 292, false}},   // f32 d + 256 int8 + 16 int16 block sums
     {16, {"iq2_xxs", 256, 66, false}}, // fp16 d + 32 uint16
     {17, {"iq2_xs", 256, 74, false}},  // fp16 d + 32 uint16 + 8 scales
     {18, {"iq3_xxs", 256, 98, false}}, // fp16 d + 96 bytes
     {19, {"iq1_s", 256, 50, false}},   // fp16 d + 32 bytes + 8 uint16
-    {20, {"iq4_nl", 32, 18, false}},   // fp16 d + 16 bytes of nibbles
+    {20, {"iq4_nl", 32, 18, true}},    // fp16 d + 16 bytes of nibbles
     {21, {"iq3_s", 256, 110, false}},  // fp16 d + 64 + 8 + 32 + 4
     {22, {"iq2_s", 256, 82, false}},   // fp16 d + 64 + 8 + 8
     {23, {"iq4_xs", 256, 136, false}}, // fp16 d + uint16 + 4 + 128

@@ -158,6 +158,15 @@ double GgufValue::array_f64(uint64_t k) const {
     }
 }
 
+// Float to integer, saturating: a plain cast of a value out of int64 range (or
+// of NaN) is undefined behaviour, and hostile files can hold any float.
+static int64_t saturate_i64(double x) {
+    if (x != x) return 0;
+    if (x >= 9223372036854775808.0) return INT64_MAX;
+    if (x <= -9223372036854775808.0) return INT64_MIN;
+    return static_cast<int64_t>(x);
+}
+
 int64_t GgufValue::array_i64(uint64_t k) const {
     KV_ASSERT(raw && k < count);
     const uint8_t* p = raw + k * scalar_size(elem_type);
@@ -170,8 +179,8 @@ int64_t GgufValue::array_i64(uint64_t k) const {
     case GgufType::i32: { int32_t x; std::memcpy(&x, p, 4); return x; }
     case GgufType::u64: { uint64_t x; std::memcpy(&x, p, 8); return static_cast<int64_t>(x); }
     case GgufType::i64: { int64_t x; std::memcpy(&x, p, 8); return x; }
-    case GgufType::f32: { float x; std::memcpy(&x, p, 4); return static_cast<int64_t>(x); }
-    case GgufType::f64: { double x; std::memcpy(&x, p, 8); return static_cast<int64_t>(x); }
+    case GgufType::f32: { float x; std::memcpy(&x, p, 4); return saturate_i64(x); }
+    case GgufType::f64: { double x; std::memcpy(&x, p, 8); return saturate_i64(x); }
     default: KV_ASSERT(false);
     }
     return 0;

@@ -95,7 +95,11 @@ void GgufWriter::add_tensor(const std::string& name, gl::Type type, std::vector<
     tensors_.back().data.assign(p, p + nbytes);
 }
 
-std::vector<uint8_t> GgufWriter::bytes() const {
+void GgufWriter::add_tensor(const std::string& name, gl::Type type, std::vector<int64_t> ne, std::vector<uint8_t> data) {
+    tensors_.push_back({name, type, std::move(ne), std::move(data)});
+}
+
+std::vector<uint8_t> GgufWriter::header() const {
     std::vector<uint8_t> out;
     put<uint32_t>(out, 0x46554747);
     put<uint32_t>(out, 3);
@@ -114,22 +118,35 @@ std::vector<uint8_t> GgufWriter::bytes() const {
         for (int64_t n : t.ne) put<uint64_t>(out, static_cast<uint64_t>(n));
         put<uint32_t>(out, static_cast<uint32_t>(t.type));
         put<uint64_t>(out, offset);
-        offset += (t.data.size() + alignment_ - 1) / alignment_ * alignment_;
+        offset += padded(t.data.size());
     }
-    out.resize((out.size() + alignment_ - 1) / alignment_ * alignment_, 0);
+    out.resize(padded(out.size()), 0);
+    return out;
+}
+
+std::vector<uint8_t> GgufWriter::bytes() const {
+    std::vector<uint8_t> out = header();
     for (const PendingTensor& t : tensors_) {
         out.insert(out.end(), t.data.begin(), t.data.end());
-        out.resize((out.size() + alignment_ - 1) / alignment_ * alignment_, 0);
+        out.resize(padded(out.size()), 0);
     }
     return out;
 }
 
 void GgufWriter::write(const std::string& path) const {
-    const std::vector<uint8_t> b = bytes();
     const std::string tmp = path + ".tmp." + std::to_string(::getpid());
     FILE* f = std::fopen(tmp.c_str(), "wb");
     if (!f) fail(Exit::error, "cannot write '{}': {}", tmp, std::strerror(errno));
-    const bool ok = std::fwrite(b.data(), 1, b.size(), f) == b.size();
+    // Streamed: the header, then each tensor and its padding (no second copy in memory).
+    const std::vector<uint8_t> head = header();
+    bool ok = std::fwrite(head.data(), 1, head.size(), f) == head.size();
+    static const uint8_t zeros[256] = {};
+    for (const PendingTensor& t : tensors_) {
+        if (!ok) break;
+        ok = std::fwrite(t.data.data(), 1, t.data.size(), f) == t.data.size();
+        const size_t pad = padded(t.data.size()) - t.data.size();
+        ok = ok && std::fwrite(zeros, 1, pad, f) == pad;
+    }
     if (std::fclose(f) != 0 || !ok) {
         std::remove(tmp.c_str());
         fail(Exit::error, "cannot write '{}': {}", tmp, std::strerror(errno));

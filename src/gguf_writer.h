@@ -30,12 +30,16 @@ class GgufWriter {
 
     // ne: element counts, ne[0] contiguous; data: row_size(type, ne[0]) * rows bytes.
     void add_tensor(const std::string& name, gl::Type type, std::vector<int64_t> ne, const void* data, size_t nbytes);
+    // Same, taking ownership of the bytes (no copy).
+    void add_tensor(const std::string& name, gl::Type type, std::vector<int64_t> ne, std::vector<uint8_t> data);
 
     std::vector<uint8_t> bytes() const;
     // Write to a temporary file next to `path`, then rename: readers never see half a file.
     void write(const std::string& path) const;
 
   private:
+    std::vector<uint8_t> header() const; // everything before the tensor data, padded
+    uint64_t padded(uint64_t n) const { return (n + alignment_ - 1) / alignment_ * alignment_; }
     void key(const std::string& k, GgufType t);
     void put_str(std::vector<uint8_t>& out, const std::string& s) const;
     template <typename T> void put(std::vector<uint8_t>& out, T v) const;

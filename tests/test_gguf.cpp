@@ -785,6 +785,38 @@ TEST_CASE("gguf: typed look-ups reject the wrong type and name the key") {
     CHECK(f.tensors().empty());
 }
 
+TEST_CASE("gguf: float arrays read as integers saturate instead of overflowing") {
+    // A hostile file may put any float where integers are expected (e.g. token
+    // types, which accept any numeric array): converting must stay defined.
+    GgufWriter w;
+    w.set_f32_array("k.f32", {1e31f, -1e31f, std::numeric_limits<float>::quiet_NaN(), 2.9f, -2.9f,
+                              std::numeric_limits<float>::infinity()});
+    const double f64s[] = {9.3e18, -9.3e18, 9223372036854775808.0, -1e300, 42.5};
+    GgufValue a;
+    a.type = GgufType::array;
+    a.elem_type = GgufType::f64;
+    a.count = 5;
+    a.raw = reinterpret_cast<const uint8_t*>(f64s);
+    w.copy_kv("k.f64", a);
+    const Bytes file = w.bytes();
+    GgufFile f = GgufFile::parse(file.data(), file.size());
+    constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+    constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
+    const GgufValue& x = f.need_array("k.f32", GgufType::i32);
+    CHECK(x.array_i64(0) == kMax);
+    CHECK(x.array_i64(1) == kMin);
+    CHECK(x.array_i64(2) == 0);
+    CHECK(x.array_i64(3) == 2);
+    CHECK(x.array_i64(4) == -2);
+    CHECK(x.array_i64(5) == kMax);
+    const GgufValue& y = f.need_array("k.f64", GgufType::i64);
+    CHECK(y.array_i64(0) == kMax);
+    CHECK(y.array_i64(1) == kMin);
+    CHECK(y.array_i64(2) == kMax);
+    CHECK(y.array_i64(3) == kMin);
+    CHECK(y.array_i64(4) == 42);
+}
+
 TEST_CASE("gguf: open() rejects missing, empty and non-regular files") {
     TempDir dir;
     CHECK(contains(expect_bad_model([&] { GgufFile::open((dir.path / "nope.gguf").string()); }),

@@ -41,5 +41,7 @@ int run_generate(int argc, char** argv);
 int run_tokenize(int argc, char** argv);
 int run_logits(int argc, char** argv);
 int run_info(int argc, char** argv);
+int run_synth(int argc, char** argv);
+int run_quantize(int argc, char** argv);
 
 } // namespace kvrun::cli

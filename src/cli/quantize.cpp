@@ -1,0 +1,125 @@
+// `kvrun quantize IN.gguf OUT.gguf TYPE`: re-encode a model's weights.
+//
+// TYPE is a recipe, as in the files people download: Q4_K_M mixes types per
+// tensor (Q6_K for the output matrix and for attn_v / ffn_down in the layers
+// that matter most, Q4_K elsewhere); Q4_0 keeps a Q6_K output matrix. Rows
+// whose length is not a multiple of a type's block fall back to a type whose
+// block fits. 1-D tensors (norms, biases) stay F32. The result is a standard
+// GGUF file that other readers load.
+#include <cstdio>
+#include <cstdlib>
+#include <strings.h>
+
+#include "cli/common.h"
+#include "error.h"
+#include "ggml-like/quants.h"
+#include "ggml-like/thread_pool.h"
+#include "gguf.h"
+#include "gguf_writer.h"
+
+namespace kvrun::cli {
+
+namespace {
+
+struct Recipe {
+    const char* name;
+    gl::Type base;
+    gl::Type output;    // output.weight
+    gl::Type important; // attn_v / ffn_down in the "more bits" layers
+    uint32_t file_type; // general.file_type as other tools number it
+};
+
+constexpr Recipe kRecipes[] = {
+    {"F16", gl::Type::F16, gl::Type::F16, gl::Type::F16, 1},
+    {"Q8_0", gl::Type::Q8_0, gl::Type::Q8_0, gl::Type::Q8_0, 7},
+    {"Q4_0", gl::Type::Q4_0, gl::Type::Q6_K, gl::Type::Q4_0, 2},
+    {"Q4_K_M", gl::Type::Q4_K, gl::Type::Q6_K, gl::Type::Q6_K, 15},
+    {"Q6_K", gl::Type::Q6_K, gl::Type::Q6_K, gl::Type::Q6_K, 18},
+};
+
+// Layers whose attn_v and ffn_down get more bits: the first and last eighth,
+// and every third layer in between.
+bool more_bits_layer(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
+
+// A type whose block fits rows of n elements, for tensors the recipe's type cannot hold.
+gl::Type fitting(gl::Type want, int64_t n) {
+    if (gl::row_size_ok(want, n)) return want;
+    const gl::Type fallback = want == gl::Type::Q6_K || want == gl::Type::Q8_0 ? gl::Type::Q8_0 : gl::Type::Q5_0;
+    return gl::row_size_ok(fallback, n) ? fallback : gl::Type::F16;
+}
+
+int layer_of(const std::string& name) {
+    if (name.rfind("blk.", 0) != 0) return -1;
+    return std::atoi(name.c_str() + 4);
+}
+
+} // namespace
+
+int run_quantize(int argc, char** argv) {
+    std::string in, out, type;
+    int threads = 0;
+    CLI::App app{"kvrun quantize: re-encode a GGUF model's weights (F16, Q8_0, Q4_0, Q4_K_M, Q6_K)",
+                 "kvrun quantize"};
+    app.add_option("input", in, "input GGUF")->required();
+    app.add_option("output", out, "output GGUF")->required();
+    app.add_option("type", type, "F16, Q8_0, Q4_0, Q4_K_M or Q6_K")->required();
+    app.add_option("-t,--threads", threads, "threads");
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        return app.exit(e) == 0 ? 0 : static_cast<int>(Exit::usage);
+    }
+    const Recipe* r = nullptr;
+    for (const Recipe& c : kRecipes)
+        if (strcasecmp(type.c_str(), c.name) == 0) r = &c;
+    if (!r) fail(Exit::usage, "quantize type '{}' is not one of F16, Q8_0, Q4_0, Q4_K_M, Q6_K", type);
+    if (in == out) fail(Exit::usage, "input and output are the same file");
+
+    GgufFile f = GgufFile::open(in);
+    const std::string arch(f.need_str("general.architecture"));
+    const int n_layer = static_cast<int>(f.need_u64(arch + ".block_count"));
+    GgufWriter w(f.alignment());
+    for (const auto& [k, v] : f.metadata()) {
+        if (k == "general.file_type" || k == "general.alignment") continue;
+        w.copy_kv(k, v);
+    }
+    w.set_u32("general.file_type", r->file_type);
+
+    gl::ThreadPool pool(resolve_threads(threads));
+    uint64_t bytes_in = 0, bytes_out = 0;
+    for (const GgufTensor& t : f.tensors()) {
+        if (!gl::type_info(t.type).supported)
+            fail(Exit::bad_model, "{}: tensor '{}' has type {}, which kvrun cannot read yet", in, t.name,
+                 gl::type_name(t.type));
+        const int64_t n0 = t.ne[0], rows = t.n_elements() / n0;
+        gl::Type target = gl::Type::F32;
+        if (t.n_dims >= 2) {
+            const int l = layer_of(t.name);
+            const bool important = l >= 0 && (t.name.find("attn_v.weight") != std::string::npos ||
+                                              t.name.find("ffn_down.weight") != std::string::npos);
+            target = t.name == "output.weight" ? r->output
+                     : important && more_bits_layer(l, n_layer) ? r->important
+                                                                 : r->base;
+            target = fitting(target, n0);
+        }
+        const size_t in_rb = gl::row_size(t.type, n0), out_rb = gl::row_size(target, n0);
+        std::vector<uint8_t> data(out_rb * rows);
+        const auto* src = static_cast<const uint8_t*>(t.data);
+        pool.parallel_for(rows, [&](int64_t b, int64_t e, int) {
+            std::vector<float> row(n0);
+            for (int64_t i = b; i < e; i++) {
+                gl::ref::dequantize_row(t.type, src + i * in_rb, row.data(), n0);
+                gl::ref::quantize_row(target, row.data(), data.data() + i * out_rb, n0);
+            }
+        });
+        bytes_in += t.nbytes;
+        bytes_out += data.size();
+        w.add_tensor(t.name, target, std::vector<int64_t>(t.ne, t.ne + t.n_dims), std::move(data));
+    }
+    w.write(out);
+    std::fprintf(stderr, "kvrun quantize: %s -> %s (%s): weights %.1f MiB -> %.1f MiB\n", in.c_str(), out.c_str(),
+                 r->name, bytes_in / 1048576.0, bytes_out / 1048576.0);
+    return 0;
+}
+
+} // namespace kvrun::cli

@@ -1,0 +1,140 @@
+// `kvrun synth --preset NAME --type TYPE --vocab VOCAB.gguf -o OUT.gguf`:
+// a random-weight GGUF with the dimensions of a real model, for benchmarks.
+// The numbers are meaningless; the shapes, types and byte counts are real, so
+// speed and memory measured on it are those of the real model.
+#include <cmath>
+#include <cstdio>
+
+#include "cli/common.h"
+#include "error.h"
+#include "ggml-like/quants.h"
+#include "ggml-like/thread_pool.h"
+#include "gguf.h"
+#include "gguf_writer.h"
+
+namespace kvrun::cli {
+
+namespace {
+
+struct Preset {
+    const char* name;
+    const char* arch;
+    int n_embd, n_layer, n_head, n_head_kv, n_ff;
+    int64_t n_ctx;
+    float rope_base;
+    bool tied; // output matrix shared with the embedding
+};
+
+constexpr Preset kPresets[] = {
+    {"tinyllama-1.1b", "llama", 2048, 22, 32, 4, 5632, 2048, 10000.0f, false},
+    {"llama-3.2-1b", "llama", 2048, 16, 32, 8, 8192, 131072, 500000.0f, true},
+    {"qwen2.5-0.5b", "qwen2", 896, 24, 14, 2, 4864, 32768, 1000000.0f, true},
+    {"llama-2-7b", "llama", 4096, 32, 32, 32, 11008, 4096, 10000.0f, false},
+    {"mini", "llama", 256, 4, 8, 4, 768, 2048, 10000.0f, false},
+};
+
+// Uniform in [-scale, scale), from a per-row seed: reproducible and parallel.
+void fill_row(float* x, int64_t n, uint64_t seed, float scale) {
+    uint64_t s = seed * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull;
+    for (int64_t i = 0; i < n; i++) {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        x[i] = (static_cast<float>(s >> 40) * 0x1.0p-24f * 2.0f - 1.0f) * scale;
+    }
+}
+
+} // namespace
+
+int run_synth(int argc, char** argv) {
+    std::string preset_name, type_name = "q4_0", vocab_path, out;
+    int threads = 0;
+    uint64_t seed = 1;
+    CLI::App app{"kvrun synth: write a random-weight GGUF with a real model's dimensions (for benchmarks)",
+                 "kvrun synth"};
+    std::string names;
+    for (const Preset& p : kPresets) names += std::string(names.empty() ? "" : ", ") + p.name;
+    app.add_option("--preset", preset_name, "model shape: " + names)->required();
+    app.add_option("--type", type_name, "weight type of the matrices")->capture_default_str();
+    app.add_option("--vocab", vocab_path, "GGUF whose tokenizer.* metadata to copy (sets n_vocab)")->required();
+    app.add_option("-o,--output", out, "output file")->required();
+    app.add_option("-t,--threads", threads, "threads");
+    app.add_option("--seed", seed, "weights seed")->capture_default_str();
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        return app.exit(e) == 0 ? 0 : static_cast<int>(Exit::usage);
+    }
+    const Preset* p = nullptr;
+    for (const Preset& q : kPresets)
+        if (preset_name == q.name) p = &q;
+    if (!p) fail(Exit::usage, "--preset {}: unknown (known: {})", preset_name, names);
+    gl::Type wt;
+    if (!gl::type_from_name(type_name.c_str(), &wt) || !gl::type_info(wt).supported)
+        fail(Exit::usage, "--type {}: not a weight type kvrun can write", type_name);
+
+    GgufFile vocab = GgufFile::open(vocab_path);
+    const int64_t n_vocab = static_cast<int64_t>(vocab.need_array("tokenizer.ggml.tokens", GgufType::string).count);
+    GgufWriter w;
+    const std::string a = p->arch;
+    w.set_str("general.architecture", a);
+    w.set_str("general.name", std::string("kvrun synth ") + p->name);
+    w.set_u32(a + ".context_length", static_cast<uint32_t>(p->n_ctx));
+    w.set_u32(a + ".embedding_length", p->n_embd);
+    w.set_u32(a + ".block_count", p->n_layer);
+    w.set_u32(a + ".feed_forward_length", p->n_ff);
+    w.set_u32(a + ".attention.head_count", p->n_head);
+    w.set_u32(a + ".attention.head_count_kv", p->n_head_kv);
+    w.set_f32(a + ".attention.layer_norm_rms_epsilon", 1e-5f);
+    w.set_f32(a + ".rope.freq_base", p->rope_base);
+    for (const auto& [k, v] : vocab.metadata())
+        if (k.rfind("tokenizer.", 0) == 0) w.copy_kv(k, v);
+
+    gl::ThreadPool pool(resolve_threads(threads));
+    uint64_t tensor_seed = seed * 1000003;
+    auto matrix = [&](const std::string& name, int64_t in, int64_t out_rows, gl::Type t) {
+        if (!gl::row_size_ok(t, in)) fail(Exit::usage, "{}: rows of {} do not fit type {}", name, in, gl::type_name(t));
+        const size_t rb = gl::row_size(t, in);
+        std::vector<uint8_t> data(rb * out_rows);
+        const float scale = std::sqrt(3.0f / static_cast<float>(in)); // unit-variance outputs
+        const uint64_t ts = ++tensor_seed;
+        pool.parallel_for(out_rows, [&](int64_t b, int64_t e, int) {
+            std::vector<float> row(in);
+            for (int64_t r = b; r < e; r++) {
+                fill_row(row.data(), in, ts * 0x100000001b3ull + r, scale);
+                gl::cpu::quantize_row(t, row.data(), data.data() + r * rb, in);
+            }
+        });
+        w.add_tensor(name, t, out_rows == 1 ? std::vector<int64_t>{in} : std::vector<int64_t>{in, out_rows},
+                     std::move(data));
+    };
+    auto ones = [&](const std::string& name, int64_t n) {
+        std::vector<float> v(n, 1.0f);
+        w.add_tensor(name, gl::Type::F32, {n}, v.data(), v.size() * sizeof(float));
+    };
+    const int hd = p->n_embd / p->n_head;
+    matrix("token_embd.weight", p->n_embd, n_vocab, wt);
+    ones("output_norm.weight", p->n_embd);
+    if (!p->tied) matrix("output.weight", p->n_embd, n_vocab, wt);
+    for (int l = 0; l < p->n_layer; l++) {
+        const std::string n = "blk." + std::to_string(l) + ".";
+        ones(n + "attn_norm.weight", p->n_embd);
+        ones(n + "ffn_norm.weight", p->n_embd);
+        matrix(n + "attn_q.weight", p->n_embd, p->n_head * hd, wt);
+        matrix(n + "attn_k.weight", p->n_embd, p->n_head_kv * hd, wt);
+        matrix(n + "attn_v.weight", p->n_embd, p->n_head_kv * hd, wt);
+        matrix(n + "attn_output.weight", p->n_head * hd, p->n_embd, wt);
+        matrix(n + "ffn_gate.weight", p->n_embd, p->n_ff, wt);
+        matrix(n + "ffn_up.weight", p->n_embd, p->n_ff, wt);
+        matrix(n + "ffn_down.weight", p->n_ff, p->n_embd, wt);
+        if (a == "qwen2")
+            for (auto [nm, len] : {std::pair{"attn_q.bias", p->n_head * hd}, {"attn_k.bias", p->n_head_kv * hd},
+                                   {"attn_v.bias", p->n_head_kv * hd}})
+                matrix(n + nm, len, 1, gl::Type::F32);
+    }
+    w.write(out);
+    std::fprintf(stderr, "kvrun synth: wrote %s (%s, %s)\n", out.c_str(), p->name, gl::type_name(wt));
+    return 0;
+}
+
+} // namespace kvrun::cli
