@@ -36,14 +36,17 @@ struct Unpacked {
     int m[QK_K / 16] = {};
 };
 
+// The SIMD dequantizers must give the same bits, so the rounding is pinned
+// down: the two scale products, then one fused multiply-add. (An explicit fma
+// because compilers may contract a * b - c into one on their own in a file
+// built with FMA enabled, and not in this one.)
 void dequant_unpacked(const Unpacked& u, float* y) {
     for (int j = 0; j < u.n / u.len; j++) {
-        // Rounded in this order (scale product first) by every table too.
         const float dl = u.d * static_cast<float>(u.sc[j]);
         const float ml = u.dmin * static_cast<float>(u.m[j]);
         for (int l = 0; l < u.len; l++) {
             const int i = j * u.len + l;
-            y[i] = dl * static_cast<float>(u.q[i]) - ml;
+            y[i] = std::fma(dl, static_cast<float>(u.q[i]), -ml);
         }
     }
 }

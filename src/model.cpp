@@ -122,6 +122,8 @@ Hparams read_hparams(const GgufFile& f) {
     if (auto scaling = f.get_str(p + "rope.scaling.type"); scaling && *scaling != "none")
         fail(Exit::bad_model, "{}: RoPE scaling '{}' is not supported yet", f.path(), *scaling);
 
+    if (auto sw = f.get_u64(p + "attention.sliding_window")) hp.sliding_window = static_cast<int64_t>(*sw);
+
     const GgufTensor* emb = f.tensor("token_embd.weight");
     if (!emb) fail(Exit::bad_model, "{}: missing tensor 'token_embd.weight'", f.path());
     if (emb->n_dims != 2 || emb->ne[0] != hp.n_embd)

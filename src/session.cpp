@@ -18,7 +18,7 @@ std::unique_ptr<LoadedModel> LoadedModel::load(const std::string& path) {
 }
 
 int auto_context(int64_t n_prompt, int64_t n_predict, int64_t n_ctx_train) {
-    if (n_prompt > n_ctx_train)
+    if (n_prompt > n_ctx_train && n_ctx_train > 0)
         fail(Exit::context_overflow, "the prompt has {} tokens but the model's context is {} tokens", n_prompt,
              n_ctx_train);
     const int64_t extra = n_predict >= 0 ? n_predict : std::max<int64_t>(2 * n_prompt, 512);

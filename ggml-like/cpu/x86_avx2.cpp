@@ -12,6 +12,7 @@
 // lookup table as broadcast loads, and nibbles are split with a broadcast load
 // plus a per-lane shift instead of an insert.
 #include "ggml-like/quants.h"
+#include "ggml-like/quants_k.h"
 
 #include <immintrin.h>
 
@@ -311,6 +312,7 @@ constexpr KernelTable make_table() {
     t.axpy[id(Type::F32)] = axpy<F32>;
     t.axpy[id(Type::F16)] = axpy<F16>;
     t.axpy[id(Type::BF16)] = axpy<BF16>;
+    add_kernels_k(t, kAvx2KernelsK); // x86_avx2_k.cpp
     return t;
 }
 

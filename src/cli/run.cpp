@@ -88,9 +88,19 @@ int run_generate(int argc, char** argv) {
         long v = std::strtol(o.ctx.c_str(), &end, 10);
         if (*end != '\0' || v < 2 || v > (1 << 30)) fail(Exit::usage, "-c {}: expected a number of tokens >= 2, or auto", o.ctx);
         n_ctx = static_cast<int>(v);
-        check_prompt_fits(static_cast<int64_t>(tokens.size()), n_ctx);
+        if (hp.sliding_window == 0 || n_ctx < hp.sliding_window)
+            check_prompt_fits(static_cast<int64_t>(tokens.size()), n_ctx);
     }
-    KvCacheConfig kc{hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx, std::min(o.keep, n_ctx - 1), tk, tv};
+    int keep = std::min(o.keep, n_ctx - 1);
+    if (hp.sliding_window > 0 && n_ctx >= hp.sliding_window) {
+        // The model attends to the last `sliding_window` tokens only: that is
+        // exactly a ring of that many slots with no sinks, and any prompt length fits.
+        n_ctx = static_cast<int>(hp.sliding_window);
+        keep = 0;
+        if (o.common.verbose)
+            fmt::print(stderr, "kvrun: model declares a sliding window of {} tokens: cache = window, no sinks\n", n_ctx);
+    }
+    KvCacheConfig kc{hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx, keep, tk, tv};
     KvCache kv(kc);
     const int threads = resolve_threads(o.common.threads);
     auto backend = gl::make_cpu_backend(threads);
