@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
         {"info", cli::run_info},
         {"synth", cli::run_synth},
         {"quantize", cli::run_quantize},
+        {"perplexity", cli::run_perplexity},
         {"run", cli::run_generate},
     };
     try {

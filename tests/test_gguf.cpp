@@ -900,13 +900,17 @@ TEST_CASE("gguf: hostile inputs throw Error(bad_model) naming the problem") {
     one("offset past the end", [](T& t) { t.offset = 1u << 20; }, {tn});
     one("data one byte short", [](T& t) { t.data = 63; }, {tn});
     one("offset + size wraps", [](T& t) { t.offset = ~uint64_t{31}; }, {tn});
-    one("misaligned offset", [](T& t) { t.offset = 4; }, {tn});
+    one("misaligned offset", [](T& t) {
+        t.offset = 4; // inside the file
+        t.data = 128;
+    }, {tn});
     one("general.alignment 0", [](T& t) { t.alignment = 0; }, {"general.alignment"});
     one("general.alignment 3", [](T& t) { t.alignment = 3; }, {"general.alignment"});
     one("general.alignment 48", [](T& t) { t.alignment = 48; }, {"general.alignment"});
     one("misaligned for general.alignment 64", [](T& t) {
         t.alignment = 64;
         t.offset = 32;
+        t.data = 128;
     }, {tn});
 
     const Bytes long_len = Raw{}.u64(p63).b;

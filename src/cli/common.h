@@ -43,5 +43,6 @@ int run_logits(int argc, char** argv);
 int run_info(int argc, char** argv);
 int run_synth(int argc, char** argv);
 int run_quantize(int argc, char** argv);
+int run_perplexity(int argc, char** argv);
 
 } // namespace kvrun::cli

@@ -1,0 +1,106 @@
+// `kvrun perplexity -m M -f TEXT -c N`: how well the model predicts a text.
+//
+// The text is tokenized whole (with BOS) and cut into consecutive chunks of N
+// tokens; each chunk's first token is replaced by BOS and the chunk is
+// evaluated from an empty cache. The tokens of each chunk's second half are
+// scored (each predicted from everything before it in its chunk), so every
+// scored token has at least N/2 tokens of context. Prints PPL ± its standard
+// error, the convention of the reference engine, so the numbers compare.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <unistd.h>
+
+#include "cli/common.h"
+#include "error.h"
+#include "forward.h"
+#include "session.h"
+
+namespace kvrun::cli {
+
+int run_perplexity(int argc, char** argv) {
+    CommonOptions c;
+    std::string file;
+    int n_ctx = 512, batch = 512;
+    int64_t max_chunks = -1;
+    bool json = false;
+    CLI::App app{"kvrun perplexity: perplexity of a model on a text file", "kvrun perplexity"};
+    add_model_option(app, c);
+    add_runtime_options(app, c);
+    app.add_option("-f,--file", file, "text file (- for stdin)")->required();
+    app.add_option("-c,--ctx-size", n_ctx, "chunk length in tokens")->capture_default_str()->check(CLI::Range(8, 1 << 20));
+    app.add_option("-b,--batch-size", batch, "tokens per batch")->capture_default_str()->check(CLI::Range(1, 1 << 16));
+    app.add_option("--chunks", max_chunks, "score at most this many chunks (-1 = all)");
+    app.add_flag("--json", json, "print a JSON object instead of a line");
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        return app.exit(e) == 0 ? 0 : static_cast<int>(Exit::usage);
+    }
+    const gl::Type tk = parse_cache_type(c.cache_type_k, "--cache-type-k");
+    const gl::Type tv = parse_cache_type(c.cache_type_v, "--cache-type-v");
+    if (tk != tv) fail(Exit::usage, "K and V cache types must match for now");
+    const std::string text = read_prompt("", file, false);
+    install_interrupt_handler();
+    auto lm = LoadedModel::load(c.model);
+    const Hparams& hp = lm->model.hp;
+    const std::vector<int32_t> tokens = lm->tokenizer.encode(text, true, false);
+    int64_t n_chunks = static_cast<int64_t>(tokens.size()) / n_ctx;
+    if (max_chunks >= 0) n_chunks = std::min(n_chunks, max_chunks);
+    if (n_chunks < 1)
+        fail(Exit::usage, "the text has {} tokens, fewer than one chunk of {} (-c)", tokens.size(), n_ctx);
+    if (n_ctx > hp.n_ctx_train)
+        fail(Exit::context_overflow, "-c {} exceeds the model's context of {}", n_ctx, hp.n_ctx_train);
+
+    KvCache kv({hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx, 0, tk, tv});
+    auto backend = gl::make_cpu_backend(resolve_threads(c.threads));
+    Forward fwd(lm->model, kv, *backend, std::min(batch, n_ctx));
+    const bool progress = isatty(2);
+    const int first = n_ctx / 2;
+    double nll = 0, nll2 = 0;
+    int64_t count = 0;
+    std::vector<int32_t> chunk(n_ctx);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t ci = 0; ci < n_chunks && !interrupted(); ci++) {
+        std::copy(tokens.begin() + ci * n_ctx, tokens.begin() + (ci + 1) * n_ctx, chunk.begin());
+        if (lm->tokenizer.bos() >= 0) chunk[0] = lm->tokenizer.bos();
+        kv.clear();
+        for (int i = 0; i < n_ctx;) {
+            const int nb = std::min(fwd.max_batch(), n_ctx - i);
+            const float* rows = fwd.eval(chunk.data() + i, nb, true);
+            for (int r = 0; r < nb; r++) {
+                const int pos = i + r;
+                if (pos < first || pos + 1 >= n_ctx) continue;
+                const float* row = rows + static_cast<size_t>(r) * hp.n_vocab;
+                const float mx = *std::max_element(row, row + hp.n_vocab);
+                double sum = 0;
+                for (int v = 0; v < hp.n_vocab; v++) sum += std::exp(static_cast<double>(row[v]) - mx);
+                const double l = -(row[chunk[pos + 1]] - mx - std::log(sum));
+                nll += l;
+                nll2 += l * l;
+                count++;
+            }
+            i += nb;
+        }
+        if (progress)
+            fmt::print(stderr, "\rkvrun perplexity: chunk {}/{}, PPL so far {:.4f}", ci + 1, n_chunks,
+                       std::exp(nll / count));
+    }
+    if (progress) fmt::print(stderr, "\n");
+    if (interrupted()) return static_cast<int>(Exit::interrupted);
+    const double mean = nll / count;
+    const double var = nll2 / count - mean * mean;
+    const double ppl = std::exp(mean);
+    const double err = count > 1 ? ppl * std::sqrt(std::max(var, 0.0) / (count - 1)) : 0.0;
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (json)
+        fmt::print("{{\"ppl\": {:.6f}, \"stderr\": {:.6f}, \"chunks\": {}, \"ctx\": {}, \"scored_tokens\": {}, "
+                   "\"cache_type_k\": \"{}\", \"cache_type_v\": \"{}\", \"seconds\": {:.3f}}}\n",
+                   ppl, err, n_chunks, n_ctx, count, gl::type_name(tk), gl::type_name(tv), secs);
+    else
+        fmt::print("PPL = {:.4f} +/- {:.4f} ({} chunks of {} tokens, {} scored, cache {}/{}, {:.1f} s)\n", ppl, err,
+                   n_chunks, n_ctx, count, gl::type_name(tk), gl::type_name(tv), secs);
+    return 0;
+}
+
+} // namespace kvrun::cli
