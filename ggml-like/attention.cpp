@@ -11,12 +11,38 @@ namespace gl {
 
 namespace {
 
+// One head's slice of a K or V row, as something a float kernel can use.
+// Float types are used in place; block types are dequantized (only the blocks
+// that cover the head) into `tmp`.
+struct HeadReader {
+    Type type;
+    int64_t head_dim;
+    size_t elem_bytes;    // F32/F16/BF16: bytes per element; 0 for block types
+    int64_t block;        // elements per block
+    size_t block_bytes;
+
+    HeadReader(Type t, int64_t hd) : type(t), head_dim(hd) {
+        const TypeInfo& ti = type_info(t);
+        block = ti.block_size;
+        block_bytes = ti.type_size;
+        elem_bytes = block == 1 ? ti.type_size : 0;
+    }
+    bool in_place() const { return elem_bytes != 0; }
+    // Pointer to the head's first element, in `type` if in_place(), else F32 in tmp.
+    const void* head(const uint8_t* row, int kvh, float* tmp) const {
+        const int64_t first = kvh * head_dim;
+        if (in_place()) return row + first * elem_bytes;
+        const int64_t b0 = first / block, b1 = (first + head_dim + block - 1) / block;
+        cpu::dequantize_row(type, row + b0 * block_bytes, tmp, (b1 - b0) * block);
+        return tmp + (first - b0 * block);
+    }
+};
+
 // One query head of one token: scores over visible slots and batch keys,
-// softmax, weighted sum of values. `sc` holds n_ctx + n_tok floats.
+// softmax, weighted sum of values. `sc` holds the per-thread scratch.
 void attend_one(const AttentionArgs& a, int t, int h, float* sc) {
     const int hd = a.head_dim;
     const int kvh = h / (a.n_head / a.n_head_kv);
-    const size_t head_off = static_cast<size_t>(kvh) * hd * (a.kv_type == Type::F32 ? 4 : 2);
     const int64_t p = a.pos[t];
     const bool slid = p >= a.n_ctx;
     const int64_t lo = slid ? p - a.window + 1 : 0;
@@ -24,6 +50,11 @@ void attend_one(const AttentionArgs& a, int t, int h, float* sc) {
     const float* qu = a.q_unrot ? a.q_unrot + (static_cast<int64_t>(t) * a.n_head + h) * hd : nullptr;
     const auto* ks = static_cast<const uint8_t*>(a.k_slots);
     const auto* kn = static_cast<const uint8_t*>(a.k_new);
+    const HeadReader kr(a.k_type, hd), vr(a.v_type, hd);
+    const Type k_dot = kr.in_place() ? a.k_type : Type::F32;
+    const Type v_acc = vr.in_place() ? a.v_type : Type::F32;
+    float* tmp = sc + a.n_ctx + a.n_tok;
+    auto key_score = [&](const uint8_t* row) { return cpu::vec_dot(k_dot, hd, kr.head(row, kvh, tmp), q) * a.scale; };
 
     // Scores; -inf marks keys this query must not see.
     float mx = -INFINITY;
@@ -35,7 +66,7 @@ void attend_one(const AttentionArgs& a, int t, int h, float* sc) {
                 const float* k = a.sink_k + static_cast<int64_t>(sp) * a.n_head_kv * hd + kvh * hd;
                 v = cpu::vec_dot(Type::F32, hd, k, qu) * a.scale;
             } else if (sp < a.n_sink || sp >= lo) {
-                v = cpu::vec_dot(a.kv_type, hd, ks + s * a.kv_row_bytes + head_off, q) * a.scale;
+                v = key_score(ks + s * a.k_row_bytes);
             }
         }
         sc[s] = v;
@@ -44,8 +75,7 @@ void attend_one(const AttentionArgs& a, int t, int h, float* sc) {
     for (int u = 0; u <= t; u++) {
         float v = -INFINITY;
         const int64_t up = a.pos[u];
-        if (up >= lo || up < a.n_sink)
-            v = cpu::vec_dot(a.kv_type, hd, kn + u * a.kv_row_bytes + head_off, q) * a.scale;
+        if (up >= lo || up < a.n_sink) v = key_score(kn + u * a.k_row_bytes);
         sc[a.n_ctx + u] = v;
         mx = v > mx ? v : mx;
     }
@@ -62,11 +92,12 @@ void attend_one(const AttentionArgs& a, int t, int h, float* sc) {
     std::memset(out, 0, sizeof(float) * hd);
     const auto* vs = static_cast<const uint8_t*>(a.v_slots);
     const auto* vn = static_cast<const uint8_t*>(a.v_new);
+    float* vtmp = tmp + a.n_head_kv * hd + 256;
+    auto add_value = [&](const uint8_t* row, float w) { cpu::axpy(v_acc, hd, w, vr.head(row, kvh, vtmp), out); };
     for (int s = 0; s < a.n_ctx; s++)
-        if (sc[s] != 0.0f) cpu::axpy(a.kv_type, hd, sc[s] * inv, vs + s * a.kv_row_bytes + head_off, out);
+        if (sc[s] != 0.0f) add_value(vs + s * a.v_row_bytes, sc[s] * inv);
     for (int u = 0; u <= t; u++)
-        if (sc[a.n_ctx + u] != 0.0f)
-            cpu::axpy(a.kv_type, hd, sc[a.n_ctx + u] * inv, vn + u * a.kv_row_bytes + head_off, out);
+        if (sc[a.n_ctx + u] != 0.0f) add_value(vn + u * a.v_row_bytes, sc[a.n_ctx + u] * inv);
 }
 
 } // namespace
@@ -74,7 +105,7 @@ void attend_one(const AttentionArgs& a, int t, int h, float* sc) {
 void attention(ThreadPool& pool, const AttentionArgs& a) {
     const int64_t n_work = static_cast<int64_t>(a.n_tok) * a.n_head;
     pool.parallel_for(n_work, [&](int64_t b, int64_t e, int ith) {
-        float* sc = a.scratch + static_cast<int64_t>(ith) * (a.n_ctx + a.n_tok);
+        float* sc = a.scratch + ith * attention_scratch_per_thread(a.n_ctx, a.n_tok, a.n_head_kv * a.head_dim);
         for (int64_t w = b; w < e; w++) attend_one(a, static_cast<int>(w / a.n_head), static_cast<int>(w % a.n_head), sc);
     });
 }

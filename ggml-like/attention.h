@@ -28,8 +28,11 @@ struct AttentionArgs {
     const float* q_unrot = nullptr; // same, not rotated (needed only when a query is past n_ctx)
     const int64_t* pos = nullptr;   // [n_tok] absolute positions, consecutive
 
-    Type kv_type = Type::F16;  // type of every K/V row below (F32 or F16)
-    size_t kv_row_bytes = 0;   // bytes of one row of n_head_kv * head_dim elements
+    // Types of the K and V rows below (F32, F16, BF16 or a block type such as
+    // Q8_0 / Q4_0, whose blocks run along the whole row: a head may start
+    // mid-block). Row bytes are for n_head_kv * head_dim elements.
+    Type k_type = Type::F16, v_type = Type::F16;
+    size_t k_row_bytes = 0, v_row_bytes = 0;
     int n_ctx = 0;             // number of slots
     const void* k_slots = nullptr; // [n_ctx] rows
     const void* v_slots = nullptr;
@@ -43,14 +46,18 @@ struct AttentionArgs {
     const float* sink_k = nullptr; // [n_sink][n_head_kv*head_dim] F32, pre-rotated by -(n_ctx-1-j)
 
     float* out = nullptr;  // [n_tok][n_head][head_dim]
-    float* scratch = nullptr; // n_threads * (n_ctx + n_tok) floats
+    float* scratch = nullptr; // attention_scratch_floats(...)
 };
 
 class ThreadPool;
 void attention(ThreadPool& pool, const AttentionArgs& a);
-// Scratch floats attention needs.
-inline int64_t attention_scratch_floats(int n_threads, int n_ctx, int n_tok) {
-    return static_cast<int64_t>(n_threads) * (n_ctx + n_tok);
+// Scratch floats attention needs: per thread, the scores plus room to
+// dequantize one head's K or V (and the blocks around it).
+inline int64_t attention_scratch_per_thread(int n_ctx, int n_tok, int kv_dim) {
+    return static_cast<int64_t>(n_ctx) + n_tok + 2 * (kv_dim + 256);
+}
+inline int64_t attention_scratch_floats(int n_threads, int n_ctx, int n_tok, int kv_dim) {
+    return n_threads * attention_scratch_per_thread(n_ctx, n_tok, kv_dim);
 }
 
 } // namespace gl

@@ -38,7 +38,7 @@ Forward::Forward(const Model& m, KvCache& kv, gl::Backend& be, int max_batch)
     for (const LayerWeights& L : m.layers)
         for (const gl::Tensor* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) need(*w);
     need(m.output);
-    be.reserve(mm, gl::attention_scratch_floats(be.n_threads(), kv.n_ctx(), max_batch));
+    be.reserve(mm, gl::attention_scratch_floats(be.n_threads(), kv.n_ctx(), max_batch, hp.kv_dim()));
 }
 
 const float* Forward::eval(const int32_t* tokens, int n, bool all_logits) {
@@ -116,9 +116,10 @@ void Forward::layer(int l, int n, int64_t pos0) {
     a.q = q_.data();
     a.q_unrot = any_slid ? q_unrot_.data() : nullptr;
     a.pos = pos_.data();
-    a.kv_type = kv_.config().type_k;
-    KV_ASSERT(kv_.config().type_k == kv_.config().type_v);
-    a.kv_row_bytes = kv_.row_bytes_k();
+    a.k_type = kv_.config().type_k;
+    a.v_type = kv_.config().type_v;
+    a.k_row_bytes = kv_.row_bytes_k();
+    a.v_row_bytes = kv_.row_bytes_v();
     a.n_ctx = kv_.n_ctx();
     a.k_slots = kv_.k_slots(l);
     a.v_slots = kv_.v_slots(l);

@@ -9,6 +9,17 @@ namespace kvrun {
 
 void KvCache::Free::operator()(void* p) const { std::free(p); }
 
+bool kv_cache_type_ok(gl::Type t) {
+    switch (t) {
+    case gl::Type::F32: case gl::Type::F16: case gl::Type::BF16: case gl::Type::Q8_0: case gl::Type::Q4_0:
+        return true;
+    default:
+        return false;
+    }
+}
+
+const char* kv_cache_type_names() { return "f32, f16, bf16, q8_0, q4_0"; }
+
 size_t KvCache::ring_bytes_for(const KvCacheConfig& c) {
     const int64_t kv_dim = static_cast<int64_t>(c.n_head_kv) * c.head_dim;
     return static_cast<size_t>(c.n_layer) * c.n_ctx *
@@ -19,9 +30,13 @@ KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg) {
     if (cfg.n_ctx < 2) fail(Exit::usage, "context size {} is too small (at least 2)", cfg.n_ctx);
     if (cfg.keep < 0 || cfg.keep >= cfg.n_ctx)
         fail(Exit::usage, "--keep {} must be at least 0 and smaller than the context ({})", cfg.keep, cfg.n_ctx);
-    for (gl::Type t : {cfg.type_k, cfg.type_v})
-        if (t != gl::Type::F32 && t != gl::Type::F16)
-            fail(Exit::usage, "KV cache type {} is not supported (f32 or f16)", gl::type_name(t));
+    for (gl::Type t : {cfg.type_k, cfg.type_v}) {
+        if (!kv_cache_type_ok(t))
+            fail(Exit::usage, "KV cache type {} is not supported (use {})", gl::type_name(t), kv_cache_type_names());
+        if (!gl::row_size_ok(t, kv_dim()))
+            fail(Exit::usage, "KV cache type {} needs rows that are a multiple of {} elements; this model's are {}",
+                 gl::type_name(t), gl::type_info(t).block_size, kv_dim());
+    }
     row_k_ = gl::row_size(cfg.type_k, kv_dim());
     row_v_ = gl::row_size(cfg.type_v, kv_dim());
     k_.reserve(cfg.n_layer);

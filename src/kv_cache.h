@@ -27,6 +27,10 @@ struct KvCacheConfig {
     gl::Type type_k = gl::Type::F16, type_v = gl::Type::F16;
 };
 
+// Element types a cache can hold (blocks run along each row of kv_dim).
+bool kv_cache_type_ok(gl::Type t);
+const char* kv_cache_type_names();
+
 class KvCache {
   public:
     explicit KvCache(const KvCacheConfig& cfg); // throws Error on an invalid config

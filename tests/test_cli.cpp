@@ -32,8 +32,12 @@ json golden(const std::string& name) {
     return json::parse(f);
 }
 
-bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
-bool contains(const std::string& s, const std::string& n) { return s.find(n) != std::string::npos; }
+bool starts_with(const std::string& s, const std::string& p) {
+    return s.rfind(p, 0) == 0;
+}
+bool contains(const std::string& s, const std::string& n) {
+    return s.find(n) != std::string::npos;
+}
 
 // Decode SentencePiece ids with the vocabulary's piece strings: U+2581 is a
 // space, <0xXX> is one byte. No leading-space handling: the golden text of a
@@ -223,15 +227,16 @@ TEST_CASE("cli: --echo, -f FILE and -f - give the same continuation as -p") {
 }
 
 TEST_CASE("cli: tokenize --json equals the goldens' prompt tokens") {
-    for (const char* name : {"stories260K__story", "stories260K__ascii", "stories260K__unicode",
-                             "stories260K__long", "tiny-f16__unicode", "tiny-qwen2-Q8_0__ascii",
-                             "tiny-qwen2-Q8_0__unicode"}) {
+    for (const char* name :
+         {"stories260K__story", "stories260K__ascii", "stories260K__unicode", "stories260K__long",
+          "tiny-f16__unicode", "tiny-qwen2-Q8_0__ascii", "tiny-qwen2-Q8_0__unicode"}) {
         CAPTURE(name);
         const json g = golden(name);
         std::string model = g["model"].get<std::string>();
         model = kvtest::shared(starts_with(model, "tiny-") ? "models/synthetic/" + model
                                                            : "models/" + model);
-        const auto r = run({"tokenize", "-m", model, "-p", g["prompt"].get<std::string>(), "--json"});
+        const auto r =
+            run({"tokenize", "-m", model, "-p", g["prompt"].get<std::string>(), "--json"});
         INFO(describe(r));
         REQUIRE(r.status == 0);
         CHECK(kvtest::lines(r.out).size() == 1);
@@ -318,7 +323,8 @@ TEST_CASE("cli: info prints the architecture and the KV bytes per token from the
         CHECK(info["kv"]["bytes_per_token"] == per_token_f16);
         CHECK(info["kv"]["bytes"] == per_token_f16 * info["kv"]["n_ctx"].get<uint64_t>());
 
-        const auto f32 = run({"info", "-m", model, "--json", "--ctk", "f32", "--ctv", "f32", "-c", "100"});
+        const auto f32 =
+            run({"info", "-m", model, "--json", "--ctk", "f32", "--ctv", "f32", "-c", "100"});
         REQUIRE(f32.status == 0);
         const json i32 = json::parse(f32.out);
         CHECK(i32["kv"]["bytes_per_token"] == 2 * per_token_f16);
@@ -327,14 +333,15 @@ TEST_CASE("cli: info prints the architecture and the KV bytes per token from the
 }
 
 TEST_CASE("cli: usage errors exit 2 with a short message") {
-    expect_usage_error(run({"-p", kPrompt}));                                // missing -m
+    expect_usage_error(run({"-p", kPrompt}));                                   // missing -m
     expect_usage_error(run({"-m", kStories, "-p", kPrompt, "--no-such-flag"})); // unknown flag
     expect_usage_error(run({"-m", kStories, "-p", kPrompt, "-n", "abc"}));
-    expect_usage_error(run({"-m", kStories}));                               // no prompt
+    expect_usage_error(run({"-m", kStories})); // no prompt
     expect_usage_error(run({"tokenize", "-p", kPrompt}));
     expect_usage_error(run({"info"}));
 
-    const std::string q9 = expect_error_line(run({"-m", kStories, "-p", kPrompt, "--ctk", "q9"}), 2);
+    const std::string q9 =
+        expect_error_line(run({"-m", kStories, "-p", kPrompt, "--ctk", "q9"}), 2);
     CHECK(contains(q9, "q9"));
     const std::string big =
         expect_error_line(run({"logits", "-m", kStories, "--tokens", "1,999999"}), 2);
@@ -424,8 +431,8 @@ TEST_CASE("cli: sampling seeds are reproducible and matter") {
 
 TEST_CASE("cli: generation runs far past a 64-token context") {
     // 5 prompt + 256 generated positions in a 64-slot ring: it wraps 4+ times.
-    const auto r = run({"-m", kStories, "-p", kPrompt, "-c", "64", "-n", "256", "--ignore-eos",
-                        "--temp", "0"});
+    const auto r = run(
+        {"-m", kStories, "-p", kPrompt, "-c", "64", "-n", "256", "--ignore-eos", "--temp", "0"});
     INFO(describe(r));
     REQUIRE(r.status == 0);
     CHECK(contains(r.err, "generated 256 tok"));

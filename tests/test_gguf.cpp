@@ -267,9 +267,9 @@ struct TinyTensor {
 // n_embd 32, 4 heads of 8, 2 KV heads, FFN 32, vocab 32, 1 layer, context 64.
 struct TinyModel {
     std::string arch = "llama";
-    std::string skip_key;    // metadata key (without the arch prefix) to leave out
-    std::string skip_tensor; // tensor to leave out
-    std::string reshape;     // tensor whose first dimension is made wrong
+    std::string skip_key;       // metadata key (without the arch prefix) to leave out
+    std::string skip_tensor;    // tensor to leave out
+    std::string reshape;        // tensor whose first dimension is made wrong
     std::string embd_as_string; // set: "<arch>.embedding_length" is written as this string
     bool biases = false;        // write Q/K/V biases (qwen2)
 
@@ -319,7 +319,8 @@ struct TinyModel {
             w.set_f32(p + "attention.layer_norm_rms_epsilon", 1e-5f);
         w.set_str("tokenizer.ggml.model", "llama");
         std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
-        while (tokens.size() < 32) tokens.push_back("\xe2\x96\x81t" + std::to_string(tokens.size()));
+        while (tokens.size() < 32)
+            tokens.push_back("\xe2\x96\x81t" + std::to_string(tokens.size()));
         w.set_str_array("tokenizer.ggml.tokens", tokens);
         w.set_f32_array("tokenizer.ggml.scores", std::vector<float>(32, 0.0f));
         w.set_i32_array("tokenizer.ggml.token_type", std::vector<int32_t>(32, 1));
@@ -370,13 +371,20 @@ const FileFacts kFacts[] = {
 // Elements per block and bytes per block, from the GGUF type descriptions.
 std::optional<std::pair<uint64_t, uint64_t>> block_of(gl::Type t) {
     switch (static_cast<uint32_t>(t)) {
-    case 0: return std::pair<uint64_t, uint64_t>{1, 4};     // f32
-    case 1: return std::pair<uint64_t, uint64_t>{1, 2};     // f16
-    case 2: return std::pair<uint64_t, uint64_t>{32, 18};   // q4_0
-    case 8: return std::pair<uint64_t, uint64_t>{32, 34};   // q8_0
-    case 12: return std::pair<uint64_t, uint64_t>{256, 144}; // q4_K
-    case 14: return std::pair<uint64_t, uint64_t>{256, 210}; // q6_K
-    default: return std::nullopt;
+    case 0:
+        return std::pair<uint64_t, uint64_t>{1, 4}; // f32
+    case 1:
+        return std::pair<uint64_t, uint64_t>{1, 2}; // f16
+    case 2:
+        return std::pair<uint64_t, uint64_t>{32, 18}; // q4_0
+    case 8:
+        return std::pair<uint64_t, uint64_t>{32, 34}; // q8_0
+    case 12:
+        return std::pair<uint64_t, uint64_t>{256, 144}; // q4_K
+    case 14:
+        return std::pair<uint64_t, uint64_t>{256, 210}; // q6_K
+    default:
+        return std::nullopt;
     }
 }
 
@@ -471,16 +479,11 @@ TEST_CASE("gguf: stories260K metadata, shapes and data") {
     CHECK(f.metadata()[4].first == "general.architecture");
     CHECK(f.metadata()[18].first == "llama.attention.layer_norm_rms_epsilon");
     const std::map<std::string, uint64_t> ints = {
-        {"llama.context_length", 2048},
-        {"llama.embedding_length", 64},
-        {"llama.feed_forward_length", 172},
-        {"llama.attention.head_count", 8},
-        {"llama.attention.head_count_kv", 4},
-        {"llama.block_count", 5},
-        {"llama.rope.dimension_count", 8},
-        {"tokenizer.ggml.bos_token_id", 1},
-        {"tokenizer.ggml.eos_token_id", 2},
-        {"tokenizer.ggml.seperator_token_id", 4294967295u},
+        {"llama.context_length", 2048},       {"llama.embedding_length", 64},
+        {"llama.feed_forward_length", 172},   {"llama.attention.head_count", 8},
+        {"llama.attention.head_count_kv", 4}, {"llama.block_count", 5},
+        {"llama.rope.dimension_count", 8},    {"tokenizer.ggml.bos_token_id", 1},
+        {"tokenizer.ggml.eos_token_id", 2},   {"tokenizer.ggml.seperator_token_id", 4294967295u},
     };
     for (const auto& [k, v] : ints) {
         CAPTURE(k);
@@ -512,9 +515,11 @@ TEST_CASE("gguf: stories260K metadata, shapes and data") {
         {"output.weight", {64, 512}},
     };
     const std::vector<std::pair<std::string, std::vector<int64_t>>> layer = {
-        {"attn_q.weight", {64, 64}},   {"attn_k.weight", {64, 32}},   {"attn_v.weight", {64, 32}},
-        {"attn_output.weight", {64, 64}}, {"attn_norm.weight", {64}}, {"ffn_gate.weight", {64, 172}},
-        {"ffn_down.weight", {172, 64}}, {"ffn_up.weight", {64, 172}}, {"ffn_norm.weight", {64}},
+        {"attn_q.weight", {64, 64}},    {"attn_k.weight", {64, 32}},
+        {"attn_v.weight", {64, 32}},    {"attn_output.weight", {64, 64}},
+        {"attn_norm.weight", {64}},     {"ffn_gate.weight", {64, 172}},
+        {"ffn_down.weight", {172, 64}}, {"ffn_up.weight", {64, 172}},
+        {"ffn_norm.weight", {64}},
     };
     std::vector<std::pair<std::string, std::vector<int64_t>>> all = head;
     for (int l = 0; l < 5; l++)
@@ -890,67 +895,86 @@ TEST_CASE("gguf: hostile inputs throw Error(bad_model) naming the problem") {
     one("n_dims 5", [](T& t) { t.ne = {2, 2, 2, 2, 1}; }, {tn});
     one("a dimension of 0", [](T& t) { t.ne = {8, 0}; }, {tn});
     one("dims whose product overflows", [](T& t) { t.ne = {1ull << 32, 1ull << 32}; }, {tn});
-    one("dims whose product overflows int64", [](T& t) { t.ne = {1ull << 21, 1ull << 21, 1ull << 22}; },
+    one("dims whose product overflows int64",
+        [](T& t) {
+            t.ne = {1ull << 21, 1ull << 21, 1ull << 22};
+        },
         {tn});
     one("one dimension of 2^63", [](T& t) { t.ne = {p63}; }, {tn});
-    one("q8_0 row of 33", [](T& t) {
-        t.type = 8;
-        t.ne = {33, 1};
-    }, {tn, "33"});
+    one("q8_0 row of 33",
+        [](T& t) {
+            t.type = 8;
+            t.ne = {33, 1};
+        },
+        {tn, "33"});
     one("offset past the end", [](T& t) { t.offset = 1u << 20; }, {tn});
     one("data one byte short", [](T& t) { t.data = 63; }, {tn});
     one("offset + size wraps", [](T& t) { t.offset = ~uint64_t{31}; }, {tn});
-    one("misaligned offset", [](T& t) {
-        t.offset = 4; // inside the file
-        t.data = 128;
-    }, {tn});
+    one("misaligned offset",
+        [](T& t) {
+            t.offset = 4; // inside the file
+            t.data = 128;
+        },
+        {tn});
     one("general.alignment 0", [](T& t) { t.alignment = 0; }, {"general.alignment"});
     one("general.alignment 3", [](T& t) { t.alignment = 3; }, {"general.alignment"});
     one("general.alignment 48", [](T& t) { t.alignment = 48; }, {"general.alignment"});
-    one("misaligned for general.alignment 64", [](T& t) {
-        t.alignment = 64;
-        t.offset = 32;
-        t.data = 128;
-    }, {tn});
+    one("misaligned for general.alignment 64",
+        [](T& t) {
+            t.alignment = 64;
+            t.offset = 32;
+            t.data = 128;
+        },
+        {tn});
 
     const Bytes long_len = Raw{}.u64(p63).b;
     cases.push_back({"key length 2^63", Raw{}.header(0, 1).u64(p63).u32(4).u32(1).b, {}});
     cases.push_back({"string value length 2^63",
-                     one_key("test.str", GgufType::string, long_len), {"test.str"}});
+                     one_key("test.str", GgufType::string, long_len),
+                     {"test.str"}});
     cases.push_back({"string value 1 byte past the end",
-                     one_key("test.str", GgufType::string, Raw{}.str("abcd").b), {"test.str"}});
+                     one_key("test.str", GgufType::string, Raw{}.str("abcd").b),
+                     {"test.str"}});
     cases.back().bytes.pop_back();
     cases.push_back({"tensor name length 2^63", Raw{}.header(1, 0).u64(p63).zeros(64).b, {}});
     auto arr = [](GgufType elem, uint64_t n) {
         return Raw{}.u32(static_cast<uint32_t>(elem)).u64(n).zeros(64).b;
     };
-    cases.push_back({"u32 array of 2^62", one_key("test.arr", GgufType::array, arr(GgufType::u32, p62)),
+    cases.push_back({"u32 array of 2^62",
+                     one_key("test.arr", GgufType::array, arr(GgufType::u32, p62)),
                      {"test.arr", std::to_string(p62)}});
-    cases.push_back({"f64 array of 2^62", one_key("test.arr", GgufType::array, arr(GgufType::f64, p62)),
+    cases.push_back({"f64 array of 2^62",
+                     one_key("test.arr", GgufType::array, arr(GgufType::f64, p62)),
                      {"test.arr"}});
     cases.push_back({"string array of 2^62",
                      one_key("test.arr", GgufType::array, arr(GgufType::string, p62)),
                      {"test.arr", std::to_string(p62)}});
     cases.push_back({"array array of 2^62",
-                     one_key("test.arr", GgufType::array, arr(GgufType::array, p62)), {"test.arr"}});
+                     one_key("test.arr", GgufType::array, arr(GgufType::array, p62)),
+                     {"test.arr"}});
     cases.push_back({"string array of 2^64-1",
                      one_key("test.arr", GgufType::array, arr(GgufType::string, ~uint64_t{0})),
                      {"test.arr"}});
-    cases.push_back({"string array with an element of length 2^63",
-                     one_key("test.arr", GgufType::array,
-                             Raw{}.u32(static_cast<uint32_t>(GgufType::string)).u64(2).str("ok").u64(p63).b),
-                     {"test.arr"}});
+    cases.push_back(
+        {"string array with an element of length 2^63",
+         one_key("test.arr", GgufType::array,
+                 Raw{}.u32(static_cast<uint32_t>(GgufType::string)).u64(2).str("ok").u64(p63).b),
+         {"test.arr"}});
     cases.push_back({"nested arrays 100 deep",
-                     one_key("test.nested", GgufType::array, nested_array_value(100)), {"test.nested"}});
+                     one_key("test.nested", GgufType::array, nested_array_value(100)),
+                     {"test.nested"}});
     cases.push_back({"nested arrays 100000 deep",
                      one_key("test.nested", GgufType::array, nested_array_value(100000)),
                      {"test.nested"}});
-    cases.push_back({"unknown value type 13", one_key("test.bad", static_cast<GgufType>(13), Raw{}.u32(0).b),
+    cases.push_back({"unknown value type 13",
+                     one_key("test.bad", static_cast<GgufType>(13), Raw{}.u32(0).b),
                      {"test.bad", "13"}});
     cases.push_back({"unknown value type 2^32-1",
-                     one_key("test.bad", static_cast<GgufType>(0xffffffffu), Raw{}.u32(0).b), {"test.bad"}});
+                     one_key("test.bad", static_cast<GgufType>(0xffffffffu), Raw{}.u32(0).b),
+                     {"test.bad"}});
     cases.push_back({"unknown array element type 13",
-                     one_key("test.bad", GgufType::array, Raw{}.u32(13).u64(1).u32(0).b), {"test.bad"}});
+                     one_key("test.bad", GgufType::array, Raw{}.u32(13).u64(1).u32(0).b),
+                     {"test.bad"}});
     cases.push_back({"general.alignment as a string",
                      one_key("general.alignment", GgufType::string, Raw{}.str("32").b),
                      {"general.alignment"}});
@@ -977,7 +1001,8 @@ TEST_CASE("gguf: hostile inputs throw Error(bad_model) naming the problem") {
         const std::string msg = expect_bad_bytes(c.bytes, "hostile.gguf");
         CAPTURE(msg);
         CHECK(contains(msg, "hostile.gguf"));
-        for (const std::string& n : c.needles) CHECK_MESSAGE(contains(msg, n), "missing '" << n << "'");
+        for (const std::string& n : c.needles)
+            CHECK_MESSAGE(contains(msg, n), "missing '" << n << "'");
     }
 }
 
@@ -1024,8 +1049,8 @@ TEST_CASE("gguf: truncations of stories260K are rejected") {
             if (bad++ == 0)
                 first = "at " + std::to_string(n) + ": " + (r.threw_error ? r.message : r.other);
     }
-    CHECK_MESSAGE(bad == 0, bad << " of " << cuts.size() << " truncations not rejected; first "
-                                << first);
+    CHECK_MESSAGE(bad == 0,
+                  bad << " of " << cuts.size() << " truncations not rejected; first " << first);
     CHECK_NOTHROW(parse_prefix(file, file.size()));
 }
 
@@ -1071,7 +1096,8 @@ TEST_CASE("gguf: random byte flips either parse or throw Error(bad_model)") {
     }
     (void)acc;
     MESSAGE("byte flips: " << parsed << " parsed (" << loaded << " loaded, " << load_rejected
-                           << " rejected by the loader), " << rejected << " rejected by the parser");
+                           << " rejected by the loader), " << rejected
+                           << " rejected by the parser");
     CHECK_MESSAGE(wrong == 0, first_wrong);
     CHECK(parsed + rejected == 2000);
     // Both outcomes occur, so the loop exercised the error paths and the success path.

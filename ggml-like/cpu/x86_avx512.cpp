@@ -13,6 +13,7 @@
 //
 // Float rows use 512-bit registers with masked loads for the tail.
 #include "ggml-like/quants.h"
+#include "ggml-like/quants_k.h"
 
 // GCC 12's AVX-512 headers start many intrinsics from _mm512_undefined_*(),
 // which trips false -Wuninitialized warnings once inlined (GCC PR 105593,
@@ -329,6 +330,7 @@ constexpr KernelTable make_table() {
     t.axpy[id(Type::F32)] = axpy<F32>;
     t.axpy[id(Type::F16)] = axpy<F16>;
     t.axpy[id(Type::BF16)] = axpy<BF16>;
+    add_kernels_k(t, kAvx512KernelsK); // x86_avx512_k.cpp
     return t;
 }
 

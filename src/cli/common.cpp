@@ -10,6 +10,7 @@
 
 #include "error.h"
 #include "ggml-like/thread_pool.h"
+#include "kv_cache.h"
 #include "session.h"
 
 namespace kvrun::cli {
@@ -43,8 +44,8 @@ void add_model_option(CLI::App& app, CommonOptions& o) {
 
 void add_runtime_options(CLI::App& app, CommonOptions& o) {
     app.add_option("-t,--threads", o.threads, "threads (default: physical cores)")->check(CLI::Range(0, 1024));
-    app.add_option("--cache-type-k,--ctk", o.cache_type_k, "KV cache type for K: f16 or f32")->capture_default_str();
-    app.add_option("--cache-type-v,--ctv", o.cache_type_v, "KV cache type for V: f16 or f32")->capture_default_str();
+    app.add_option("--cache-type-k,--ctk", o.cache_type_k, "KV cache type for K: f32, f16, bf16, q8_0, q4_0")->capture_default_str();
+    app.add_option("--cache-type-v,--ctv", o.cache_type_v, "KV cache type for V: f32, f16, bf16, q8_0, q4_0")->capture_default_str();
     app.add_flag("-v,--verbose", o.verbose, "log model and cache details to stderr");
 }
 
@@ -52,8 +53,8 @@ int resolve_threads(int requested) { return requested > 0 ? requested : gl::Thre
 
 gl::Type parse_cache_type(const std::string& name, const char* flag) {
     gl::Type t;
-    if (!gl::type_from_name(name.c_str(), &t) || (t != gl::Type::F16 && t != gl::Type::F32))
-        fail(Exit::usage, "{} {}: unsupported KV cache type (use f16 or f32)", flag, name);
+    if (!gl::type_from_name(name.c_str(), &t) || !kv_cache_type_ok(t))
+        fail(Exit::usage, "{} {}: unsupported KV cache type (use {})", flag, name, kv_cache_type_names());
     return t;
 }
 

@@ -33,7 +33,6 @@ int run_logits(int argc, char** argv) {
     if (!*t_opt == !*p_opt) fail(Exit::usage, "give exactly one of --tokens IDS or -p TEXT");
     const gl::Type tk = parse_cache_type(c.cache_type_k, "--cache-type-k");
     const gl::Type tv = parse_cache_type(c.cache_type_v, "--cache-type-v");
-    if (tk != tv) fail(Exit::usage, "K and V cache types must match for now");
 
     auto lm = LoadedModel::load(c.model);
     const Hparams& hp = lm->model.hp;

@@ -39,7 +39,6 @@ int run_perplexity(int argc, char** argv) {
     }
     const gl::Type tk = parse_cache_type(c.cache_type_k, "--cache-type-k");
     const gl::Type tv = parse_cache_type(c.cache_type_v, "--cache-type-v");
-    if (tk != tv) fail(Exit::usage, "K and V cache types must match for now");
     const std::string text = read_prompt("", file, false);
     install_interrupt_handler();
     auto lm = LoadedModel::load(c.model);

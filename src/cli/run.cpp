@@ -68,7 +68,6 @@ int run_generate(int argc, char** argv) {
     if (o.prompt_file.empty() && !*p_opt) fail(Exit::usage, "give a prompt with -p TEXT or -f FILE");
     const gl::Type tk = parse_cache_type(o.common.cache_type_k, "--cache-type-k");
     const gl::Type tv = parse_cache_type(o.common.cache_type_v, "--cache-type-v");
-    if (tk != tv) fail(Exit::usage, "K and V cache types must match for now (got {} and {})", o.common.cache_type_k, o.common.cache_type_v);
 
     const std::string prompt = read_prompt(o.prompt, o.prompt_file, static_cast<bool>(*p_opt));
     install_interrupt_handler();

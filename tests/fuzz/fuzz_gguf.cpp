@@ -50,7 +50,9 @@ void touch(const void* p, uint64_t n) {
 
 void touch_value(const GgufValue& v) {
     switch (v.type) {
-    case GgufType::string: touch(v.s.data(), v.s.size()); break;
+    case GgufType::string:
+        touch(v.s.data(), v.s.size());
+        break;
     case GgufType::array:
         if (v.elem_type == GgufType::string) {
             if (v.strs.size() != v.count) std::abort();
@@ -63,7 +65,8 @@ void touch_value(const GgufValue& v) {
             g_sink = static_cast<uint8_t>(v.array_f64(v.count - 1) != 0);
         }
         break;
-    default: break;
+    default:
+        break;
     }
 }
 
@@ -185,7 +188,8 @@ void write_seeds(const std::string& dir) {
     for (const auto& [name, bytes] : seeds) {
         const std::string path = dir + "/" + name;
         FILE* f = std::fopen(path.c_str(), "wb");
-        if (!f || std::fwrite(bytes.data(), 1, bytes.size(), f) != bytes.size() || std::fclose(f) != 0) {
+        if (!f || std::fwrite(bytes.data(), 1, bytes.size(), f) != bytes.size() ||
+            std::fclose(f) != 0) {
             std::fprintf(stderr, "fuzz_gguf: cannot write %s\n", path.c_str());
             std::exit(1);
         }
@@ -222,7 +226,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             touch_matrix(m.token_embd);
             touch_matrix(m.output);
             for (const LayerWeights& l : m.layers) {
-                for (const gl::Tensor* t : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+                for (const gl::Tensor* t :
+                     {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
                     touch_matrix(*t);
             }
         } catch (const Error& e) {
