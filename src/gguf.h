@@ -70,6 +70,7 @@ class GgufFile {
     const std::string& path() const { return path_; }
     uint32_t version() const { return version_; }
     uint64_t file_size() const { return size_; }
+    const uint8_t* bytes() const { return base_; } // the whole mapped file
     uint64_t alignment() const { return alignment_; }
     uint64_t data_offset() const { return data_offset_; }
 

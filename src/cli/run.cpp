@@ -6,6 +6,7 @@
 #include "cli/common.h"
 #include "error.h"
 #include "forward.h"
+#include "prompt_cache.h"
 #include "sampler.h"
 #include "session.h"
 
@@ -17,7 +18,7 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 
 struct RunOptions {
     CommonOptions common;
-    std::string prompt, prompt_file, ctx = "auto";
+    std::string prompt, prompt_file, ctx = "auto", prompt_cache;
     int64_t n_predict = -1;
     int keep = 4;
     int batch = 512;
@@ -56,6 +57,8 @@ int run_generate(int argc, char** argv) {
     app.add_option("--repeat-penalty", o.sampling.repeat_penalty, "penalty for recently seen tokens (1 = off)")->capture_default_str()->check(CLI::Range(0.0, 100.0));
     app.add_option("--repeat-last-n", o.sampling.repeat_last_n, "how many recent tokens the penalty looks at")->capture_default_str()->check(CLI::Range(0, 1 << 20));
     auto* seed_opt = app.add_option("--seed", o.sampling.seed, "random seed (default: random; printed with -v)");
+    app.add_option("--prompt-cache", o.prompt_cache,
+                   "save the evaluated prompt's K/V to FILE; reuse its common prefix with a later prompt");
     app.add_flag("--ignore-eos", o.ignore_eos, "keep generating past the end-of-text token");
     app.add_flag("--quiet", o.quiet, "no stats on stderr");
     app.add_flag("--echo", o.echo, "print the prompt before the continuation");
@@ -118,15 +121,32 @@ int run_generate(int argc, char** argv) {
     if (o.echo) emit(prompt);
     for (int32_t t : tokens) sampler.accept(t);
 
-    // Prompt, in batches.
+    // Prompt, in batches, after whatever prefix a prompt-cache file supplies.
     const auto t_prompt = Clock::now();
+    int64_t reused = 0;
+    uint64_t digest = 0;
+    if (!o.prompt_cache.empty()) {
+        digest = model_digest(lm->file);
+        PromptCacheLoad pc = load_prompt_cache(o.prompt_cache, digest, kv, tokens, lm->model.rope_inv_freq,
+                                               hp.n_head_kv, hp.head_dim, hp.rope_dims, hp.rope_neox);
+        if (pc.ok) {
+            reused = pc.reused;
+            fmt::print(stderr, "kvrun: prompt cache: reused {} of {} prompt tokens from {}\n", reused, tokens.size(),
+                       o.prompt_cache);
+        } else {
+            fmt::print(stderr, "kvrun: prompt cache {} not used ({}): evaluating the whole prompt\n",
+                       o.prompt_cache, pc.why);
+        }
+    }
     const float* logits = nullptr;
-    for (size_t i = 0; i < tokens.size() && !interrupted();) {
+    for (size_t i = static_cast<size_t>(reused); i < tokens.size() && !interrupted();) {
         const int n = static_cast<int>(std::min<size_t>(fwd.max_batch(), tokens.size() - i));
         logits = fwd.eval(tokens.data() + i, n, false);
         i += n;
     }
     const double prompt_s = seconds_since(t_prompt);
+    if (!o.prompt_cache.empty() && !interrupted() && reused < static_cast<int64_t>(tokens.size()) - 1)
+        save_prompt_cache(o.prompt_cache, digest, kv, tokens);
 
     // Generation.
     std::vector<float> row(hp.n_vocab);

@@ -1,0 +1,138 @@
+// Prompt-cache files: reuse is exact, and every kind of mismatch or damage
+// falls back to a full recompute with a warning, never wrong output.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kPrompt = "The quick brown fox jumps over the lazy dog. The quick brown fox";
+const std::string kLonger = kPrompt + " jumps again, and again";
+
+struct TempDir {
+    fs::path path;
+    TempDir() {
+        char tmpl[] = "/tmp/kvrun-pc-XXXXXX";
+        path = mkdtemp(tmpl);
+    }
+    ~TempDir() { fs::remove_all(path); }
+    std::string file(const std::string& name) const { return (path / name).string(); }
+};
+
+kvtest::RunResult gen(const std::string& model, const std::string& prompt, std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {"-m", kvtest::shared("models/synthetic/" + model), "-p", prompt, "-n", "16",
+                                     "--temp", "0", "--quiet"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return kvtest::run_kvrun(args);
+}
+
+bool reused(const kvtest::RunResult& r) { return r.err.find("prompt cache: reused") != std::string::npos; }
+bool rejected(const kvtest::RunResult& r) { return r.err.find("not used") != std::string::npos; }
+
+} // namespace
+
+TEST_CASE("prompt cache: a reused prefix gives the same greedy output") {
+    TempDir d;
+    const std::string pc = d.file("p.cache");
+    auto plain = gen("tiny-Q8_0.gguf", kLonger);
+    REQUIRE(plain.status == 0);
+    auto first = gen("tiny-Q8_0.gguf", kPrompt, {"--prompt-cache", pc});
+    REQUIRE(first.status == 0);
+    CHECK(rejected(first)); // no file yet
+    CHECK(fs::exists(pc));
+    auto second = gen("tiny-Q8_0.gguf", kLonger, {"--prompt-cache", pc});
+    REQUIRE(second.status == 0);
+    CHECK(reused(second));
+    CHECK(second.out == plain.out);
+    // the same prompt again: all but the last token come from the file
+    auto third = gen("tiny-Q8_0.gguf", kLonger, {"--prompt-cache", pc});
+    CHECK(reused(third));
+    CHECK(third.out == plain.out);
+}
+
+TEST_CASE("prompt cache: mismatches and damage fall back cleanly") {
+    TempDir d;
+    const std::string pc = d.file("p.cache");
+    REQUIRE(gen("tiny-Q8_0.gguf", kPrompt, {"--prompt-cache", pc}).status == 0);
+    const auto good = [&] {
+        std::ifstream in(pc, std::ios::binary);
+        return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    }();
+    auto restore = [&](const std::string& bytes) { std::ofstream(pc, std::ios::binary) << bytes; };
+    auto plain_q8 = gen("tiny-Q8_0.gguf", kLonger);
+
+    SUBCASE("different model") {
+        auto plain = gen("tiny-f16.gguf", kLonger);
+        auto r = gen("tiny-f16.gguf", kLonger, {"--prompt-cache", pc});
+        CHECK(rejected(r));
+        CHECK(r.err.find("different model") != std::string::npos);
+        CHECK(r.out == plain.out);
+    }
+    SUBCASE("different cache type") {
+        auto plain = gen("tiny-Q8_0.gguf", kLonger, {"--ctk", "f32", "--ctv", "f32"});
+        auto r = gen("tiny-Q8_0.gguf", kLonger, {"--prompt-cache", pc, "--ctk", "f32", "--ctv", "f32"});
+        CHECK(rejected(r));
+        CHECK(r.out == plain.out);
+    }
+    SUBCASE("truncated file") {
+        restore(good.substr(0, good.size() / 2));
+        auto r = gen("tiny-Q8_0.gguf", kLonger, {"--prompt-cache", pc});
+        CHECK(rejected(r));
+        CHECK(r.out == plain_q8.out);
+    }
+    SUBCASE("one flipped byte in the K/V data") {
+        std::string bad = good;
+        bad[bad.size() / 2] ^= 0x40;
+        restore(bad);
+        auto r = gen("tiny-Q8_0.gguf", kLonger, {"--prompt-cache", pc});
+        CHECK(rejected(r));
+        CHECK(r.err.find("checksum") != std::string::npos);
+        CHECK(r.out == plain_q8.out);
+    }
+    SUBCASE("random bytes") {
+        std::mt19937 rng(3);
+        std::string junk(good.size(), '\0');
+        for (char& c : junk) c = static_cast<char>(rng());
+        restore(junk);
+        auto r = gen("tiny-Q8_0.gguf", kLonger, {"--prompt-cache", pc});
+        CHECK(r.status == 0);
+        CHECK(rejected(r));
+        CHECK(r.out == plain_q8.out);
+    }
+    SUBCASE("a file from a longer context") {
+        std::string long_prompt;
+        for (int i = 0; i < 40; i++) long_prompt += "The quick brown fox jumps over the lazy dog. ";
+        REQUIRE(gen("tiny-Q8_0.gguf", long_prompt, {"--prompt-cache", pc}).status == 0);
+        auto plain = gen("tiny-Q8_0.gguf", kPrompt, {"-c", "64"});
+        auto r = gen("tiny-Q8_0.gguf", kPrompt, {"--prompt-cache", pc, "-c", "64"});
+        CHECK(rejected(r));
+        CHECK(r.err.find("more than this context") != std::string::npos);
+        CHECK(r.out == plain.out);
+    }
+}
+
+TEST_CASE("prompt cache: concurrent writers never leave a file a reader accepts half-written") {
+    TempDir d;
+    const std::string pc = d.file("shared.cache");
+    std::vector<std::thread> writers;
+    std::vector<int> status(4, -1);
+    for (int i = 0; i < 4; i++)
+        writers.emplace_back([&, i] {
+            status[i] = gen("tiny-Q8_0.gguf", kPrompt + std::string(i, '!'), {"--prompt-cache", pc}).status;
+        });
+    for (auto& t : writers) t.join();
+    for (int s : status) CHECK(s == 0);
+    auto r = gen("tiny-Q8_0.gguf", kLonger, {"--prompt-cache", pc});
+    CHECK(reused(r)); // whichever writer won, its file is whole
+    CHECK(r.out == gen("tiny-Q8_0.gguf", kLonger).out);
+    int leftovers = 0;
+    for (const auto& e : fs::directory_iterator(d.path)) leftovers += e.path().filename() != "shared.cache";
+    CHECK(leftovers == 0);
+}
