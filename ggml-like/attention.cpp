@@ -107,7 +107,7 @@ void attention(ThreadPool& pool, const AttentionArgs& a) {
     pool.parallel_for(n_work, [&](int64_t b, int64_t e, int ith) {
         float* sc = a.scratch + ith * attention_scratch_per_thread(a.n_ctx, a.n_tok, a.n_head_kv * a.head_dim);
         for (int64_t w = b; w < e; w++) attend_one(a, static_cast<int>(w / a.n_head), static_cast<int>(w % a.n_head), sc);
-    });
+    }, n_work * (a.n_ctx + a.n_tok) * a.head_dim * 2);
 }
 
 } // namespace gl

@@ -82,7 +82,7 @@ void matmul(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, fl
         uint8_t* dst = static_cast<uint8_t*>(scratch);
         pool.parallel_for(n_tok, [&](int64_t b, int64_t e, int) {
             for (int64_t t = b; t < e; t++) cpu::quantize_row(at, x + t * n_in, dst + t * act_row, n_in);
-        });
+        }, n_tok * n_in);
         act = scratch;
     }
     const int64_t n_chunks = (n_out + kRowChunk - 1) / kRowChunk;
@@ -96,7 +96,7 @@ void matmul(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, fl
                 for (int64_t r = r0; r < r1; r++) yt[r] = cpu::vec_dot(w.type, n_in, w.row(r), a);
             }
         }
-    });
+    }, n_out * n_in * n_tok);
 }
 
 } // namespace gl::ops

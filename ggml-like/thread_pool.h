@@ -28,7 +28,15 @@ class ThreadPool {
     void run(Task fn, void* ctx);
 
     // Convenience: split [0, n) into contiguous chunks, one per thread.
-    template <typename F> void parallel_for(int64_t n, F&& f) {
+    // `cost` estimates the whole loop's work (multiply-adds or bytes): below
+    // kInlineCost the caller runs it alone, since waking the other threads
+    // costs more than the loop (and much more when the machine is busy).
+    static constexpr int64_t kInlineCost = 1 << 18;
+    template <typename F> void parallel_for(int64_t n, F&& f, int64_t cost = INT64_MAX) {
+        if (cost < kInlineCost || n_threads_ == 1 || n == 1) {
+            if (n > 0) f(int64_t{0}, n, 0);
+            return;
+        }
         struct Ctx { F* f; int64_t n; } c{&f, n};
         run([](void* p, int ith, int nth) {
                 auto* c = static_cast<Ctx*>(p);

@@ -30,7 +30,7 @@ class CpuBackend final : public Backend {
     void rmsnorm(const float* x, const float* w, int64_t n, int64_t rows, float eps, float* out) override {
         pool_.parallel_for(rows, [&](int64_t b, int64_t e, int) {
             for (int64_t r = b; r < e; r++) ops::rmsnorm(x + r * n, w, n, eps, out + r * n);
-        });
+        }, rows * n);
     }
 
     void rope(float* x, int64_t rows, int n_heads, int head_dim, int rope_dims, const float* cos, const float* sin,
@@ -41,7 +41,7 @@ class CpuBackend final : public Backend {
     }
 
     void silu_mul(float* gate, const float* up, int64_t n) override {
-        pool_.parallel_for(n, [&](int64_t b, int64_t e, int) { ops::silu_mul(gate + b, up + b, e - b); });
+        pool_.parallel_for(n, [&](int64_t b, int64_t e, int) { ops::silu_mul(gate + b, up + b, e - b); }, n * 8);
     }
 
     void add(float* y, const float* x, int64_t n) override { ops::add(y, x, n); }

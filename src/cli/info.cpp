@@ -7,6 +7,7 @@
 #include "cli/common.h"
 #include "error.h"
 #include "kv_cache.h"
+#include "memory_plan.h"
 #include "model.h"
 #include "session.h"
 
@@ -48,6 +49,7 @@ int run_info(int argc, char** argv) {
     const uint64_t kv_total = per_token * static_cast<uint64_t>(n_ctx);
     const uint64_t file_size = file.file_size();
 
+    const MemoryPlan plan = plan_memory(file, hp, n_ctx, tk, tv, 512, resolve_threads(0));
     if (json) {
         nlohmann::json j = {
             {"architecture", hp.arch}, {"n_vocab", hp.n_vocab}, {"n_embd", hp.n_embd}, {"n_layer", hp.n_layer},
@@ -57,7 +59,10 @@ int run_info(int argc, char** argv) {
             {"kv", {{"n_ctx", n_ctx}, {"type_k", gl::type_name(tk)}, {"type_v", gl::type_name(tv)},
                     {"bytes_per_token", per_token}, {"bytes", kv_total}}},
             {"total_bytes", weight_bytes + kv_total}, {"runnable", unsupported.empty()},
-            {"unsupported_types", unsupported}};
+            {"unsupported_types", unsupported},
+            {"memory", {{"available_bytes", plan.mem_available}, {"weights_resident_bytes", plan.weights_resident},
+                        {"scratch_bytes", plan.scratch}, {"kv_bytes", plan.kv}, {"fits", plan.fits()},
+                        {"max_ctx_that_fits", plan.max_ctx_that_fits}}}};
         fmt::print("{}\n", j.dump(2));
         return 0;
     }
@@ -77,6 +82,10 @@ int run_info(int argc, char** argv) {
                hp.n_layer, hp.n_head_kv, hp.head_dim, bytes_k / hp.kv_dim(), bytes_v / hp.kv_dim());
     fmt::print("KV at -c {}: {} ({} bytes); weights + KV = {}\n", n_ctx, human_bytes(kv_total), kv_total,
                human_bytes(weight_bytes + kv_total));
+    fmt::print("memory:       {} available, weights {} resident; {}\n", human_bytes(plan.mem_available),
+               human_bytes(plan.weights_resident),
+               plan.fits() ? fmt::format("fits (up to -c {})", plan.max_ctx_that_fits)
+                           : "does not fit: " + memory_advice(plan, hp, 0));
     return 0;
 }
 

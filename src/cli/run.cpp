@@ -6,6 +6,7 @@
 #include "cli/common.h"
 #include "error.h"
 #include "forward.h"
+#include "memory_plan.h"
 #include "prompt_cache.h"
 #include "sampler.h"
 #include "session.h"
@@ -22,7 +23,7 @@ struct RunOptions {
     int64_t n_predict = -1;
     int keep = 4;
     int batch = 512;
-    bool ignore_eos = false, quiet = false, echo = false;
+    bool ignore_eos = false, quiet = false, echo = false, no_kv_cache = false;
     SamplerParams sampling;
     bool seed_given = false;
 };
@@ -59,6 +60,9 @@ int run_generate(int argc, char** argv) {
     auto* seed_opt = app.add_option("--seed", o.sampling.seed, "random seed (default: random; printed with -v)");
     app.add_option("--prompt-cache", o.prompt_cache,
                    "save the evaluated prompt's K/V to FILE; reuse its common prefix with a later prompt");
+    app.add_flag("--no-kv-cache", o.no_kv_cache,
+                 "recompute the whole sequence for every new token (the textbook O(n^2) decoder; for teaching and "
+                 "for measuring what the cache buys)");
     app.add_flag("--ignore-eos", o.ignore_eos, "keep generating past the end-of-text token");
     app.add_flag("--quiet", o.quiet, "no stats on stderr");
     app.add_flag("--echo", o.echo, "print the prompt before the continuation");
@@ -69,6 +73,7 @@ int run_generate(int argc, char** argv) {
     }
     if (!*seed_opt) o.sampling.seed = std::random_device{}();
     if (o.prompt_file.empty() && !*p_opt) fail(Exit::usage, "give a prompt with -p TEXT or -f FILE");
+    if (o.no_kv_cache && !o.prompt_cache.empty()) fail(Exit::usage, "--no-kv-cache and --prompt-cache exclude each other");
     const gl::Type tk = parse_cache_type(o.common.cache_type_k, "--cache-type-k");
     const gl::Type tv = parse_cache_type(o.common.cache_type_v, "--cache-type-v");
 
@@ -93,6 +98,18 @@ int run_generate(int argc, char** argv) {
         if (hp.sliding_window == 0 || n_ctx < hp.sliding_window)
             check_prompt_fits(static_cast<int64_t>(tokens.size()), n_ctx);
     }
+    const int threads = resolve_threads(o.common.threads);
+    // Never plan a cache that cannot fit: shrink -c auto, refuse a fixed -c.
+    const int64_t n_prompt = static_cast<int64_t>(tokens.size());
+    MemoryPlan plan = plan_memory(lm->file, hp, n_ctx, tk, tv, o.batch, threads);
+    if (!plan.fits()) {
+        const int64_t fit = plan.max_ctx_that_fits;
+        if (!ctx_auto || fit <= n_prompt) fail(Exit::out_of_memory, "{}", memory_advice(plan, hp, n_prompt));
+        const int64_t rounded = fit / 256 * 256;
+        n_ctx = static_cast<int>(rounded > n_prompt ? rounded : fit);
+        fmt::print(stderr, "kvrun: -c auto reduced to {} tokens to fit in available memory ({})\n", n_ctx,
+                   human_bytes(plan.mem_available));
+    }
     int keep = std::min(o.keep, n_ctx - 1);
     if (hp.sliding_window > 0 && n_ctx >= hp.sliding_window) {
         // The model attends to the last `sliding_window` tokens only: that is
@@ -104,7 +121,6 @@ int run_generate(int argc, char** argv) {
     }
     KvCacheConfig kc{hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx, keep, tk, tv};
     KvCache kv(kc);
-    const int threads = resolve_threads(o.common.threads);
     auto backend = gl::make_cpu_backend(threads);
     Forward fwd(lm->model, kv, *backend, std::min(o.batch, n_ctx));
     Sampler sampler(o.sampling, hp.n_vocab);
@@ -169,6 +185,21 @@ int run_generate(int argc, char** argv) {
         if (strip_space && n_gen == 0 && !text.empty() && text[0] == ' ') text.erase(0, 1);
         emit(text);
         n_gen++;
+        if (o.no_kv_cache) {
+            // Forget everything and evaluate prompt + generated tokens from scratch.
+            tokens.push_back(id);
+            if (static_cast<int64_t>(tokens.size()) > n_ctx) {
+                stop = "context full (--no-kv-cache cannot slide)";
+                break;
+            }
+            kv.clear();
+            for (size_t i = 0; i < tokens.size();) {
+                const int n = static_cast<int>(std::min<size_t>(fwd.max_batch(), tokens.size() - i));
+                logits = fwd.eval(tokens.data() + i, n, false);
+                i += n;
+            }
+            continue;
+        }
         logits = fwd.eval(&id, 1, false);
     }
     emit(dec.flush());
@@ -179,7 +210,7 @@ int run_generate(int argc, char** argv) {
         fmt::print(stderr,
                    "\n[kvrun] prompt {} tok, {:.1f} tok/s | generated {} tok, {:.1f} tok/s | first token {:.0f} ms | "
                    "n_ctx {}{} | KV {} ({}) | peak RSS {} | stop: {}\n",
-                   tokens.size(), prompt_s > 0 ? tokens.size() / prompt_s : 0.0, n_gen,
+                   n_prompt, prompt_s > 0 ? n_prompt / prompt_s : 0.0, n_gen,
                    gen_s > 0 && n_gen > 0 ? n_gen / gen_s : 0.0, ttft * 1000, n_ctx, ctx_auto ? " (auto)" : "",
                    human_bytes(kv.ring_bytes()), gl::type_name(tk), human_bytes(peak_rss_bytes()), stop);
     }

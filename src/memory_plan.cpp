@@ -1,0 +1,81 @@
+#include "memory_plan.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <vector>
+
+#include "cli/common.h"
+#include "ggml-like/types.h"
+
+namespace kvrun {
+
+namespace {
+// Kept free for the allocator, the binary, stacks and the rest of the system.
+constexpr uint64_t kReserve = 64ull << 20;
+} // namespace
+
+uint64_t mem_available_bytes() {
+    if (const char* e = std::getenv("KVRUN_MEM_AVAILABLE")) return std::strtoull(e, nullptr, 10);
+    std::ifstream in("/proc/meminfo");
+    std::string key;
+    uint64_t kb = 0;
+    std::string unit;
+    while (in >> key >> kb >> unit)
+        if (key == "MemAvailable:") return kb * 1024;
+    return 0;
+}
+
+uint64_t resident_bytes(const void* p, uint64_t n) {
+    if (!p || n == 0) return 0;
+    const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    const auto start = reinterpret_cast<uintptr_t>(p) / page * page;
+    const uint64_t len = reinterpret_cast<uintptr_t>(p) + n - start;
+    std::vector<unsigned char> vec((len + page - 1) / page);
+    if (mincore(reinterpret_cast<void*>(start), len, vec.data()) != 0) return 0;
+    uint64_t pages = 0;
+    for (unsigned char v : vec) pages += v & 1;
+    return std::min<uint64_t>(pages * page, n);
+}
+
+MemoryPlan plan_memory(const GgufFile& f, const Hparams& hp, int64_t n_ctx, gl::Type tk, gl::Type tv, int batch,
+                       int threads) {
+    MemoryPlan p;
+    p.mem_available = mem_available_bytes();
+    for (const auto& t : f.tensors()) p.weights += t.nbytes;
+    if (!f.tensors().empty()) p.weights_resident = resident_bytes(f.bytes() + f.data_offset(), f.file_size() - f.data_offset());
+    p.kv_per_token = static_cast<uint64_t>(hp.n_layer) *
+                     (gl::row_size(tk, hp.kv_dim()) + gl::row_size(tv, hp.kv_dim()));
+    p.n_ctx = n_ctx;
+    p.kv = p.kv_per_token * n_ctx;
+    const uint64_t b = static_cast<uint64_t>(std::min<int64_t>(batch, n_ctx));
+    // Forward's buffers (see forward.h) plus attention scratch per thread and one logits row.
+    p.scratch = 4 * (b * (2ull * hp.n_embd + 3ull * hp.q_dim() + 2ull * hp.kv_dim() + 2ull * hp.n_ff) +
+                     static_cast<uint64_t>(threads) * (n_ctx + b + 2 * hp.kv_dim() + 512) + hp.n_vocab) +
+                b * 2 * (gl::row_size(tk, hp.kv_dim()) + gl::row_size(tv, hp.kv_dim()));
+    const uint64_t to_fault = p.weights > p.weights_resident ? p.weights - p.weights_resident : 0;
+    const uint64_t used = to_fault + p.scratch + kReserve;
+    p.max_ctx_that_fits = p.mem_available > used ? static_cast<int64_t>((p.mem_available - used) / p.kv_per_token) : 0;
+    return p;
+}
+
+std::string memory_advice(const MemoryPlan& p, const Hparams& hp, int64_t n_prompt) {
+    std::ostringstream s;
+    const uint64_t to_fault = p.weights > p.weights_resident ? p.weights - p.weights_resident : 0;
+    s << "the KV cache for " << p.n_ctx << " tokens needs " << cli::human_bytes(p.kv) << " but only "
+      << cli::human_bytes(p.max_ctx_that_fits * p.kv_per_token) << " is free for it (available "
+      << cli::human_bytes(p.mem_available) << ", less " << cli::human_bytes(to_fault)
+      << " of weights still to load and " << cli::human_bytes(p.scratch + kReserve) << " of buffers)";
+    if (p.max_ctx_that_fits > n_prompt) s << "; -c " << p.max_ctx_that_fits << " would fit";
+    // q8_0 K and V: 34 bytes per 32 elements
+    const uint64_t q8_per_token = static_cast<uint64_t>(hp.n_layer) * 2 * gl::row_size(gl::Type::Q8_0, hp.kv_dim());
+    if (hp.kv_dim() % 32 == 0 && q8_per_token < p.kv_per_token) {
+        const int64_t q8_fit = static_cast<int64_t>(p.max_ctx_that_fits * p.kv_per_token / q8_per_token);
+        s << "; with --ctk q8_0 --ctv q8_0 up to " << q8_fit << " tokens fit";
+    }
+    return s.str();
+}
+
+} // namespace kvrun
