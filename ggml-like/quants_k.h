@@ -179,64 +179,64 @@ struct KernelEntryK {
     DequantizeFn dequantize_row;
 };
 
-// Used by each ISA's make_table, at compile time only.
+// Used by each ISA's make_table, at compile time only. The slots are
+// assigned even when null: these types are this header's, so nothing else
+// fills them, and testing a function's address against null is not a
+// constant expression under -fsanitize=undefined.
 template <size_t N> constexpr void add_kernels_k(KernelTable& t, const KernelEntryK (&e)[N]) {
     for (const KernelEntryK& k : e) {
         const auto i = static_cast<uint32_t>(k.type);
-        if (k.vec_dot) t.vec_dot[i] = k.vec_dot;
-        if (k.quantize_row) t.quantize_row[i] = k.quantize_row;
-        if (k.dequantize_row) t.dequantize_row[i] = k.dequantize_row;
+        t.vec_dot[i] = k.vec_dot;
+        t.quantize_row[i] = k.quantize_row;
+        t.dequantize_row[i] = k.dequantize_row;
     }
 }
 
-// The per-ISA kernels, declared alike in each namespace (defined in
-// cpu/x86_avx2_k.cpp, cpu/x86_avx512_k.cpp, cpu/arm_neon_k.cpp).
-#define GL_DECLARE_K_KERNELS                                                                       \
-    float vec_dot_q2_K(int64_t n, const void* w, const void* a);                                   \
-    float vec_dot_q3_K(int64_t n, const void* w, const void* a);                                   \
-    float vec_dot_q4_K(int64_t n, const void* w, const void* a);                                   \
-    float vec_dot_q5_K(int64_t n, const void* w, const void* a);                                   \
-    float vec_dot_q6_K(int64_t n, const void* w, const void* a);                                   \
-    float vec_dot_q4_1(int64_t n, const void* w, const void* a);                                   \
-    float vec_dot_q5_0(int64_t n, const void* w, const void* a);                                   \
-    float vec_dot_q5_1(int64_t n, const void* w, const void* a);                                   \
-    float vec_dot_iq4_nl(int64_t n, const void* w, const void* a);                                 \
-    void quantize_row_q8_K(const float* src, void* dst, int64_t n);                                \
-    void dequantize_row_q4_K(const void* src, float* dst, int64_t n);                              \
+// The per-ISA kernels (cpu/x86_avx2_k.cpp, cpu/x86_avx512_k.cpp,
+// cpu/arm_neon_k.cpp). Each ISA namespace declares the same set, and its
+// table gets the same entries; the two macros keep the three lists in step.
+// clang-format off
+#define GL_DECLARE_K_KERNELS                                              \
+    float vec_dot_q2_K(int64_t n, const void* w, const void* a);          \
+    float vec_dot_q3_K(int64_t n, const void* w, const void* a);          \
+    float vec_dot_q4_K(int64_t n, const void* w, const void* a);          \
+    float vec_dot_q5_K(int64_t n, const void* w, const void* a);          \
+    float vec_dot_q6_K(int64_t n, const void* w, const void* a);          \
+    float vec_dot_q4_1(int64_t n, const void* w, const void* a);          \
+    float vec_dot_q5_0(int64_t n, const void* w, const void* a);          \
+    float vec_dot_q5_1(int64_t n, const void* w, const void* a);          \
+    float vec_dot_iq4_nl(int64_t n, const void* w, const void* a);        \
+    void quantize_row_q8_K(const float* src, void* dst, int64_t n);       \
+    void dequantize_row_q4_K(const void* src, float* dst, int64_t n);     \
     void dequantize_row_q6_K(const void* src, float* dst, int64_t n);
 
-#define GL_K_KERNEL_ENTRIES(ns)                                                                    \
-    {                                                                                              \
-        {Type::Q2_K, ns::vec_dot_q2_K, nullptr, nullptr},                                          \
-            {Type::Q3_K, ns::vec_dot_q3_K, nullptr, nullptr},                                      \
-            {Type::Q4_K, ns::vec_dot_q4_K, nullptr, ns::dequantize_row_q4_K},                      \
-            {Type::Q5_K, ns::vec_dot_q5_K, nullptr, nullptr},                                      \
-            {Type::Q6_K, ns::vec_dot_q6_K, nullptr, ns::dequantize_row_q6_K},                      \
-            {Type::Q4_1, ns::vec_dot_q4_1, nullptr, nullptr},                                      \
-            {Type::Q5_0, ns::vec_dot_q5_0, nullptr, nullptr},                                      \
-            {Type::Q5_1, ns::vec_dot_q5_1, nullptr, nullptr},                                      \
-            {Type::IQ4_NL, ns::vec_dot_iq4_nl, nullptr, nullptr},                                  \
-            {Type::Q8_K, nullptr, ns::quantize_row_q8_K, nullptr},                                 \
+#define GL_K_KERNEL_ENTRIES(ns)                                           \
+    {                                                                     \
+        {Type::Q2_K, ns::vec_dot_q2_K, nullptr, nullptr},                 \
+        {Type::Q3_K, ns::vec_dot_q3_K, nullptr, nullptr},                 \
+        {Type::Q4_K, ns::vec_dot_q4_K, nullptr, ns::dequantize_row_q4_K}, \
+        {Type::Q5_K, ns::vec_dot_q5_K, nullptr, nullptr},                 \
+        {Type::Q6_K, ns::vec_dot_q6_K, nullptr, ns::dequantize_row_q6_K}, \
+        {Type::Q4_1, ns::vec_dot_q4_1, nullptr, nullptr},                 \
+        {Type::Q5_0, ns::vec_dot_q5_0, nullptr, nullptr},                 \
+        {Type::Q5_1, ns::vec_dot_q5_1, nullptr, nullptr},                 \
+        {Type::IQ4_NL, ns::vec_dot_iq4_nl, nullptr, nullptr},             \
+        {Type::Q8_K, nullptr, ns::quantize_row_q8_K, nullptr},            \
     }
 
 #if defined(__x86_64__)
-namespace avx2_k {
-GL_DECLARE_K_KERNELS
-}
-namespace avx512_k {
-GL_DECLARE_K_KERNELS
-}
+namespace avx2_k { GL_DECLARE_K_KERNELS }
+namespace avx512_k { GL_DECLARE_K_KERNELS }
 inline constexpr KernelEntryK kAvx2KernelsK[] = GL_K_KERNEL_ENTRIES(avx2_k);
 inline constexpr KernelEntryK kAvx512KernelsK[] = GL_K_KERNEL_ENTRIES(avx512_k);
 #endif
 #if defined(__aarch64__)
-namespace neon_k {
-GL_DECLARE_K_KERNELS
-}
+namespace neon_k { GL_DECLARE_K_KERNELS }
 inline constexpr KernelEntryK kNeonKernelsK[] = GL_K_KERNEL_ENTRIES(neon_k);
 #endif
 
 #undef GL_DECLARE_K_KERNELS
 #undef GL_K_KERNEL_ENTRIES
+// clang-format on
 
 } // namespace gl

@@ -156,6 +156,16 @@ kvtest::RunResult run(const std::vector<std::string>& args, const std::string* i
     return kvtest::run_kvrun(args, input);
 }
 
+// The same with one thread, for the longer runs: on a busy 2-core machine the
+// worker pool's spin-then-yield waits compete with this process reading the
+// child's pipes, and a 256-token run can take 10+ s instead of 0.1 s.
+// Threading is covered by the forward tests; the output must not depend on the
+// thread count (checked below).
+kvtest::RunResult run_1t(std::vector<std::string> args) {
+    args.insert(args.end(), {"-t", "1"});
+    return kvtest::run_kvrun(args);
+}
+
 } // namespace
 
 TEST_CASE("cli: greedy stories260K continuation equals the golden text") {
@@ -177,7 +187,8 @@ TEST_CASE("cli: greedy stories260K continuation equals the golden text") {
     CHECK(r.err.empty()); // --quiet: no stats
 
     // Without --quiet the stats line goes to stderr only; stdout is unchanged.
-    const auto s = run({"-m", kStories, "-p", kPrompt, "-n", "100", "--temp", "0"});
+    // (One thread here: the text must not depend on the thread count.)
+    const auto s = run_1t({"-m", kStories, "-p", kPrompt, "-n", "100", "--temp", "0"});
     INFO(describe(s));
     CHECK(s.status == 0);
     CHECK(s.out == expected);
@@ -193,6 +204,7 @@ TEST_CASE("cli: --echo, -f FILE and -f - give the same continuation as -p") {
     auto with = [&](std::vector<std::string> extra, const std::string* input = nullptr) {
         std::vector<std::string> a = common;
         a.insert(a.end(), extra.begin(), extra.end());
+        a.insert(a.end(), {"-t", "1"});
         return run(a, input);
     };
     const auto p = with({"-p", kPrompt});
@@ -415,8 +427,8 @@ TEST_CASE("cli: a prompt of invalid UTF-8 is rejected with one line") {
 
 TEST_CASE("cli: sampling seeds are reproducible and matter") {
     auto sample = [](int seed) {
-        const auto r = run({"-m", kStories, "-p", kPrompt, "-n", "40", "--temp", "0.8", "--seed",
-                            std::to_string(seed), "--quiet"});
+        const auto r = run_1t({"-m", kStories, "-p", kPrompt, "-n", "40", "--temp", "0.8", "--seed",
+                               std::to_string(seed), "--quiet"});
         INFO(describe(r));
         CHECK(r.status == 0);
         CHECK(!r.out.empty());
@@ -431,7 +443,7 @@ TEST_CASE("cli: sampling seeds are reproducible and matter") {
 
 TEST_CASE("cli: generation runs far past a 64-token context") {
     // 5 prompt + 256 generated positions in a 64-slot ring: it wraps 4+ times.
-    const auto r = run(
+    const auto r = run_1t(
         {"-m", kStories, "-p", kPrompt, "-c", "64", "-n", "256", "--ignore-eos", "--temp", "0"});
     INFO(describe(r));
     REQUIRE(r.status == 0);
@@ -441,4 +453,11 @@ TEST_CASE("cli: generation runs far past a 64-token context") {
     // Until the window first slides the output is the ordinary greedy story.
     CHECK(starts_with(r.out, golden_story_text(50)));
     CHECK(r.out.size() > 400);
+    // Two threads give the same text (a shorter run, past the first slide).
+    const auto r2 = run({"-m", kStories, "-p", kPrompt, "-c", "64", "-n", "80", "--ignore-eos",
+                         "--temp", "0", "--quiet", "-t", "2"});
+    INFO(describe(r2));
+    CHECK(r2.status == 0);
+    CHECK(r2.out.size() > 80);
+    CHECK(starts_with(r.out, r2.out));
 }

@@ -97,16 +97,27 @@ struct Layout {
 
 Layout layout(Type t) {
     switch (t) {
-    case Type::Q4_K: return {{0, 2}, 16, 128, 16, 128, 0x11, 15};
-    case Type::Q5_K: return {{0, 2}, 16, 160, 48, 128, 0x11, 31};
-    case Type::Q6_K: return {{208}, 0, 192, 0, 128, 0x11, 63};
-    case Type::Q2_K: return {{80, 82}, 16, 64, 16, 64, 0x55, 3};
-    case Type::Q3_K: return {{108}, 0, 96, 32, 64, 0x55, 7};
-    case Type::Q4_1: return {{0, 2}, 4, 16, 4, 16, 0x11, 15};
-    case Type::Q5_0: return {{0}, 2, 20, 6, 16, 0x11, 31};
-    case Type::Q5_1: return {{0, 2}, 4, 20, 8, 16, 0x11, 31};
-    case Type::IQ4_NL: return {{0}, 2, 16, 2, 16, 0x11, 15};
-    default: FAIL("no layout for ", std::string(gl::type_name(t))); return {};
+    case Type::Q4_K:
+        return {{0, 2}, 16, 128, 16, 128, 0x11, 15};
+    case Type::Q5_K:
+        return {{0, 2}, 16, 160, 48, 128, 0x11, 31};
+    case Type::Q6_K:
+        return {{208}, 0, 192, 0, 128, 0x11, 63};
+    case Type::Q2_K:
+        return {{80, 82}, 16, 64, 16, 64, 0x55, 3};
+    case Type::Q3_K:
+        return {{108}, 0, 96, 32, 64, 0x55, 7};
+    case Type::Q4_1:
+        return {{0, 2}, 4, 16, 4, 16, 0x11, 15};
+    case Type::Q5_0:
+        return {{0}, 2, 20, 6, 16, 0x11, 31};
+    case Type::Q5_1:
+        return {{0, 2}, 4, 20, 8, 16, 0x11, 31};
+    case Type::IQ4_NL:
+        return {{0}, 2, 16, 2, 16, 0x11, 15};
+    default:
+        FAIL("no layout for ", std::string(gl::type_name(t)));
+        return {};
     }
 }
 
@@ -358,8 +369,9 @@ TEST_CASE("vec_dot: hand-built Q4_K x Q8_K block") {
     a.d = 1.0f;
     std::memset(a.qs, 2, sizeof a.qs);
     for (int16_t& s : a.bsums) s = 32;
-    const float want = 2.0f * 32.0f * ((1 + 2 + 3 + 4 + 17 + 33 + 50 + 63) -
-                                       0.5f * (0 + 5 + 10 + 15 + 20 + 40 + 60 + 63));
+    const float want =
+        2.0f * 32.0f *
+        ((1 + 2 + 3 + 4 + 17 + 33 + 50 + 63) - 0.5f * (0 + 5 + 10 + 15 + 20 + 40 + 60 + 63));
     CHECK(gl::ref::vec_dot(Type::Q4_K, 256, &w, &a) == want);
     for_each_table(
         [&](const gl::KernelTable& k) { CHECK(t_vec_dot(k, Type::Q4_K, 256, &w, &a) == want); });
@@ -383,9 +395,9 @@ TEST_CASE("vec_dot k: random rows agree with ref within the float rounding bound
             const auto a = quantized(at, random_floats(n, seed++));
             Buffer wb(w, 2), ab(a, at == Type::Q8_K ? 4 : 2);
             const float want = gl::ref::vec_dot(t, n, wb.p, ab.p);
-            const double tol = (static_cast<double>(n) + 4) * std::ldexp(1.0, -24) *
-                                   magnitude(t, n, w, a.data()) +
-                               std::fabs(want) * std::ldexp(1.0, -24);
+            const double tol =
+                (static_cast<double>(n) + 4) * std::ldexp(1.0, -24) * magnitude(t, n, w, a.data()) +
+                std::fabs(want) * std::ldexp(1.0, -24);
             for_each_table([&](const gl::KernelTable& k) {
                 const float got = t_vec_dot(k, t, n, wb.p, ab.p);
                 INFO("got ", got, " want ", want, " tol ", tol);
@@ -431,18 +443,23 @@ TEST_CASE("vec_dot k: exact-arithmetic rows give identical results in every tabl
             const size_t bs = gl::type_info(t).type_size;
             for (size_t b = 0; b < w.size(); b += bs) {
                 uint8_t* p = &w[b];
-                for (size_t h : layout(t).halves) put_half(p + h, static_cast<float>(1 << pow2(rng)));
+                for (size_t h : layout(t).halves)
+                    put_half(p + h, static_cast<float>(1 << pow2(rng)));
                 if (t == Type::Q4_K || t == Type::Q5_K) {
-                    for (int j = 0; j < 12; j++) p[4 + j] = static_cast<uint8_t>(sub(rng) | (sub(rng) << 4));
+                    for (int j = 0; j < 12; j++)
+                        p[4 + j] = static_cast<uint8_t>(sub(rng) | (sub(rng) << 4));
                     for (int j = 0; j < 8; j++) p[4 + j] &= 0x0f; // top bits of the 6-bit values
                 } else if (t == Type::Q2_K) {
-                    for (int j = 0; j < 16; j++) p[j] = static_cast<uint8_t>(sub(rng) | (sub(rng) << 4));
+                    for (int j = 0; j < 16; j++)
+                        p[j] = static_cast<uint8_t>(sub(rng) | (sub(rng) << 4));
                 } else if (t == Type::Q6_K) {
-                    for (int j = 0; j < 16; j++) p[192 + j] = static_cast<uint8_t>(static_cast<int8_t>(sub(rng) - 2));
+                    for (int j = 0; j < 16; j++)
+                        p[192 + j] = static_cast<uint8_t>(static_cast<int8_t>(sub(rng) - 2));
                 } else if (t == Type::Q3_K) {
                     // Stored v = 32 + s, s = 0..4: every top-bit pair 2 (0xaa),
                     // every low nibble 0..4.
-                    for (int j = 0; j < 8; j++) p[96 + j] = static_cast<uint8_t>((sub(rng) << 4) | sub(rng));
+                    for (int j = 0; j < 8; j++)
+                        p[96 + j] = static_cast<uint8_t>((sub(rng) << 4) | sub(rng));
                     for (int j = 8; j < 12; j++) p[96 + j] = 0xaa;
                 }
             }
@@ -502,7 +519,8 @@ TEST_CASE("dequantize_row k: every table is bit-identical to ref") {
     }
 }
 
-// ---- activation quantizers ------------------------------------------------------------------------
+// ---- activation quantizers
+// ------------------------------------------------------------------------
 
 TEST_CASE("quantize_row Q8_K: every table is bit-identical to ref; d, q and bsums as specified") {
     std::vector<float> x;
@@ -511,10 +529,11 @@ TEST_CASE("quantize_row Q8_K: every table is bit-identical to ref; d, q and bsum
         x.insert(x.end(), r.begin(), r.end());
     }
     // amax 127 (scale exactly 1) with values on .5: ties go to even.
-    for (int j = 0; j < 256; j++) x.push_back(j == 0 ? 127.0f : static_cast<float>(j % 64 - 32) + 0.5f);
-    for (int j = 0; j < 256; j++) x.push_back(0.0f);                        // zero block
-    for (int j = 0; j < 256; j++) x.push_back(j == 9 ? 1e-42f : 0.0f);      // 127 / amax overflows
-    for (int j = 0; j < 256; j++) x.push_back(j == 200 ? -3e38f : 1e30f);   // huge but finite
+    for (int j = 0; j < 256; j++)
+        x.push_back(j == 0 ? 127.0f : static_cast<float>(j % 64 - 32) + 0.5f);
+    for (int j = 0; j < 256; j++) x.push_back(0.0f);                      // zero block
+    for (int j = 0; j < 256; j++) x.push_back(j == 9 ? 1e-42f : 0.0f);    // 127 / amax overflows
+    for (int j = 0; j < 256; j++) x.push_back(j == 200 ? -3e38f : 1e30f); // huge but finite
     const int64_t n = static_cast<int64_t>(x.size());
     REQUIRE(n % 256 == 0);
 
@@ -526,7 +545,8 @@ TEST_CASE("quantize_row Q8_K: every table is bit-identical to ref; d, q and bsum
     for (int64_t i = 0; i < nb; i++) {
         float amax = 0;
         for (int j = 0; j < 256; j++) amax = std::max(amax, std::fabs(x[i * 256 + j]));
-        bad_range += y[i].d != (127.0f / amax > 0 && std::isfinite(127.0f / amax) ? amax / 127.0f : 0.0f);
+        bad_range +=
+            y[i].d != (127.0f / amax > 0 && std::isfinite(127.0f / amax) ? amax / 127.0f : 0.0f);
         for (int g = 0; g < 16; g++) {
             int s = 0;
             for (int l = 0; l < 16; l++) {
@@ -575,7 +595,8 @@ TEST_CASE("quantize_row Q8_1: the Q8_0 bytes plus s = d * sum(q)") {
     }
 }
 
-// ---- float quantizers -------------------------------------------------------------------------------
+// ---- float quantizers
+// -------------------------------------------------------------------------------
 
 TEST_CASE("quantize -> dequantize: each value on the nearest level, error bounded per format") {
     // What every format implies: with the block's scales as stored, each
@@ -591,7 +612,7 @@ TEST_CASE("quantize -> dequantize: each value on the nearest level, error bounde
         Type t;
         double rms; // max RMS error / RMS of the data
     };
-    const Want want[] = {{Type::Q2_K, 0.31}, {Type::Q3_K, 0.22},  {Type::Q4_K, 0.107},
+    const Want want[] = {{Type::Q2_K, 0.31},  {Type::Q3_K, 0.22},  {Type::Q4_K, 0.107},
                          {Type::Q5_K, 0.054}, {Type::Q6_K, 0.032}, {Type::Q4_1, 0.113},
                          {Type::Q5_0, 0.089}, {Type::Q5_1, 0.055}, {Type::IQ4_NL, 0.13}};
     for (const Want& w : want) {
@@ -612,12 +633,14 @@ TEST_CASE("quantize -> dequantize: each value on the nearest level, error bounde
                 double best = INFINITY;
                 for (int k = 0; k <= qmax; k++) {
                     // IQ4_NL: z = d * book[0] = -127 d (exact: 11 x 7 bits).
-                    const double level = w.t == Type::IQ4_NL
-                                             ? static_cast<double>(z[i]) / -127.0 * gl::kIQ4NL[k]
-                                             : static_cast<double>(z[i]) + static_cast<double>(step[i]) * k;
+                    const double level =
+                        w.t == Type::IQ4_NL
+                            ? static_cast<double>(z[i]) / -127.0 * gl::kIQ4NL[k]
+                            : static_cast<double>(z[i]) + static_cast<double>(step[i]) * k;
                     best = std::min(best, std::fabs(x[i] - level));
                 }
-                const double slack = 1e-5 * (std::fabs(x[i]) + std::fabs(z[i]) + std::fabs(step[i]) * 128);
+                const double slack =
+                    1e-5 * (std::fabs(x[i]) + std::fabs(z[i]) + std::fabs(step[i]) * 128);
                 not_nearest += std::fabs(x[i] - y[i]) > best + slack;
             }
             CHECK(not_nearest == 0);

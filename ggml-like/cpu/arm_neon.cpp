@@ -8,6 +8,7 @@
 // exact and is scaled by d_w * d_a (read through the fp16 table) in float;
 // two blocks per iteration go to independent accumulators.
 #include "ggml-like/quants.h"
+#include "ggml-like/quants_k.h"
 
 #include <arm_neon.h>
 
@@ -245,6 +246,7 @@ constexpr KernelTable make_table() {
     t.axpy[id(Type::F32)] = axpy<F32>;
     t.axpy[id(Type::F16)] = axpy<F16>;
     t.axpy[id(Type::BF16)] = axpy<BF16>;
+    add_kernels_k(t, kNeonKernelsK); // arm_neon_k.cpp
     return t;
 }
 

@@ -60,6 +60,19 @@ uint32_t load_u32(const void* p) {
     return v;
 }
 
+// Generation streams each weight row once from DRAM. The hardware prefetcher
+// alone left these loops at ~7 GB/s per core on a machine that reads 16 GB/s
+// (most of the time waiting on misses); asking for the weights this far
+// ahead measured 12-13 GB/s for Q4_K. Past the end of a row it fetches the
+// next row, which a matrix multiply reads next; a prefetch never faults.
+constexpr size_t kPrefetchBytes = 8192;
+
+// One prefetch per 64-byte line of the block kPrefetchBytes ahead of `block`.
+template <typename Block> void prefetch_ahead(const Block* block) {
+    const char* p = reinterpret_cast<const char*>(block) + kPrefetchBytes;
+    for (size_t off = 0; off < sizeof(Block); off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
+}
+
 // 32 bytes into both halves of a register (vbroadcasti64x4 from memory).
 __m512i load_both(const void* p) {
     return _mm512_broadcast_i64x4(load256(p));
@@ -91,8 +104,9 @@ __m512i scale_pairs(__m512i v) {
 // Lane L of the result is scale (first + L / 4): a 64-weight group split in
 // four 16-weight sub-blocks, each covering four dpbusd lanes.
 __m512i scales_by_4(__m512i sc32, int first) {
-    const __m512i idx = _mm512_add_epi32(
-        _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), _mm512_set1_epi32(first));
+    const __m512i idx =
+        _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                         _mm512_set1_epi32(first));
     return _mm512_permutexvar_epi32(idx, sc32);
 }
 
@@ -109,10 +123,11 @@ __m128i unpack_scales_k4(const uint8_t* s) {
 __m128i unpack_scales_k3(const uint8_t* s) {
     const uint32_t w0 = load_u32(s), w1 = load_u32(s + 4), w2 = load_u32(s + 8);
     const uint32_t lo4 = 0x0f0f0f0f, lo2 = 0x03030303;
-    const __m128i v = _mm_setr_epi32(static_cast<int>((w0 & lo4) | ((w2 & lo2) << 4)),
-                                     static_cast<int>((w1 & lo4) | (((w2 >> 2) & lo2) << 4)),
-                                     static_cast<int>(((w0 >> 4) & lo4) | (((w2 >> 4) & lo2) << 4)),
-                                     static_cast<int>(((w1 >> 4) & lo4) | (((w2 >> 6) & lo2) << 4)));
+    const __m128i v =
+        _mm_setr_epi32(static_cast<int>((w0 & lo4) | ((w2 & lo2) << 4)),
+                       static_cast<int>((w1 & lo4) | (((w2 >> 2) & lo2) << 4)),
+                       static_cast<int>(((w0 >> 4) & lo4) | (((w2 >> 4) & lo2) << 4)),
+                       static_cast<int>(((w1 >> 4) & lo4) | (((w2 >> 6) & lo2) << 4)));
     return _mm_sub_epi8(v, _mm_set1_epi8(32));
 }
 
@@ -162,7 +177,8 @@ void block_k4(uint16_t d, uint16_t dmin, const uint8_t* scales, const uint8_t* q
     const float da = y.d;
     *acc = _mm512_fmadd_ps(_mm512_set1_ps(kFp16ToFp32[d] * da),
                            _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), *acc);
-    *accm = _mm256_fmadd_ps(_mm256_set1_ps(kFp16ToFp32[dmin] * da), _mm256_cvtepi32_ps(mins), *accm);
+    *accm =
+        _mm256_fmadd_ps(_mm256_set1_ps(kFp16ToFp32[dmin] * da), _mm256_cvtepi32_ps(mins), *accm);
 }
 
 } // namespace
@@ -172,8 +188,10 @@ float vec_dot_q4_K(int64_t n, const void* w, const void* a) {
     const auto* y = static_cast<const BlockQ8_K*>(a);
     __m512 acc = _mm512_setzero_ps();
     __m256 accm = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / QK_K; i++)
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        prefetch_ahead(x + i);
         block_k4<false>(x[i].d, x[i].dmin, x[i].scales, nullptr, x[i].qs, y[i], &acc, &accm);
+    }
     return hsum(acc) - hsum(accm);
 }
 
@@ -182,8 +200,10 @@ float vec_dot_q5_K(int64_t n, const void* w, const void* a) {
     const auto* y = static_cast<const BlockQ8_K*>(a);
     __m512 acc = _mm512_setzero_ps();
     __m256 accm = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / QK_K; i++)
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        prefetch_ahead(x + i);
         block_k4<true>(x[i].d, x[i].dmin, x[i].scales, x[i].qh, x[i].qs, y[i], &acc, &accm);
+    }
     return hsum(acc) - hsum(accm);
 }
 
@@ -212,6 +232,7 @@ float vec_dot_q6_K(int64_t n, const void* w, const void* a) {
     const auto* y = static_cast<const BlockQ8_K*>(a);
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++) {
+        prefetch_ahead(x + i);
         const __m128i sc8 = load128(x[i].scales);
         const __m512i sc = scale_pairs(_mm512_cvtepi8_epi32(sc8));
         // The -32 offset of every weight: 32 * sum_j sc_j * bsums_j.
@@ -252,6 +273,7 @@ float vec_dot_q2_K(int64_t n, const void* w, const void* a) {
     __m512 acc = _mm512_setzero_ps();
     __m256 accm = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++) {
+        prefetch_ahead(x + i);
         const __m128i s = load128(x[i].scales);
         const __m128i sc8 = _mm_and_si128(s, _mm_set1_epi8(0x0f));
         const __m128i m8 = _mm_and_si128(_mm_srli_epi16(s, 4), _mm_set1_epi8(0x0f));
@@ -268,8 +290,8 @@ float vec_dot_q2_K(int64_t n, const void* w, const void* a) {
         const float da = y[i].d;
         acc = _mm512_fmadd_ps(_mm512_set1_ps(kFp16ToFp32[x[i].d] * da),
                               _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), acc);
-        accm = _mm256_fmadd_ps(_mm256_set1_ps(kFp16ToFp32[x[i].dmin] * da), _mm256_cvtepi32_ps(mins),
-                               accm);
+        accm = _mm256_fmadd_ps(_mm256_set1_ps(kFp16ToFp32[x[i].dmin] * da),
+                               _mm256_cvtepi32_ps(mins), accm);
     }
     return hsum(acc) - hsum(accm);
 }
@@ -279,6 +301,7 @@ float vec_dot_q3_K(int64_t n, const void* w, const void* a) {
     const auto* y = static_cast<const BlockQ8_K*>(a);
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++) {
+        prefetch_ahead(x + i);
         const __m128i sc8 = unpack_scales_k3(x[i].scales);
         const __m512i sc = scale_pairs(_mm512_cvtepi8_epi32(sc8));
         // Weights are stored as q + 4 (0..7): take 4 * sum_j sc_j * bsums_j off.
@@ -332,6 +355,7 @@ float dot_with_min(int64_t n, const Block* x, const BlockQ8_1* y, Unpack unpack)
     __m256 acc = _mm256_setzero_ps();
     float min_sum = 0.0f;
     for (int64_t i = 0; i < n / 32; i++) {
+        prefetch_ahead(x + i);
         const __m256i s = dpbusd256(unpack(x[i]), load256(y[i].qs));
         const __m256 dd = _mm256_set1_ps(kFp16ToFp32[x[i].d] * kFp16ToFp32[y[i].d]);
         acc = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(s), acc);
@@ -345,6 +369,7 @@ template <typename Block, typename Sum>
 float dot_q8_0_act(int64_t n, const Block* x, const BlockQ8_0* y, Sum block_sum) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     auto block = [&](int64_t b, __m256 acc) {
+        prefetch_ahead(x + b);
         const __m256 dd = _mm256_set1_ps(kFp16ToFp32[x[b].d] * kFp16ToFp32[y[b].d]);
         return _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(block_sum(x[b], load256(y[b].qs))), acc);
     };
@@ -435,7 +460,8 @@ namespace {
 
 // 16 unsigned bytes -> fma(dl, q, -ml), rounded like the reference.
 void store_fma_u8(__m128i q, float dl, float ml, float* out) {
-    _mm512_storeu_ps(out, _mm512_fmsub_ps(_mm512_set1_ps(dl), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q)),
+    _mm512_storeu_ps(out, _mm512_fmsub_ps(_mm512_set1_ps(dl),
+                                          _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q)),
                                           _mm512_set1_ps(ml)));
 }
 
@@ -479,9 +505,10 @@ void dequantize_row_q6_K(const void* src, float* dst, int64_t n) {
                 for (int g = 0; g < 4; g++) {
                     const int sub = 8 * h + 4 * r + g;
                     const __m128i p = load128(v + 16 * g);
-                    _mm512_storeu_ps(dst + i * QK_K + 16 * sub,
-                                     _mm512_mul_ps(_mm512_set1_ps(d * static_cast<float>(b[i].scales[sub])),
-                                                   _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(p))));
+                    _mm512_storeu_ps(
+                        dst + i * QK_K + 16 * sub,
+                        _mm512_mul_ps(_mm512_set1_ps(d * static_cast<float>(b[i].scales[sub])),
+                                      _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(p))));
                 }
             }
         }
