@@ -57,7 +57,7 @@ for t in $targets; do
         args+=(-max_len=4096)
         ;;
     esac
-    echo "== $t: ${secs}s, seeds $(ls "$seeds" | wc -l), corpus $(ls "$corpus" | wc -l)"
+    echo "== $t: ${secs}s, seeds $(find "$seeds" -type f | wc -l), corpus $(find "$corpus" -type f | wc -l)"
     if ! (cd "$root" && "$build/$t" "${args[@]}" "$corpus" "$seeds"); then
         echo "== $t: FAILED (crash input in $out/)" >&2
         failed+=("$t")
