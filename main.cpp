@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
         {"synth", cli::run_synth},
         {"quantize", cli::run_quantize},
         {"perplexity", cli::run_perplexity},
+        {"bench", cli::run_bench},
         {"run", cli::run_generate},
     };
     try {

@@ -44,9 +44,13 @@ void ThreadPool::run(Task fn, void* ctx) {
     epoch_.fetch_add(1, std::memory_order_release);
     epoch_.notify_all();
     fn(ctx, 0, n_threads_);
-    for (int spin = 0; pending_.load(std::memory_order_acquire) != 0; spin++) {
+    // Spin briefly (the others usually finish together with us), then sleep on
+    // the counter: yielding in a loop would starve a descheduled worker on a
+    // busy machine.
+    int left;
+    for (int spin = 0; (left = pending_.load(std::memory_order_acquire)) != 0; spin++) {
         if (spin < kSpinIters) GL_PAUSE();
-        else std::this_thread::yield();
+        else pending_.wait(left, std::memory_order_acquire);
     }
 }
 
@@ -62,7 +66,7 @@ void ThreadPool::worker(int ith) {
         seen = e;
         if (stop_.load()) return;
         task_(ctx_, ith, n_threads_);
-        pending_.fetch_sub(1, std::memory_order_acq_rel);
+        if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_.notify_one();
     }
 }
 

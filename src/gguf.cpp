@@ -116,6 +116,10 @@ void read_value(Reader& r, GgufValue& v, const std::string& name, const char* wh
         v.strs.reserve(v.count);
         for (uint64_t k = 0; k < v.count; k++) v.strs.push_back(r.str(what));
     } else if (v.elem_type == GgufType::array) {
+        // Each nested array costs ~120 bytes in memory for 12 in the file: cap
+        // the count so a hostile file cannot make us allocate 10× its size.
+        if (v.count > (1u << 20))
+            fail(Exit::bad_model, "{}: array of {} arrays in {} is larger than kvrun accepts", name, v.count, what);
         if (v.count > r.left() / 12)
             fail(Exit::bad_model, "{}: array of {} arrays in {} cannot fit in the file", name, v.count, what);
         v.items.resize(v.count);

@@ -126,7 +126,7 @@ Hparams read_hparams(const GgufFile& f) {
 
     const GgufTensor* emb = f.tensor("token_embd.weight");
     if (!emb) fail(Exit::bad_model, "{}: missing tensor 'token_embd.weight'", f.path());
-    if (emb->n_dims != 2 || emb->ne[0] != hp.n_embd)
+    if (emb->n_dims != 2 || emb->ne[0] != hp.n_embd || emb->ne[1] > (1 << 26))
         fail(Exit::bad_model, "{}: token_embd.weight has shape {}, expected [{}, n_vocab]", f.path(),
              emb->shape_str(), hp.n_embd);
     hp.n_vocab = static_cast<int>(emb->ne[1]);

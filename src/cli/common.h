@@ -44,5 +44,6 @@ int run_info(int argc, char** argv);
 int run_synth(int argc, char** argv);
 int run_quantize(int argc, char** argv);
 int run_perplexity(int argc, char** argv);
+int run_bench(int argc, char** argv);
 
 } // namespace kvrun::cli

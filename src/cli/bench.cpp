@@ -1,0 +1,231 @@
+// `kvrun bench -m M -p 512 -n 128 -t 2 -r 5 [-d DEPTH] [--roofline] [--json]`:
+// prompt-processing (pp) and generation (tg) speed, mean ± standard deviation
+// over repetitions, for one or more models and thread counts.
+//
+// pp: the prompt's tokens evaluated in batches from an empty cache.
+// tg: tokens evaluated one at a time after DEPTH tokens already in the cache
+//     (filled untimed), as generation does.
+// --roofline measures this machine's read bandwidth with the same threads and
+// prints, for tg, the bytes each token reads (weights + KV at that depth) and
+// the fraction of the bandwidth achieved.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <map>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/common.h"
+#include "error.h"
+#include "forward.h"
+#include "ggml-like/thread_pool.h"
+#include "session.h"
+
+namespace kvrun::cli {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Stat {
+    double mean = 0, sd = 0;
+};
+Stat stat_of(const std::vector<double>& v) {
+    Stat s;
+    if (v.empty()) return s;
+    s.mean = std::accumulate(v.begin(), v.end(), 0.0) / v.size();
+    double ss = 0;
+    for (double x : v) ss += (x - s.mean) * (x - s.mean);
+    s.sd = v.size() > 1 ? std::sqrt(ss / (v.size() - 1)) : 0.0;
+    return s;
+}
+
+std::vector<int> parse_int_list(const std::string& s, const char* what) {
+    std::vector<int> v;
+    std::stringstream ss(s);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+        char* end = nullptr;
+        long x = std::strtol(item.c_str(), &end, 10);
+        if (item.empty() || *end || x < 0 || x > (1 << 24)) fail(Exit::usage, "{}: '{}' is not a count", what, item);
+        v.push_back(static_cast<int>(x));
+    }
+    return v;
+}
+
+// Single-pass read bandwidth, bytes/s: sum a buffer far larger than the caches.
+double measure_read_bandwidth(gl::ThreadPool& pool) {
+    const size_t n = (512ull << 20) / sizeof(uint64_t);
+    std::vector<uint64_t> buf(n);
+    pool.parallel_for(static_cast<int64_t>(n), [&](int64_t b, int64_t e, int) {
+        for (int64_t i = b; i < e; i++) buf[i] = static_cast<uint64_t>(i) * 2654435761u;
+    });
+    double best = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        std::vector<uint64_t> sums(pool.size(), 0);
+        const auto t0 = Clock::now();
+        pool.parallel_for(static_cast<int64_t>(n), [&](int64_t b, int64_t e, int ith) {
+            uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+            int64_t i = b;
+            for (; i + 4 <= e; i += 4) {
+                s0 += buf[i];
+                s1 += buf[i + 1];
+                s2 += buf[i + 2];
+                s3 += buf[i + 3];
+            }
+            for (; i < e; i++) s0 += buf[i];
+            sums[ith] = s0 + s1 + s2 + s3;
+        });
+        const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+        volatile uint64_t sink = std::accumulate(sums.begin(), sums.end(), uint64_t{0});
+        (void)sink;
+        best = std::max(best, static_cast<double>(n * sizeof(uint64_t)) / s);
+    }
+    return best;
+}
+
+struct Row {
+    std::string model;
+    std::string test; // "pp512", "tg128", "tg128@d4096"
+    int threads = 0;
+    Stat tps;
+    double bytes_per_token = 0; // tg only
+    double bw_fraction = 0;     // tg with --roofline
+};
+
+} // namespace
+
+int run_bench(int argc, char** argv) {
+    std::vector<std::string> models;
+    std::string threads_s = "0", pp_s = "512", tg_s = "128", depth_s = "0", ctk = "f16", ctv = "f16";
+    int reps = 5, batch = 512;
+    bool json = false, roofline = false;
+    CLI::App app{"kvrun bench: prompt and generation speed (mean ± sd over repetitions)", "kvrun bench"};
+    app.add_option("-m,--model", models, "GGUF model(s); repeat -m for several")->required();
+    app.add_option("-p,--n-prompt", pp_s, "prompt lengths, comma-separated (0 = skip)")->capture_default_str();
+    app.add_option("-n,--n-gen", tg_s, "generated tokens, comma-separated (0 = skip)")->capture_default_str();
+    app.add_option("-d,--depth", depth_s, "tokens already in the cache before tg, comma-separated")->capture_default_str();
+    app.add_option("-t,--threads", threads_s, "thread counts, comma-separated (0 = physical cores)")->capture_default_str();
+    app.add_option("-r,--repetitions", reps, "repetitions")->capture_default_str()->check(CLI::Range(1, 1000));
+    app.add_option("-b,--batch-size", batch, "prompt batch")->capture_default_str()->check(CLI::Range(1, 1 << 16));
+    app.add_option("--ctk", ctk, "K cache type")->capture_default_str();
+    app.add_option("--ctv", ctv, "V cache type")->capture_default_str();
+    app.add_flag("--roofline", roofline, "measure read bandwidth; report tg bytes/token and its fraction");
+    app.add_flag("--json", json, "print JSON instead of a markdown table");
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        return app.exit(e) == 0 ? 0 : static_cast<int>(Exit::usage);
+    }
+    const gl::Type tk = parse_cache_type(ctk, "--ctk"), tv = parse_cache_type(ctv, "--ctv");
+    const std::vector<int> pps = parse_int_list(pp_s, "-p"), tgs = parse_int_list(tg_s, "-n"),
+                           depths = parse_int_list(depth_s, "-d"), thread_counts = parse_int_list(threads_s, "-t");
+    install_interrupt_handler();
+
+    std::vector<Row> rows;
+    std::map<int, double> bandwidth; // per thread count
+    for (const std::string& path : models) {
+        auto lm = LoadedModel::load(path);
+        const Hparams& hp = lm->model.hp;
+        const std::string name = path.substr(path.find_last_of('/') + 1);
+        // Bytes one generated token reads: every weight matrix once, one embedding row.
+        double weight_bytes_per_token = static_cast<double>(lm->model.token_embd.row_bytes);
+        for (const auto& L : lm->model.layers)
+            for (const gl::Tensor* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
+                weight_bytes_per_token += static_cast<double>(w->row_bytes) * w->ne1;
+        weight_bytes_per_token += static_cast<double>(lm->model.output.row_bytes) * lm->model.output.ne1;
+
+        std::mt19937 rng(42);
+        const int max_pp = pps.empty() ? 0 : *std::max_element(pps.begin(), pps.end());
+        const int max_tg = tgs.empty() ? 0 : *std::max_element(tgs.begin(), tgs.end());
+        const int max_depth = depths.empty() ? 0 : *std::max_element(depths.begin(), depths.end());
+        std::vector<int32_t> toks(std::max({max_pp, max_tg, max_depth}) + 1);
+        for (auto& t : toks) t = static_cast<int32_t>(rng() % hp.n_vocab);
+        const int n_ctx = std::max(max_pp, max_depth + max_tg) + 1;
+
+        for (int tc : thread_counts) {
+            const int threads = resolve_threads(tc);
+            auto be = gl::make_cpu_backend(threads);
+            KvCache kv({hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx, 4, tk, tv});
+            Forward fwd(lm->model, kv, *be, std::min(batch, n_ctx));
+            auto eval_all = [&](const int32_t* t, int n) {
+                for (int i = 0; i < n;) {
+                    const int nb = std::min(fwd.max_batch(), n - i);
+                    fwd.eval(t + i, nb, false);
+                    i += nb;
+                }
+            };
+            eval_all(toks.data(), std::min<int>(16, static_cast<int>(toks.size()))); // warm-up: fault weights in
+            if (roofline && !bandwidth.count(threads)) {
+                gl::ThreadPool pool(threads);
+                bandwidth[threads] = measure_read_bandwidth(pool);
+            }
+            for (int pp : pps) {
+                if (pp == 0) continue;
+                std::vector<double> v;
+                for (int r = 0; r < reps && !interrupted(); r++) {
+                    kv.clear();
+                    const auto t0 = Clock::now();
+                    eval_all(toks.data(), pp);
+                    v.push_back(pp / std::chrono::duration<double>(Clock::now() - t0).count());
+                }
+                rows.push_back({name, "pp" + std::to_string(pp), threads, stat_of(v), 0, 0});
+            }
+            for (int depth : depths)
+                for (int tg : tgs) {
+                    if (tg == 0) continue;
+                    std::vector<double> v;
+                    for (int r = 0; r < reps && !interrupted(); r++) {
+                        kv.clear();
+                        eval_all(toks.data(), depth);
+                        const auto t0 = Clock::now();
+                        for (int i = 0; i < tg; i++) fwd.eval(&toks[depth + i], 1, false);
+                        v.push_back(tg / std::chrono::duration<double>(Clock::now() - t0).count());
+                    }
+                    Row row{name, "tg" + std::to_string(tg) + (depth ? "@d" + std::to_string(depth) : ""), threads,
+                            stat_of(v), 0, 0};
+                    // KV read per token at the mean depth of the run
+                    const double kv_bytes = static_cast<double>(hp.n_layer) * (depth + tg / 2.0) *
+                                            (gl::row_size(tk, hp.kv_dim()) + gl::row_size(tv, hp.kv_dim()));
+                    row.bytes_per_token = weight_bytes_per_token + kv_bytes;
+                    if (roofline) row.bw_fraction = row.tps.mean * row.bytes_per_token / bandwidth[threads];
+                    rows.push_back(row);
+                }
+        }
+    }
+
+    if (json) {
+        nlohmann::json j = nlohmann::json::array();
+        for (const Row& r : rows) {
+            nlohmann::json o = {{"model", r.model}, {"test", r.test}, {"threads", r.threads},
+                                {"tokens_per_second", r.tps.mean}, {"stddev", r.tps.sd}};
+            if (r.bytes_per_token > 0) o["bytes_per_token"] = r.bytes_per_token;
+            if (roofline && r.bytes_per_token > 0) {
+                o["bandwidth_fraction"] = r.bw_fraction;
+                o["read_bandwidth_bytes_per_second"] = bandwidth[r.threads];
+            }
+            j.push_back(o);
+        }
+        fmt::print("{}\n", j.dump(2));
+        return 0;
+    }
+    fmt::print("| model | test | threads | tok/s | {}\n", roofline ? "MB/token | GB/s read | of bandwidth |" : "");
+    fmt::print("| --- | --- | ---: | ---: | {}\n", roofline ? "---: | ---: | ---: |" : "");
+    for (const Row& r : rows) {
+        std::string extra;
+        if (roofline)
+            extra = r.bytes_per_token > 0
+                        ? fmt::format("{:.1f} | {:.1f} | {:.0f}% of {:.1f} GB/s |", r.bytes_per_token / 1e6,
+                                      r.tps.mean * r.bytes_per_token / 1e9, 100 * r.bw_fraction,
+                                      bandwidth[r.threads] / 1e9)
+                        : "| | |";
+        fmt::print("| {} | {} | {} | {:.2f} ± {:.2f} | {}\n", r.model, r.test, r.threads, r.tps.mean, r.tps.sd, extra);
+    }
+    return 0;
+}
+
+} // namespace kvrun::cli
