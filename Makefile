@@ -5,17 +5,26 @@ FUZZ_BUILD?= build-fuzz
 JOBS      ?= $(shell nproc 2>/dev/null || echo 2)
 FUZZ_SECONDS ?= 20
 CMAKE_FLAGS ?=
+# CUDA architectures when CMake finds nvcc (CI: Orin 87 + Hopper 90 only, to
+# keep compile time down; scripts/gpu-check.sh builds for the local GPU).
+CUDA_ARCH ?= 87;90
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEPS := build-essential cmake pkg-config libcli11-dev libfmt-dev doctest-dev nlohmann-json3-dev \
-        libutf8proc-dev libopenblas-dev clang libclang-rt-dev
+        libutf8proc-dev libedit-dev libopenblas-dev clang libclang-rt-dev \
+        g++-aarch64-linux-gnu qemu-user
 MODEL ?= $(firstword $(wildcard models/stories260K.gguf ../shared/models/stories260K.gguf) models/stories260K.gguf)
 
-.PHONY: all build deps run test test-unit test-asan fuzz fuzz-smoke clean format
+.PHONY: all build cuda deps run test test-unit test-asan test-aarch64 fuzz fuzz-smoke clean format
 
 all: build
 
 build:
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DCUDA_ARCH="$(CUDA_ARCH)" $(CMAKE_FLAGS)
+	cmake --build $(BUILD) -j$(JOBS)
+
+# The same build with the CUDA backend required (fails without nvcc).
+cuda:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DKVRUN_CUDA=ON -DCUDA_ARCH="$(CUDA_ARCH)" $(CMAKE_FLAGS)
 	cmake --build $(BUILD) -j$(JOBS)
 
 deps:
@@ -27,9 +36,9 @@ run: build
 	@[ -f "$(MODEL)" ] || scripts/download-model.sh stories260K
 	./kvrun -m $(MODEL) -p "Once upon a time" -n 200 --temp 0
 
-# Everything: unit + conformance tests, the same tests under ASan/UBSan, and
-# a short run of each fuzzer.
-test: test-unit test-asan fuzz-smoke
+# Everything: unit + conformance tests, the same tests under ASan/UBSan, the
+# aarch64 kernels under qemu, and a short run of each fuzzer.
+test: test-unit test-asan test-aarch64 fuzz-smoke
 
 test-unit: build
 	cd $(BUILD) && ctest --output-on-failure
@@ -39,6 +48,10 @@ test-asan:
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure
 
+# NEON kernels vs the scalar reference, cross-built and run under qemu-aarch64.
+test-aarch64:
+	scripts/test-aarch64.sh
+
 fuzz-smoke:
 	scripts/fuzz.sh $(FUZZ_SECONDS)
 
@@ -47,7 +60,7 @@ fuzz:
 
 format:
 	clang-format -i main.cpp src/*.cpp src/*.h src/cli/*.cpp src/cli/*.h ggml-like/*.cpp ggml-like/*.h \
-	  ggml-like/cpu/*.cpp tests/*.cpp tests/*.h tests/fuzz/*.cpp
+	  ggml-like/cpu/*.cpp ggml-like/cuda/*.cpp ggml-like/cuda/*.h tests/*.cpp tests/*.h tests/fuzz/*.cpp
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) kvrun
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) build-aarch64 kvrun

@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
         {"perplexity", cli::run_perplexity},
         {"bench", cli::run_bench},
         {"run", cli::run_generate},
+        {"chat", cli::run_chat},
     };
     try {
         if (argc > 1)

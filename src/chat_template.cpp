@@ -8,7 +8,9 @@ namespace kvrun {
 
 namespace {
 
-bool has(std::string_view s, std::string_view what) { return s.find(what) != std::string_view::npos; }
+bool has(std::string_view s, std::string_view what) {
+    return s.find(what) != std::string_view::npos;
+}
 
 // Python's str.strip() / Jinja's trim on ASCII whitespace.
 std::string trim(std::string_view s) {
@@ -63,14 +65,17 @@ struct Name {
     ChatFamily family;
 };
 constexpr Name kNames[] = {
-    {"plain", ChatFamily::plain},   {"llama2", ChatFamily::llama2},   {"llama3", ChatFamily::llama3},
-    {"chatml", ChatFamily::chatml}, {"mistral", ChatFamily::mistral}, {"phi3", ChatFamily::phi3},
-    {"gemma", ChatFamily::gemma},   {"zephyr", ChatFamily::zephyr},
+    {"plain", ChatFamily::plain},     {"llama2", ChatFamily::llama2},
+    {"llama3", ChatFamily::llama3},   {"chatml", ChatFamily::chatml},
+    {"mistral", ChatFamily::mistral}, {"phi3", ChatFamily::phi3},
+    {"gemma", ChatFamily::gemma},     {"zephyr", ChatFamily::zephyr},
 };
 
 } // namespace
 
-const char* ChatTemplate::names() { return "plain, llama2, llama3, chatml, mistral, phi3, gemma, zephyr"; }
+const char* ChatTemplate::names() {
+    return "plain, llama2, llama3, chatml, mistral, phi3, gemma, zephyr";
+}
 
 const char* ChatTemplate::name() const {
     for (const Name& n : kNames)
@@ -96,24 +101,36 @@ ChatTemplate ChatTemplate::detect(std::string_view j, std::string bos, std::stri
     // Order matters: the most specific markers first ([INST] is shared by
     // llama2 and mistral, <|assistant|> by phi3 and zephyr).
     const char* n = nullptr;
-    if (trim(j).empty()) n = "plain";
-    else if (has(j, "<|im_start|>")) n = "chatml";
-    else if (has(j, "<|start_header_id|>")) n = "llama3";
-    else if (has(j, "<start_of_turn>")) n = "gemma";
-    else if (has(j, "<|assistant|>") && has(j, "<|end|>")) n = "phi3";
-    else if (has(j, "<|assistant|>") && has(j, "<|user|>")) n = "zephyr";
-    else if (has(j, "[INST]") && has(j, "<<SYS>>")) n = "llama2";
-    else if (has(j, "[INST]")) n = "mistral";
+    if (trim(j).empty())
+        n = "plain";
+    else if (has(j, "<|im_start|>"))
+        n = "chatml";
+    else if (has(j, "<|start_header_id|>"))
+        n = "llama3";
+    else if (has(j, "<start_of_turn>"))
+        n = "gemma";
+    else if (has(j, "<|assistant|>") && has(j, "<|end|>"))
+        n = "phi3";
+    else if (has(j, "<|assistant|>") && has(j, "<|user|>"))
+        n = "zephyr";
+    else if (has(j, "[INST]") && has(j, "<<SYS>>"))
+        n = "llama2";
+    else if (has(j, "[INST]"))
+        n = "mistral";
     else
         fail(Exit::template_error,
-             "the model's chat template is of no family kvrun knows; choose one with --chat-template ({})", names());
+             "the model's chat template is of no family kvrun knows; choose one with "
+             "--chat-template ({})",
+             names());
     ChatTemplate t = named(n, std::move(bos), std::move(eos));
-    if (t.family_ == ChatFamily::mistral || t.family_ == ChatFamily::phi3) t.bos_at_start_ = has(j, "bos_token");
+    if (t.family_ == ChatFamily::mistral || t.family_ == ChatFamily::phi3)
+        t.bos_at_start_ = has(j, "bos_token");
     if (t.family_ == ChatFamily::chatml) t.default_system_ = chatml_default_system(j);
     return t;
 }
 
-ChatTemplate ChatTemplate::for_model(const GgufFile& f, const Tokenizer& tok, const std::string& override_name) {
+ChatTemplate ChatTemplate::for_model(const GgufFile& f, const Tokenizer& tok,
+                                     const std::string& override_name) {
     const Vocab& v = tok.vocab();
     auto text = [&](int32_t id) {
         return id >= 0 && id < static_cast<int32_t>(v.tokens.size()) ? v.tokens[id] : std::string();
@@ -125,19 +142,27 @@ ChatTemplate ChatTemplate::for_model(const GgufFile& f, const Tokenizer& tok, co
 std::string ChatTemplate::prefix(const std::string& sys) const {
     const std::string bos = bos_at_start_ ? bos_ : "";
     switch (family_) {
-    case ChatFamily::plain: return sys.empty() ? "" : sys + "\n\n";
-    case ChatFamily::chatml: return sys.empty() ? "" : "<|im_start|>system\n" + sys + "<|im_end|>\n";
+    case ChatFamily::plain:
+        return sys.empty() ? "" : sys + "\n\n";
+    case ChatFamily::chatml:
+        return sys.empty() ? "" : "<|im_start|>system\n" + sys + "<|im_end|>\n";
     case ChatFamily::llama3:
-        return sys.empty() ? bos : bos + "<|start_header_id|>system<|end_header_id|>\n\n" + trim(sys) + "<|eot_id|>";
+        return sys.empty() ? bos
+                           : bos + "<|start_header_id|>system<|end_header_id|>\n\n" + trim(sys) +
+                                 "<|eot_id|>";
     // Llama 2 opens the first [INST] with the system block; the pinned prefix
     // ends there and the first user message continues it.
-    case ChatFamily::llama2: return sys.empty() ? "" : bos_ + "[INST] <<SYS>>\n" + sys + "\n<</SYS>>\n\n";
-    case ChatFamily::phi3: return sys.empty() ? bos : bos + "<|system|>\n" + sys + "<|end|>\n";
-    case ChatFamily::zephyr: return sys.empty() ? "" : "<|system|>\n" + sys + eos_ + "\n";
+    case ChatFamily::llama2:
+        return sys.empty() ? "" : bos_ + "[INST] <<SYS>>\n" + sys + "\n<</SYS>>\n\n";
+    case ChatFamily::phi3:
+        return sys.empty() ? bos : bos + "<|system|>\n" + sys + "<|end|>\n";
+    case ChatFamily::zephyr:
+        return sys.empty() ? "" : "<|system|>\n" + sys + eos_ + "\n";
     // Mistral's and Gemma's templates have no system role: kvrun folds the
     // system prompt into the first user message, as their later versions do.
     case ChatFamily::mistral:
-    case ChatFamily::gemma: return bos;
+    case ChatFamily::gemma:
+        return bos;
     }
     return {};
 }
@@ -145,30 +170,43 @@ std::string ChatTemplate::prefix(const std::string& sys) const {
 std::string ChatTemplate::user(const std::string& u, bool first, const std::string& sys) const {
     const bool fold = first && !sys.empty();
     switch (family_) {
-    case ChatFamily::plain: return "User: " + u + "\n";
-    case ChatFamily::chatml: return "<|im_start|>user\n" + u + "<|im_end|>\n";
-    case ChatFamily::llama3: return "<|start_header_id|>user<|end_header_id|>\n\n" + trim(u) + "<|eot_id|>";
+    case ChatFamily::plain:
+        return "User: " + u + "\n";
+    case ChatFamily::chatml:
+        return "<|im_start|>user\n" + u + "<|im_end|>\n";
+    case ChatFamily::llama3:
+        return "<|start_header_id|>user<|end_header_id|>\n\n" + trim(u) + "<|eot_id|>";
     // content.strip() of "<<SYS>>...\n\n" + message: only the message's end is stripped.
-    case ChatFamily::llama2: return fold ? rtrim(u) + " [/INST]" : bos_ + "[INST] " + trim(u) + " [/INST]";
-    case ChatFamily::mistral: return "[INST] " + (fold ? sys + "\n\n" + u : u) + " [/INST]";
-    case ChatFamily::phi3: return "<|user|>\n" + u + "<|end|>\n";
+    case ChatFamily::llama2:
+        return fold ? rtrim(u) + " [/INST]" : bos_ + "[INST] " + trim(u) + " [/INST]";
+    case ChatFamily::mistral:
+        return "[INST] " + (fold ? sys + "\n\n" + u : u) + " [/INST]";
+    case ChatFamily::phi3:
+        return "<|user|>\n" + u + "<|end|>\n";
     case ChatFamily::gemma:
         return "<start_of_turn>user\n" + trim(fold ? sys + "\n\n" + u : u) + "<end_of_turn>\n";
-    case ChatFamily::zephyr: return "<|user|>\n" + u + eos_ + "\n";
+    case ChatFamily::zephyr:
+        return "<|user|>\n" + u + eos_ + "\n";
     }
     return {};
 }
 
 std::string ChatTemplate::generation_prompt() const {
     switch (family_) {
-    case ChatFamily::plain: return "Assistant:";
-    case ChatFamily::chatml: return "<|im_start|>assistant\n";
-    case ChatFamily::llama3: return "<|start_header_id|>assistant<|end_header_id|>\n\n";
+    case ChatFamily::plain:
+        return "Assistant:";
+    case ChatFamily::chatml:
+        return "<|im_start|>assistant\n";
+    case ChatFamily::llama3:
+        return "<|start_header_id|>assistant<|end_header_id|>\n\n";
     case ChatFamily::llama2:
-    case ChatFamily::mistral: return ""; // [/INST] already asks for the answer
+    case ChatFamily::mistral:
+        return ""; // [/INST] already asks for the answer
     case ChatFamily::phi3:
-    case ChatFamily::zephyr: return "<|assistant|>\n";
-    case ChatFamily::gemma: return "<start_of_turn>model\n";
+    case ChatFamily::zephyr:
+        return "<|assistant|>\n";
+    case ChatFamily::gemma:
+        return "<start_of_turn>model\n";
     }
     return {};
 }
@@ -176,39 +214,57 @@ std::string ChatTemplate::generation_prompt() const {
 std::string ChatTemplate::reply(const std::string& a) const {
     switch (family_) {
     case ChatFamily::plain:
-    case ChatFamily::llama2: return " " + trim(a);
+    case ChatFamily::llama2:
+        return std::string(" ").append(trim(a)); // (" " + ... trips GCC 12's -Wrestrict)
     case ChatFamily::llama3:
-    case ChatFamily::gemma: return trim(a);
-    default: return a;
+    case ChatFamily::gemma:
+        return trim(a);
+    default:
+        return a;
     }
 }
 
 std::string ChatTemplate::close() const {
     switch (family_) {
-    case ChatFamily::plain: return "\n";
-    case ChatFamily::chatml: return "<|im_end|>\n";
-    case ChatFamily::llama3: return "<|eot_id|>";
-    case ChatFamily::llama2: return " " + eos_;
-    case ChatFamily::mistral: return eos_;
-    case ChatFamily::phi3: return "<|end|>\n";
-    case ChatFamily::gemma: return "<end_of_turn>\n";
-    case ChatFamily::zephyr: return eos_ + "\n";
+    case ChatFamily::plain:
+        return "\n";
+    case ChatFamily::chatml:
+        return "<|im_end|>\n";
+    case ChatFamily::llama3:
+        return "<|eot_id|>";
+    case ChatFamily::llama2:
+        return " " + eos_;
+    case ChatFamily::mistral:
+        return eos_;
+    case ChatFamily::phi3:
+        return "<|end|>\n";
+    case ChatFamily::gemma:
+        return "<end_of_turn>\n";
+    case ChatFamily::zephyr:
+        return eos_ + "\n";
     }
     return {};
 }
 
 std::vector<std::string> ChatTemplate::end_markers() const {
     switch (family_) {
-    case ChatFamily::plain: return {"\nUser:"};
-    case ChatFamily::chatml: return {"<|im_end|>"};
-    case ChatFamily::llama3: return {"<|eot_id|>"};
-    case ChatFamily::phi3: return {"<|end|>"};
-    case ChatFamily::gemma: return {"<end_of_turn>"};
-    default: return {eos_}; // llama2, mistral, zephyr end with EOS
+    case ChatFamily::plain:
+        return {"\nUser:"};
+    case ChatFamily::chatml:
+        return {"<|im_end|>"};
+    case ChatFamily::llama3:
+        return {"<|eot_id|>"};
+    case ChatFamily::phi3:
+        return {"<|end|>"};
+    case ChatFamily::gemma:
+        return {"<end_of_turn>"};
+    default:
+        return {eos_}; // llama2, mistral, zephyr end with EOS
     }
 }
 
-std::string ChatTemplate::format(const std::vector<ChatMessage>& msgs, bool add_generation_prompt) const {
+std::string ChatTemplate::format(const std::vector<ChatMessage>& msgs,
+                                 bool add_generation_prompt) const {
     size_t i = 0;
     std::string sys = default_system_;
     if (!msgs.empty() && msgs[0].role == "system") sys = msgs[i++].content;
@@ -218,7 +274,8 @@ std::string ChatTemplate::format(const std::vector<ChatMessage>& msgs, bool add_
         const ChatMessage& m = msgs[i];
         const char* want = k % 2 == 0 ? "user" : "assistant";
         if (m.role != want)
-            fail(Exit::template_error, "message {} has role '{}', expected '{}' (user and assistant alternate)", i + 1,
+            fail(Exit::template_error,
+                 "message {} has role '{}', expected '{}' (user and assistant alternate)", i + 1,
                  m.role, want);
         if (k % 2 == 0) {
             out += user(m.content, first, sys);

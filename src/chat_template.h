@@ -44,7 +44,8 @@ class ChatTemplate {
     static ChatTemplate named(std::string_view name, std::string bos, std::string eos);
     // The model's template (or `override_name` when not empty), with the
     // vocabulary's BOS/EOS texts.
-    static ChatTemplate for_model(const GgufFile& f, const Tokenizer& tok, const std::string& override_name);
+    static ChatTemplate for_model(const GgufFile& f, const Tokenizer& tok,
+                                  const std::string& override_name);
     static const char* names(); // "llama2, llama3, ..." for help texts
 
     ChatFamily family() const { return family_; }
@@ -59,8 +60,9 @@ class ChatTemplate {
     // (families that fold the system prompt into the first message do it here).
     std::string user(const std::string& text, bool first, const std::string& system) const;
     std::string generation_prompt() const;
-    std::string reply(const std::string& text) const; // an assistant message as the template writes it
-    std::string close() const;                        // what ends an assistant message
+    std::string
+    reply(const std::string& text) const; // an assistant message as the template writes it
+    std::string close() const;            // what ends an assistant message
     // Texts that end a reply: special tokens the model emits (stopped on as
     // tokens when they are single tokens) or, for `plain`, "\nUser:".
     std::vector<std::string> end_markers() const;

@@ -58,7 +58,7 @@ std::vector<int> parse_int_list(const std::string& s, const char* what) {
 }
 
 // Single-pass read bandwidth, bytes/s: sum a buffer far larger than the caches.
-double measure_read_bandwidth(gl::ThreadPool& pool) {
+[[gnu::noinline]] double measure_read_bandwidth(gl::ThreadPool& pool) {
     const size_t n = (512ull << 20) / sizeof(uint64_t);
     std::vector<uint64_t> buf(n);
     pool.parallel_for(static_cast<int64_t>(n), [&](int64_t b, int64_t e, int) {
@@ -67,18 +67,20 @@ double measure_read_bandwidth(gl::ThreadPool& pool) {
     double best = 0;
     for (int rep = 0; rep < 3; rep++) {
         std::vector<uint64_t> sums(pool.size(), 0);
+        const uint64_t* src = buf.data();
+        uint64_t* out = sums.data();
         const auto t0 = Clock::now();
-        pool.parallel_for(static_cast<int64_t>(n), [&](int64_t b, int64_t e, int ith) {
+        pool.parallel_for(static_cast<int64_t>(n), [src, out](int64_t b, int64_t e, int ith) {
             uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-            int64_t i = b;
-            for (; i + 4 <= e; i += 4) {
-                s0 += buf[i];
-                s1 += buf[i + 1];
-                s2 += buf[i + 2];
-                s3 += buf[i + 3];
+            const uint64_t* p = src + b;
+            for (; p + 4 <= src + e; p += 4) {
+                s0 += p[0];
+                s1 += p[1];
+                s2 += p[2];
+                s3 += p[3];
             }
-            for (; i < e; i++) s0 += buf[i];
-            sums[ith] = s0 + s1 + s2 + s3;
+            for (; p < src + e; p++) s0 += *p;
+            out[ith] = s0 + s1 + s2 + s3;
         });
         const double s = std::chrono::duration<double>(Clock::now() - t0).count();
         volatile uint64_t sink = std::accumulate(sums.begin(), sums.end(), uint64_t{0});
@@ -102,6 +104,7 @@ struct Row {
 int run_bench(int argc, char** argv) {
     std::vector<std::string> models;
     std::string threads_s = "0", pp_s = "512", tg_s = "128", depth_s = "0", ctk = "f16", ctv = "f16";
+    std::string device = "cpu";
     int reps = 5, batch = 512;
     bool json = false, roofline = false;
     CLI::App app{"kvrun bench: prompt and generation speed (mean ± sd over repetitions)", "kvrun bench"};
@@ -114,6 +117,7 @@ int run_bench(int argc, char** argv) {
     app.add_option("-b,--batch-size", batch, "prompt batch")->capture_default_str()->check(CLI::Range(1, 1 << 16));
     app.add_option("--ctk", ctk, "K cache type")->capture_default_str();
     app.add_option("--ctv", ctv, "V cache type")->capture_default_str();
+    app.add_option("--device", device, "cpu, cuda or cuda:N")->capture_default_str();
     app.add_flag("--roofline", roofline, "measure read bandwidth; report tg bytes/token and its fraction");
     app.add_flag("--json", json, "print JSON instead of a markdown table");
     try {
@@ -149,7 +153,9 @@ int run_bench(int argc, char** argv) {
 
         for (int tc : thread_counts) {
             const int threads = resolve_threads(tc);
-            auto be = gl::make_cpu_backend(threads);
+            CommonOptions co;
+            co.device = device;
+            auto be = make_backend(co, threads);
             KvCache kv({hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx, 4, tk, tv});
             Forward fwd(lm->model, kv, *be, std::min(batch, n_ctx));
             auto eval_all = [&](const int32_t* t, int n) {

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "ggml-like/cuda_backend.h"
 #include "ggml-like/thread_pool.h"
 #include "kv_cache.h"
 #include "session.h"
@@ -38,6 +39,53 @@ void install_interrupt_handler() {
 
 bool interrupted() { return g_interrupted.load(std::memory_order_relaxed); }
 
+void clear_interrupt() {
+    g_interrupted.store(false);
+}
+
+CLI::Option* add_sampling_options(CLI::App& app, SamplerParams& s) {
+    app.add_option("--temp", s.temp, "temperature (0 = greedy)")
+        ->capture_default_str()
+        ->check(CLI::Range(0.0, 100.0));
+    app.add_option("--top-k", s.top_k, "keep the k most likely tokens (0 = off)")
+        ->capture_default_str()
+        ->check(CLI::Range(0, 1 << 30));
+    app.add_option("--top-p", s.top_p, "nucleus sampling mass (1 = off)")
+        ->capture_default_str()
+        ->check(CLI::Range(0.0, 1.0));
+    app.add_option("--min-p", s.min_p, "drop tokens below min-p × the best probability (0 = off)")
+        ->capture_default_str()
+        ->check(CLI::Range(0.0, 1.0));
+    app.add_option("--repeat-penalty", s.repeat_penalty,
+                   "penalty for recently seen tokens (1 = off)")
+        ->capture_default_str()
+        ->check(CLI::Range(0.0, 100.0));
+    app.add_option("--repeat-last-n", s.repeat_last_n,
+                   "how many recent tokens the penalty looks at")
+        ->capture_default_str()
+        ->check(CLI::Range(0, 1 << 20));
+    return app.add_option("--seed", s.seed, "random seed (default: random; printed with -v)");
+}
+
+namespace {
+bool g_progress_shown = false;
+}
+
+void show_progress(int64_t done, int64_t total) {
+    static const bool tty = ::isatty(2) == 1;
+    if (!tty || total <= 0) return;
+    fmt::print(stderr, "\r[kvrun] prompt {}/{} tokens ({}%)", done, total, done * 100 / total);
+    std::fflush(stderr);
+    g_progress_shown = true;
+}
+
+void clear_progress() {
+    if (!g_progress_shown) return;
+    fmt::print(stderr, "\r\033[K");
+    std::fflush(stderr);
+    g_progress_shown = false;
+}
+
 void add_model_option(CLI::App& app, CommonOptions& o) {
     app.add_option("-m,--model", o.model, "GGUF model file")->required();
 }
@@ -47,6 +95,32 @@ void add_runtime_options(CLI::App& app, CommonOptions& o) {
     app.add_option("--cache-type-k,--ctk", o.cache_type_k, "KV cache type for K: f32, f16, bf16, q8_0, q4_0")->capture_default_str();
     app.add_option("--cache-type-v,--ctv", o.cache_type_v, "KV cache type for V: f32, f16, bf16, q8_0, q4_0")->capture_default_str();
     app.add_flag("-v,--verbose", o.verbose, "log model and cache details to stderr");
+    app.add_option("--device", o.device, "where to compute: cpu, cuda or cuda:N (GPU N)")
+        ->capture_default_str();
+}
+
+std::unique_ptr<gl::Backend> make_backend(const CommonOptions& o, int threads) {
+    const std::string& d = o.device;
+    if (d == "cpu") return gl::make_cpu_backend(threads);
+    if (d == "cuda" || d.rfind("cuda:", 0) == 0) {
+        int id = 0;
+        if (d.size() > 5) {
+            char* end = nullptr;
+            errno = 0;
+            const long v = std::strtol(d.c_str() + 5, &end, 10);
+            if (*end != '\0' || errno != 0 || v < 0 || v > 1024 || end == d.c_str() + 5)
+                fail(Exit::usage, "--device {}: expected cuda:N with N a GPU number", d);
+            id = static_cast<int>(v);
+        }
+        std::string why;
+        if (!gl::cuda_available(&why)) fail(Exit::usage, "--device {}: {}", d, why);
+        try {
+            return gl::make_cuda_backend(id);
+        } catch (const std::runtime_error& e) {
+            fail(Exit::usage, "--device {}: {}", d, e.what());
+        }
+    }
+    fail(Exit::usage, "--device {}: unknown device (use cpu, cuda or cuda:N)", d);
 }
 
 int resolve_threads(int requested) { return requested > 0 ? requested : gl::ThreadPool::physical_cores(); }

@@ -53,7 +53,7 @@ int run_logits(int argc, char** argv) {
         check_prompt_fits(n, n_ctx);
     }
     KvCache kv({hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx, std::min(4, n_ctx - 1), tk, tv});
-    auto backend = gl::make_cpu_backend(resolve_threads(c.threads));
+    auto backend = make_backend(c, resolve_threads(c.threads));
     Forward fwd(lm->model, kv, *backend, static_cast<int>(std::min<int64_t>(n, 512)));
     const int k = std::min(top_k, hp.n_vocab);
 

@@ -1,8 +1,22 @@
 // `kvrun -m M -p PROMPT`: stream a continuation to stdout; stats to stderr.
+// Behaves in pipelines: piped stdin is read and composed with -p, stdout
+// carries only the answer (or one --json object), a closed pipe ends it
+// quietly (SIGPIPE), and progress shows only on a terminal.
 #include <chrono>
+#include <csignal>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <iterator>
 #include <random>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
+#include "chat_session.h"
+#include "chat_template.h"
 #include "cli/common.h"
 #include "error.h"
 #include "forward.h"
@@ -10,6 +24,7 @@
 #include "prompt_cache.h"
 #include "sampler.h"
 #include "session.h"
+#include "stop_sequences.h"
 
 namespace kvrun::cli {
 
@@ -25,8 +40,25 @@ struct RunOptions {
     int batch = 512;
     bool ignore_eos = false, quiet = false, echo = false, no_kv_cache = false;
     SamplerParams sampling;
-    bool seed_given = false;
+    bool json = false, chat = false;
+    std::vector<std::string> stop;
+    std::string system, system_file, chat_template;
 };
+
+// Piped or redirected stdin is part of the prompt. A terminal is not read
+// (that would wait for typing), nor is a closed stdin or a character device.
+bool stdin_has_data() {
+    if (::isatty(0)) return false;
+    struct stat st {};
+    if (::fstat(0, &st) != 0) return false;
+    return S_ISFIFO(st.st_mode) || S_ISREG(st.st_mode) || S_ISSOCK(st.st_mode);
+}
+
+std::string read_file_text(const std::string& path, const char* what) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) fail(Exit::usage, "cannot read {} '{}': {}", what, path, std::strerror(errno));
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
 
 // Print on stdout now: a pipe reader sees each token as it is sampled.
 void emit(const std::string& s) {
@@ -37,10 +69,21 @@ void emit(const std::string& s) {
 } // namespace
 
 int run_generate(int argc, char** argv) {
+    // `kvrun -m M -i ...` is `kvrun chat -m M ...`.
+    for (int i = 1; i < argc; i++)
+        if (std::strcmp(argv[i], "-i") == 0 || std::strcmp(argv[i], "--interactive") == 0) {
+            std::vector<char*> rest(argv, argv + argc);
+            rest.erase(rest.begin() + i);
+            return run_chat(static_cast<int>(rest.size()), rest.data());
+        }
+    // A closed pipe downstream (`| head`) ends the run at once and quietly,
+    // whatever the parent left SIGPIPE as.
+    std::signal(SIGPIPE, SIG_DFL);
     RunOptions o;
     CLI::App app{"kvrun: run a GGUF language model and stream its continuation to stdout", "kvrun"};
     app.footer(
-        "Subcommands (kvrun SUBCOMMAND --help): tokenize, logits, info, perplexity, synth, quantize.\n"
+        "Subcommands (kvrun SUBCOMMAND --help): chat, tokenize, logits, info, perplexity, synth, quantize.\n"
+        "-i (--interactive) starts the chat REPL (kvrun chat). Piped stdin is read as the prompt, after -p.\n"
         "Exit status: 0 ok, 1 other error, 2 bad usage, 3 bad or unsupported model,\n"
         "4 prompt longer than the context, 5 out of memory, 6 chat template error, 130 interrupted.");
     add_model_option(app, o.common);
@@ -51,13 +94,7 @@ int run_generate(int argc, char** argv) {
     app.add_option("-c,--ctx-size", o.ctx, "context size in tokens, or auto (sized from the prompt and -n)")->capture_default_str();
     app.add_option("--keep", o.keep, "tokens kept at the start when the window slides (attention sinks)")->capture_default_str()->check(CLI::Range(0, 1 << 20));
     app.add_option("-b,--batch-size", o.batch, "prompt tokens evaluated per batch")->capture_default_str()->check(CLI::Range(1, 1 << 16));
-    app.add_option("--temp", o.sampling.temp, "temperature (0 = greedy)")->capture_default_str()->check(CLI::Range(0.0, 100.0));
-    app.add_option("--top-k", o.sampling.top_k, "keep the k most likely tokens (0 = off)")->capture_default_str()->check(CLI::Range(0, 1 << 30));
-    app.add_option("--top-p", o.sampling.top_p, "nucleus sampling mass (1 = off)")->capture_default_str()->check(CLI::Range(0.0, 1.0));
-    app.add_option("--min-p", o.sampling.min_p, "drop tokens below min-p × the best probability (0 = off)")->capture_default_str()->check(CLI::Range(0.0, 1.0));
-    app.add_option("--repeat-penalty", o.sampling.repeat_penalty, "penalty for recently seen tokens (1 = off)")->capture_default_str()->check(CLI::Range(0.0, 100.0));
-    app.add_option("--repeat-last-n", o.sampling.repeat_last_n, "how many recent tokens the penalty looks at")->capture_default_str()->check(CLI::Range(0, 1 << 20));
-    auto* seed_opt = app.add_option("--seed", o.sampling.seed, "random seed (default: random; printed with -v)");
+    auto* seed_opt = add_sampling_options(app, o.sampling);
     app.add_option("--prompt-cache", o.prompt_cache,
                    "save the evaluated prompt's K/V to FILE; reuse its common prefix with a later prompt");
     app.add_flag("--no-kv-cache", o.no_kv_cache,
@@ -66,24 +103,50 @@ int run_generate(int argc, char** argv) {
     app.add_flag("--ignore-eos", o.ignore_eos, "keep generating past the end-of-text token");
     app.add_flag("--quiet", o.quiet, "no stats on stderr");
     app.add_flag("--echo", o.echo, "print the prompt before the continuation");
+    app.add_flag("--json", o.json,
+                 "print one JSON object at the end (text, tokens, stop reason, timings, cache) instead of streaming");
+    app.add_option("--stop", o.stop, "stop when the model writes STRING (repeatable; not printed)");
+    app.add_flag("--chat", o.chat, "apply the model's chat template to the -p message (one turn)");
+    app.add_option("--system", o.system, "--chat: system prompt");
+    app.add_option("--system-file", o.system_file, "--chat: read the system prompt from FILE");
+    app.add_option("--chat-template", o.chat_template,
+                   std::string("--chat: template family instead of the model's (") + ChatTemplate::names() + ")");
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
         return app.exit(e) == 0 ? 0 : static_cast<int>(Exit::usage);
     }
     if (!*seed_opt) o.sampling.seed = std::random_device{}();
-    if (o.prompt_file.empty() && !*p_opt) fail(Exit::usage, "give a prompt with -p TEXT or -f FILE");
+    const bool piped = o.prompt_file.empty() && stdin_has_data();
+    if (o.prompt_file.empty() && !*p_opt && !piped)
+        fail(Exit::usage, "give a prompt with -p TEXT, -f FILE or on stdin (a pipe)");
     if (o.no_kv_cache && !o.prompt_cache.empty()) fail(Exit::usage, "--no-kv-cache and --prompt-cache exclude each other");
     const gl::Type tk = parse_cache_type(o.common.cache_type_k, "--cache-type-k");
     const gl::Type tv = parse_cache_type(o.common.cache_type_v, "--cache-type-v");
 
-    const std::string prompt = read_prompt(o.prompt, o.prompt_file, static_cast<bool>(*p_opt));
+    if (!o.system_file.empty()) o.system = read_file_text(o.system_file, "system prompt file");
+    if (!o.chat && (!o.system.empty() || !o.chat_template.empty()))
+        fail(Exit::usage, "--system and --chat-template need --chat (or kvrun chat)");
+    const std::string prompt =
+        read_prompt(o.prompt, piped ? std::string("-") : o.prompt_file, static_cast<bool>(*p_opt));
     install_interrupt_handler();
     const auto t_load = Clock::now();
     auto lm = LoadedModel::load(o.common.model);
     const Hparams& hp = lm->model.hp;
     const Tokenizer& tok = lm->tokenizer;
-    std::vector<int32_t> tokens = tok.encode(prompt, true, true);
+    std::vector<int32_t> tokens;
+    ReplyEnd reply_stop;
+    if (o.chat) {
+        const ChatTemplate tmpl = ChatTemplate::for_model(lm->file, tok, o.chat_template);
+        const std::string sys = o.system.empty() ? tmpl.default_system() : o.system;
+        tokens = chat_tokens(tok, tmpl.prefix(sys) + tmpl.user(prompt, true, sys) + tmpl.generation_prompt(), true);
+        reply_stop = reply_end(tmpl, tok);
+        if (o.common.verbose)
+            fmt::print(stderr, "kvrun: chat template {} ({})\n", tmpl.name(),
+                       !o.chat_template.empty() ? "--chat-template" : tmpl.family() == ChatFamily::plain ? "the model has none: plain fallback" : "from the model");
+    } else {
+        tokens = tok.encode(prompt, true, true);
+    }
     if (tokens.empty()) fail(Exit::usage, "the prompt is empty and the model adds no BOS token: nothing to continue");
 
     int n_ctx;
@@ -121,7 +184,7 @@ int run_generate(int argc, char** argv) {
     }
     KvCacheConfig kc{hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx, keep, tk, tv};
     KvCache kv(kc);
-    auto backend = gl::make_cpu_backend(threads);
+    auto backend = make_backend(o.common, threads);
     Forward fwd(lm->model, kv, *backend, std::min(o.batch, n_ctx));
     Sampler sampler(o.sampling, hp.n_vocab);
     if (o.common.verbose) {
@@ -155,11 +218,15 @@ int run_generate(int argc, char** argv) {
         }
     }
     const float* logits = nullptr;
+    const int64_t to_eval = n_prompt - reused;
+    const bool long_prompt = to_eval > fwd.max_batch();
     for (size_t i = static_cast<size_t>(reused); i < tokens.size() && !interrupted();) {
         const int n = static_cast<int>(std::min<size_t>(fwd.max_batch(), tokens.size() - i));
         logits = fwd.eval(tokens.data() + i, n, false);
         i += n;
+        if (long_prompt) show_progress(static_cast<int64_t>(i) - reused, to_eval);
     }
+    clear_progress();
     const double prompt_s = seconds_since(t_prompt);
     if (!o.prompt_cache.empty() && !interrupted() && reused < static_cast<int64_t>(tokens.size()) - 1)
         save_prompt_cache(o.prompt_cache, digest, kv, tokens);
@@ -172,19 +239,38 @@ int run_generate(int argc, char** argv) {
     double ttft = -1;
     const auto t_gen = Clock::now();
     const char* stop = "length";
+    std::vector<std::string> stops = o.stop;
+    stops.insert(stops.end(), reply_stop.strings.begin(), reply_stop.strings.end());
+    StopMatcher matcher(stops);
+    std::string answer; // --json: the whole text, printed at the end
+    bool reply_started = false;
+    // Text goes through the stop matcher, then to stdout (or the JSON text).
+    auto out = [&](std::string text) {
+        // A chat reply begins after "Assistant:" or [/INST]: drop the space the model writes there.
+        if (o.chat && !reply_started) text.erase(0, std::min(text.size(), text.find_first_not_of(" \t\n")));
+        if (text.empty()) return;
+        reply_started = true;
+        if (o.json) answer += text;
+        else emit(text);
+    };
     while (logits && !interrupted()) {
         if (o.n_predict >= 0 && n_gen >= o.n_predict) break;
         std::copy(logits, logits + hp.n_vocab, row.begin());
         const int32_t id = sampler.sample(row.data());
         if (ttft < 0) ttft = seconds_since(t_prompt);
-        if (tok.is_eog(id) && !o.ignore_eos) {
+        const bool ends_reply = std::find(reply_stop.ids.begin(), reply_stop.ids.end(), id) != reply_stop.ids.end();
+        if ((tok.is_eog(id) || ends_reply) && !o.ignore_eos) {
             stop = "eos";
             break;
         }
         std::string text = dec.push(id);
         if (strip_space && n_gen == 0 && !text.empty() && text[0] == ' ') text.erase(0, 1);
-        emit(text);
+        out(matcher.push(text));
         n_gen++;
+        if (matcher.stopped()) {
+            stop = "stop string";
+            break;
+        }
         if (o.no_kv_cache) {
             // Forget everything and evaluate prompt + generated tokens from scratch.
             tokens.push_back(id);
@@ -202,11 +288,35 @@ int run_generate(int argc, char** argv) {
         }
         logits = fwd.eval(&id, 1, false);
     }
-    emit(dec.flush());
+    if (!matcher.stopped()) {
+        out(matcher.push(dec.flush()));
+        out(matcher.flush());
+    }
     const double gen_s = seconds_since(t_gen);
     if (interrupted()) stop = "interrupted";
 
-    if (!o.quiet) {
+    if (o.json) {
+        nlohmann::json j;
+        j["text"] = answer;
+        j["stop"] = stop;
+        j["stop_string"] = matcher.stopped() ? nlohmann::json(matcher.matched()) : nlohmann::json(nullptr);
+        j["tokens"] = {{"prompt", n_prompt}, {"generated", n_gen}, {"reused", reused}, {"evaluated", n_prompt - reused}};
+        j["timings"] = {{"prompt_s", prompt_s},
+                        {"generation_s", gen_s},
+                        {"prompt_tok_s", prompt_s > 0 ? (n_prompt - reused) / prompt_s : 0.0},
+                        {"generation_tok_s", gen_s > 0 && n_gen > 0 ? n_gen / gen_s : 0.0},
+                        {"first_token_ms", ttft * 1000}};
+        j["cache"] = {{"n_ctx", n_ctx},
+                      {"auto", ctx_auto},
+                      {"keep", kc.keep},
+                      {"type_k", gl::type_name(tk)},
+                      {"type_v", gl::type_name(tv)},
+                      {"bytes", kv.ring_bytes()},
+                      {"used", std::min<int64_t>(kv.n_past(), n_ctx)},
+                      {"fill", static_cast<double>(std::min<int64_t>(kv.n_past(), n_ctx)) / n_ctx},
+                      {"prompt_cache_reused", reused}};
+        emit(j.dump() + "\n");
+    } else if (!o.quiet) {
         fmt::print(stderr,
                    "\n[kvrun] prompt {} tok, {:.1f} tok/s | generated {} tok, {:.1f} tok/s | first token {:.0f} ms | "
                    "n_ctx {}{} | KV {} ({}) | peak RSS {} | stop: {}\n",

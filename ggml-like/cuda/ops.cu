@@ -1,0 +1,157 @@
+// Row and element-wise kernels: RMSNorm, RoPE, SwiGLU, add, KV row
+// conversion. Each follows ops.cpp / quants_ref.cpp operation for operation
+// (RMSNorm sums squares in double like the CPU, conversions share dequant.h's
+// bit-exact quantizers), so the CPU backend stays the reference.
+#include <cstdio>
+#include <cstdlib>
+
+#include "ggml-like/cuda/dequant.h"
+#include "ggml-like/cuda/kernels.h"
+
+namespace gl::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned blocks_for(int64_t n, int per = kThreads) {
+    return static_cast<unsigned>((n + per - 1) / per);
+}
+
+// One block per row.
+__global__ void rmsnorm_kernel(const float* __restrict__ x, const float* __restrict__ w, int64_t n,
+                               float eps, float* __restrict__ out) {
+    __shared__ double part[kThreads / 32];
+    const float* xr = x + blockIdx.x * n;
+    float* orow = out + blockIdx.x * n;
+    double ss = 0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += static_cast<double>(xr[i]) * xr[i];
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
+    __syncthreads();
+    double total = 0;
+    for (int i = 0; i < kThreads / 32; i++) total += part[i];
+    const float scale = static_cast<float>(1.0 / sqrt(total / static_cast<double>(n) + eps));
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+        orow[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+}
+
+// One thread per rotated pair.
+__global__ void rope_kernel(float* x, int64_t rows, int n_heads, int head_dim, int half,
+                            const float* __restrict__ cs, const float* __restrict__ sn, bool neox) {
+    const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    const int64_t total = rows * n_heads * half;
+    if (idx >= total) return;
+    const int i = static_cast<int>(idx % half);
+    const int64_t rh = idx / half; // row * n_heads + head
+    const int64_t r = rh / n_heads;
+    float* v = x + rh * head_dim;
+    const int a = neox ? i : 2 * i;
+    const int b = neox ? i + half : 2 * i + 1;
+    const float c = cs[r * half + i], s = sn[r * half + i];
+    const float x0 = v[a], x1 = v[b];
+    // Unfused, like ops::rope: x0 * c - x1 * s.
+    v[a] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+    v[b] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+}
+
+__global__ void silu_mul_kernel(float* gate, const float* __restrict__ up, int64_t n) {
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float g = gate[i];
+    gate[i] = g / (1.0f + expf(-g)) * up[i];
+}
+
+__global__ void add_kernel(float* y, const float* __restrict__ x, int64_t n) {
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n) y[i] += x[i];
+}
+
+// Float types: one thread per element. Block types: one thread per block.
+__global__ void convert_kernel(Type t, const float* __restrict__ x, int64_t n, int64_t rows,
+                               size_t row_bytes, uint8_t* __restrict__ dst) {
+    const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    const bool blocks = t == Type::Q8_0 || t == Type::Q4_0;
+    const int64_t per_row = blocks ? n / 32 : n;
+    if (idx >= per_row * rows) return;
+    const int64_t r = idx / per_row, i = idx % per_row;
+    uint8_t* d = dst + r * row_bytes;
+    const float* xr = x + r * n;
+    switch (t) {
+    case Type::F32:
+        reinterpret_cast<float*>(d)[i] = xr[i];
+        break;
+    case Type::F16:
+        reinterpret_cast<uint16_t*>(d)[i] = f32_to_half(xr[i]);
+        break;
+    case Type::BF16:
+        reinterpret_cast<uint16_t*>(d)[i] = f32_to_bf16(xr[i]);
+        break;
+    case Type::Q8_0:
+        quantize_block_q8_0(xr + i * 32, d + i * 34);
+        break;
+    case Type::Q4_0:
+        quantize_block_q4_0(xr + i * 32, d + i * 18);
+        break;
+    default:
+        break;
+    }
+}
+
+__global__ void probe_kernel(int* p) {
+    if (p) *p = 1;
+}
+
+} // namespace
+
+void rmsnorm(const float* x, const float* w, int64_t n, int64_t rows, float eps, float* out,
+             cudaStream_t s) {
+    if (rows <= 0 || n <= 0) return;
+    rmsnorm_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, w, n, eps, out);
+}
+
+void rope(float* x, int64_t rows, int n_heads, int head_dim, int rope_dims, const float* cos,
+          const float* sin, bool neox, cudaStream_t s) {
+    const int half = rope_dims / 2;
+    const int64_t total = rows * n_heads * half;
+    if (total <= 0) return;
+    rope_kernel<<<blocks_for(total), kThreads, 0, s>>>(x, rows, n_heads, head_dim, half, cos, sin,
+                                                       neox);
+}
+
+void silu_mul(float* gate, const float* up, int64_t n, cudaStream_t s) {
+    if (n > 0) silu_mul_kernel<<<blocks_for(n), kThreads, 0, s>>>(gate, up, n);
+}
+
+void add(float* y, const float* x, int64_t n, cudaStream_t s) {
+    if (n > 0) add_kernel<<<blocks_for(n), kThreads, 0, s>>>(y, x, n);
+}
+
+bool convert_supported(Type t) {
+    return kv_type_ok(t);
+}
+
+void convert_rows(Type t, const float* x, int64_t n, int64_t rows, void* dst, cudaStream_t s) {
+    if (!convert_supported(t)) {
+        std::fprintf(stderr, "kvrun: internal error: cuda convert_rows for %s\n", type_name(t));
+        std::abort();
+    }
+    const int64_t per_row = (t == Type::Q8_0 || t == Type::Q4_0) ? n / 32 : n;
+    const int64_t total = per_row * rows;
+    if (total <= 0) return;
+    convert_kernel<<<blocks_for(total, 128), 128, 0, s>>>(t, x, n, rows, row_size(t, n),
+                                                          static_cast<uint8_t*>(dst));
+}
+
+bool kernels_loadable(std::string* why) {
+    cudaFuncAttributes attr{};
+    const cudaError_t e = cudaFuncGetAttributes(&attr, probe_kernel);
+    if (e == cudaSuccess) return true;
+    cudaGetLastError(); // clear the sticky-free error state
+    if (why)
+        *why = std::string("no usable kernel image for this GPU (") + cudaGetErrorString(e) +
+               "); rebuild with -DCUDA_ARCH=<this GPU's compute capability, e.g. 90>";
+    return false;
+}
+
+} // namespace gl::cuda

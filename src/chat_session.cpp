@@ -1,0 +1,347 @@
+#include "chat_session.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "error.h"
+#include "prompt_cache.h"
+#include "stop_sequences.h"
+
+namespace kvrun {
+
+namespace {
+
+size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+    size_t m = 0;
+    while (m < a.size() && m < b.size() && a[m] == b[m]) m++;
+    return m;
+}
+
+void append(std::vector<int32_t>& out, const std::vector<int32_t>& more) {
+    out.insert(out.end(), more.begin(), more.end());
+}
+
+constexpr int kSaveVersion = 1;
+
+} // namespace
+
+std::vector<int32_t> chat_tokens(const Tokenizer& tok, std::string_view text, bool at_start) {
+    std::vector<int32_t> ids = tok.encode(text, false, true);
+    const Vocab& v = tok.vocab();
+    if (at_start && v.add_bos && v.bos >= 0 && (ids.empty() || ids[0] != v.bos))
+        ids.insert(ids.begin(), v.bos);
+    return ids;
+}
+
+ReplyEnd reply_end(const ChatTemplate& t, const Tokenizer& tok) {
+    ReplyEnd r;
+    for (const std::string& m : t.end_markers()) {
+        if (m.empty()) continue;
+        const std::vector<int32_t> ids = tok.encode(m, false, true);
+        if (ids.size() == 1 && tok.piece(ids[0]).empty())
+            r.ids.push_back(ids[0]); // a control token
+        else
+            r.strings.push_back(m);
+    }
+    return r;
+}
+
+ChatSession::ChatSession(const LoadedModel& lm, ChatTemplate tmpl, int n_ctx, gl::Type type_k,
+                         gl::Type type_v, gl::Backend& backend, ChatConfig cfg)
+    : lm_(lm), tmpl_(std::move(tmpl)),
+      // keep = 0: the session never wraps the ring (see the header), so the
+      // pinned system prompt needs no sink copies.
+      kv_(KvCacheConfig{lm.model.hp.n_layer, lm.model.hp.n_head_kv, lm.model.hp.head_dim, n_ctx, 0,
+                        type_k, type_v}),
+      fwd_(lm.model, kv_, backend, std::min(cfg.batch, n_ctx)),
+      sampler_(cfg.sampling, lm.model.hp.n_vocab), cfg_(std::move(cfg)),
+      end_(reply_end(tmpl_, lm.tokenizer)) {
+    row_.resize(lm.model.hp.n_vocab);
+}
+
+std::string ChatSession::effective_system() const {
+    return system_.empty() ? tmpl_.default_system() : system_;
+}
+
+std::vector<int32_t> ChatSession::target() const {
+    const Tokenizer& tok = lm_.tokenizer;
+    const std::string sys = effective_system();
+    // Each piece is tokenized on its own, so the tokens of a turn never
+    // depend on what follows it: earlier turns stay a prefix.
+    std::vector<int32_t> out = chat_tokens(tok, tmpl_.prefix(sys), false);
+    for (size_t i = first_live_; i < turns_.size(); i++) {
+        const Turn& t = turns_[i];
+        append(out, chat_tokens(
+                        tok, tmpl_.user(t.user, i == first_live_, sys) + tmpl_.generation_prompt(),
+                        false));
+        append(out, t.reply_tokens);
+        if (!t.open) append(out, chat_tokens(tok, tmpl_.close(), false));
+    }
+    const Vocab& v = tok.vocab();
+    if (v.add_bos && v.bos >= 0 && (out.empty() || out[0] != v.bos)) out.insert(out.begin(), v.bos);
+    return out;
+}
+
+void ChatSession::rewind_to_common_prefix(const std::vector<int32_t>& want) {
+    const size_t m = common_prefix(cached_, want);
+    KV_ASSERT(kv_.truncate(static_cast<int64_t>(m))); // never wrapped: always possible
+    cached_.resize(m);
+}
+
+bool ChatSession::sync(const std::vector<int32_t>& want, const ChatHooks& hooks, TurnStats& st) {
+    KV_ASSERT(!want.empty() && want.size() <= static_cast<size_t>(kv_.n_ctx()));
+    size_t m = common_prefix(cached_, want);
+    if (m == want.size()) m--; // evaluate the last token again: its logits start the reply
+    KV_ASSERT(kv_.truncate(static_cast<int64_t>(m)));
+    cached_.resize(m);
+    const auto t0 = std::chrono::steady_clock::now();
+    const float* logits = nullptr;
+    for (size_t i = m; i < want.size();) {
+        if (hooks.should_stop && hooks.should_stop()) return false;
+        const int n = static_cast<int>(std::min<size_t>(fwd_.max_batch(), want.size() - i));
+        logits = fwd_.eval(want.data() + i, n, false);
+        for (int k = 0; k < n; k++) sampler_.accept(want[i + k]);
+        cached_.insert(cached_.end(), want.begin() + i, want.begin() + i + n);
+        i += n;
+        st.evaluated += n;
+        if (hooks.on_progress)
+            hooks.on_progress(static_cast<int64_t>(i - m), static_cast<int64_t>(want.size() - m));
+    }
+    std::copy(logits, logits + row_.size(), row_.begin());
+    st.prompt_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return true;
+}
+
+bool ChatSession::evict_one(const ChatHooks& hooks, TurnStats& st) {
+    if (first_live_ + 1 >= turns_.size()) return false; // only the current turn is left
+    if (!told_full_ && hooks.on_notice)
+        hooks.on_notice("the context is full: dropping the oldest turns (the system prompt stays)");
+    told_full_ = true;
+    first_live_++;
+    st.evicted_turns++;
+    return true;
+}
+
+TurnStats ChatSession::respond(const std::string& message, const ChatHooks& hooks) {
+    TurnStats st;
+    turns_.push_back(Turn{message, "", {}, true});
+    const int64_t n_ctx = kv_.n_ctx();
+    // Room for the reply: what -n asks for, at most a quarter of the window
+    // (a longer reply evicts more turns as it grows).
+    const int64_t reserve =
+        std::max<int64_t>(1, std::min(cfg_.n_predict >= 0 ? cfg_.n_predict : n_ctx, n_ctx / 4));
+    std::vector<int32_t> want = target();
+    while (static_cast<int64_t>(want.size()) + reserve > n_ctx && evict_one(hooks, st))
+        want = target();
+    if (static_cast<int64_t>(want.size()) >= n_ctx) {
+        turns_.pop_back();
+        fail(Exit::context_overflow,
+             "the system prompt and this message take {} tokens but the context (-c) holds {}",
+             want.size(), n_ctx);
+    }
+    st.reused = static_cast<int64_t>(std::min(common_prefix(cached_, want), want.size() - 1));
+    if (!sync(want, hooks, st)) {
+        turns_.pop_back(); // not answered: as if never asked
+        st.stop = "interrupted";
+        return st;
+    }
+    generate(hooks, st);
+    return st;
+}
+
+bool ChatSession::retry(const ChatHooks& hooks, TurnStats* stats) {
+    if (turns_.size() <= first_live_) return false;
+    TurnStats st;
+    Turn& t = turns_.back();
+    t.reply.clear();
+    t.reply_tokens.clear();
+    t.open = true;
+    const std::vector<int32_t> want = target();
+    st.reused = static_cast<int64_t>(std::min(common_prefix(cached_, want), want.size() - 1));
+    if (sync(want, hooks, st))
+        generate(hooks, st);
+    else
+        st.stop = "interrupted", t.open = false;
+    if (stats) *stats = st;
+    return true;
+}
+
+bool ChatSession::undo() {
+    if (turns_.size() <= first_live_) return false;
+    turns_.pop_back();
+    rewind_to_common_prefix(target());
+    return true;
+}
+
+void ChatSession::reset() {
+    turns_.clear();
+    first_live_ = 0;
+    told_full_ = false;
+    rewind_to_common_prefix(target());
+}
+
+void ChatSession::set_system(std::string system) {
+    system_ = std::move(system);
+    rewind_to_common_prefix(target());
+}
+
+void ChatSession::generate(const ChatHooks& hooks, TurnStats& st) {
+    const Tokenizer& tok = lm_.tokenizer;
+    Turn& t = turns_.back();
+    Tokenizer::Decoder dec(tok);
+    std::vector<std::string> stops = end_.strings;
+    stops.insert(stops.end(), cfg_.stop.begin(), cfg_.stop.end());
+    StopMatcher matcher(stops);
+    std::vector<size_t> starts; // byte offset in the decoded reply where each token begins
+    size_t decoded = 0;
+    // The reply text leaves out the space the model writes after the
+    // template's "Assistant:" or [/INST]; the tokens keep it.
+    auto show = [&](std::string s) {
+        if (t.reply.empty()) s.erase(0, std::min(s.size(), s.find_first_not_of(" \t\n")));
+        if (s.empty()) return;
+        t.reply += s;
+        if (hooks.on_text) hooks.on_text(s);
+    };
+    const auto t0 = std::chrono::steady_clock::now();
+    const double prompt_before = st.prompt_s;
+    while (true) {
+        if (cfg_.n_predict >= 0 && st.generated >= cfg_.n_predict) {
+            st.stop = "length";
+            break;
+        }
+        const int32_t id = sampler_.sample(row_.data());
+        if (tok.is_eog(id) || std::find(end_.ids.begin(), end_.ids.end(), id) != end_.ids.end()) {
+            st.stop = "eos";
+            break;
+        }
+        t.reply_tokens.push_back(id);
+        starts.push_back(decoded);
+        st.generated++;
+        const std::string piece = dec.push(id);
+        decoded += piece.size();
+        show(matcher.push(piece));
+        if (matcher.stopped()) {
+            // Forget the tokens that spell the stop string: the next turn's
+            // glue follows the reply text the user saw.
+            while (!starts.empty() && starts.back() >= matcher.released()) {
+                starts.pop_back();
+                t.reply_tokens.pop_back();
+            }
+            st.stop = "stop string";
+            break;
+        }
+        if (hooks.should_stop && hooks.should_stop()) {
+            st.stop = "interrupted";
+            break;
+        }
+        if (cached_.size() >= static_cast<size_t>(kv_.n_ctx())) {
+            // The reply filled the window: drop old turns, re-evaluate the rest.
+            std::vector<int32_t> want;
+            bool room = false;
+            while (evict_one(hooks, st))
+                if ((want = target()).size() < static_cast<size_t>(kv_.n_ctx())) {
+                    room = true;
+                    break;
+                }
+            if (!room) {
+                st.stop = "context full";
+                break;
+            }
+            if (!sync(want, hooks, st)) {
+                st.stop = "interrupted";
+                break;
+            }
+            continue;
+        }
+        const float* logits = fwd_.eval(&id, 1, false);
+        std::copy(logits, logits + row_.size(), row_.begin());
+        cached_.push_back(id);
+    }
+    if (!matcher.stopped()) {
+        show(matcher.push(dec.flush()));
+        show(matcher.flush());
+    }
+    t.open = false;
+    st.gen_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() -
+               (st.prompt_s - prompt_before);
+}
+
+void ChatSession::save(const std::string& path) const {
+    const uint64_t digest = model_digest(lm_.file);
+    save_prompt_cache(path, digest, kv_, cached_);
+    nlohmann::json j;
+    j["format"] = "kvrun-chat";
+    j["version"] = kSaveVersion;
+    j["model_digest"] = digest;
+    j["template"] = tmpl_.name();
+    j["system"] = system_;
+    j["first_live_turn"] = first_live_;
+    j["turns"] = nlohmann::json::array();
+    for (const Turn& t : turns_)
+        j["turns"].push_back(
+            {{"user", t.user}, {"reply", t.reply}, {"reply_tokens", t.reply_tokens}});
+    const std::string meta = path + ".json", tmp = meta + ".tmp." + std::to_string(::getpid());
+    {
+        std::ofstream out(tmp, std::ios::binary);
+        out << j.dump(1) << "\n";
+        if (!out) fail(Exit::error, "cannot write '{}'", tmp);
+    }
+    if (std::rename(tmp.c_str(), meta.c_str()) != 0) fail(Exit::error, "cannot write '{}'", meta);
+}
+
+std::string ChatSession::load(const std::string& path) {
+    std::ifstream in(path + ".json", std::ios::binary);
+    if (!in) fail(Exit::usage, "cannot read '{}.json'", path);
+    nlohmann::json j;
+    try {
+        j = nlohmann::json::parse(in);
+        if (j.at("format") != "kvrun-chat" || j.at("version") != kSaveVersion)
+            throw std::runtime_error("format");
+    } catch (const std::exception&) {
+        fail(Exit::usage, "'{}.json' is not a kvrun conversation", path);
+    }
+    const uint64_t digest = model_digest(lm_.file);
+    const bool same_model = j.value("model_digest", uint64_t{0}) == digest;
+    std::vector<Turn> turns;
+    for (const auto& jt : j.at("turns")) {
+        Turn t{jt.at("user").get<std::string>(), jt.at("reply").get<std::string>(), {}, false};
+        // Token ids mean nothing to another model: re-tokenize the reply then.
+        if (same_model)
+            t.reply_tokens = jt.at("reply_tokens").get<std::vector<int32_t>>();
+        else
+            t.reply_tokens = lm_.tokenizer.encode(t.reply, false, false);
+        for (int32_t id : t.reply_tokens)
+            if (id < 0 || id >= lm_.tokenizer.n_vocab())
+                fail(Exit::usage, "'{}.json': bad token id {}", path, id);
+        turns.push_back(std::move(t));
+    }
+    turns_ = std::move(turns);
+    system_ = j.value("system", std::string());
+    first_live_ = std::min<size_t>(j.value("first_live_turn", size_t{0}), turns_.size());
+    TurnStats unused;
+    std::vector<int32_t> want = target();
+    while (want.size() >= static_cast<size_t>(kv_.n_ctx()) && evict_one({}, unused))
+        want = target();
+    kv_.clear();
+    cached_.clear();
+    const Hparams& hp = lm_.model.hp;
+    const PromptCacheLoad pc =
+        load_prompt_cache(path, digest, kv_, want, lm_.model.rope_inv_freq, hp.n_head_kv,
+                          hp.head_dim, hp.rope_dims, hp.rope_neox);
+    if (!pc.ok) {
+        kv_.clear();
+        return fmt::format(
+            "loaded {} turns; cache not used ({}): it is recomputed at the next turn",
+            turns_.size(), pc.why);
+    }
+    cached_.assign(want.begin(), want.begin() + pc.reused);
+    return fmt::format("loaded {} turns; {} tokens of cache reused", turns_.size(), pc.reused);
+}
+
+} // namespace kvrun

@@ -1,0 +1,142 @@
+// A conversation and the KV cache that holds it.
+//
+// The session keeps the token list the cache holds (`cached_`). Each turn it
+// builds the token list the conversation should be (pinned prefix: BOS and
+// system prompt; then per turn the user's text with the template's glue, the
+// reply tokens exactly as sampled, and the end-of-turn glue), keeps the
+// longest common prefix with what the cache holds (KvCache::truncate) and
+// evaluates only the rest. A reply is never re-tokenized from text, so the
+// next turn finds it in the cache as it was generated.
+//
+// The ring is used as a plain buffer here: the session never lets it wrap
+// (n_past <= n_ctx), because truncate() — which /undo, /retry and every
+// prefix reuse need — only works before the ring overwrites a slot, and
+// because sliding token by token would cut turns in half. When a turn would
+// not fit, or a reply fills the window, the oldest whole turns are dropped
+// and what stays after the pinned prefix is evaluated again at its new
+// positions. That costs one re-evaluation per eviction (not per token), keeps
+// the template's structure intact (the model never sees half a turn), and
+// keeps the system prompt in place: it is the logical --keep prefix, and it
+// is never re-evaluated unless the template folds it into the first user
+// message (Mistral, Gemma), where it moves with that message.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "chat_template.h"
+#include "forward.h"
+#include "kv_cache.h"
+#include "sampler.h"
+#include "session.h"
+
+namespace kvrun {
+
+// Tokens of a piece of template text: special tokens parsed; at the start of
+// a conversation BOS is added when the vocabulary wants one and the text does
+// not already begin with it.
+std::vector<int32_t> chat_tokens(const Tokenizer& tok, std::string_view text, bool at_start);
+
+// What ends a reply: end markers that are single tokens are stopped on as
+// tokens, others (the plain fallback's "\nUser:") as stop strings.
+struct ReplyEnd {
+    std::vector<int32_t> ids;
+    std::vector<std::string> strings;
+};
+ReplyEnd reply_end(const ChatTemplate& t, const Tokenizer& tok);
+
+struct ChatConfig {
+    int batch = 512;
+    int64_t n_predict = -1; // per reply; -1 = until the model ends its turn
+    SamplerParams sampling;
+    std::vector<std::string> stop; // extra stop strings
+};
+
+struct TurnStats {
+    int64_t reused = 0;    // tokens the cache already held when the turn began
+    int64_t evaluated = 0; // prompt tokens evaluated (including re-evaluation after an eviction)
+    int64_t generated = 0;
+    int evicted_turns = 0;
+    double prompt_s = 0, gen_s = 0;
+    std::string stop = "none"; // eos, length, stop string, interrupted, context full
+};
+
+struct ChatHooks {
+    std::function<void(std::string_view)> on_text;     // reply text as it streams
+    std::function<bool()> should_stop;                 // Ctrl-C
+    std::function<void(int64_t, int64_t)> on_progress; // prompt tokens done, total
+    std::function<void(const std::string&)> on_notice; // said once: the window is full
+};
+
+class ChatSession {
+  public:
+    ChatSession(const LoadedModel& lm, ChatTemplate tmpl, int n_ctx, gl::Type type_k,
+                gl::Type type_v, gl::Backend& backend, ChatConfig cfg);
+
+    const ChatTemplate& chat_template() const { return tmpl_; }
+    // "" = the template's default. Takes effect now: the cache is rewound to
+    // what the new prefix still shares.
+    void set_system(std::string system);
+    const std::string& system() const { return system_; }
+
+    // Add a user message and generate the reply. Throws Error(context_overflow)
+    // when the system prompt and this message alone do not fit (the message
+    // is then dropped).
+    TurnStats respond(const std::string& message, const ChatHooks& hooks);
+    // Generate the last reply again. False when there is no turn.
+    bool retry(const ChatHooks& hooks, TurnStats* stats);
+    // Drop the last exchange; the cache keeps everything before it. False when empty.
+    bool undo();
+    // Drop every turn (the system prompt stays cached).
+    void reset();
+
+    // FILE holds the tokens and K/V (a prompt-cache file, validated the same
+    // way on load); FILE.json the conversation. Loading a cache that does not
+    // match keeps the conversation and recomputes at the next turn; the
+    // returned string says what happened.
+    void save(const std::string& path) const;
+    std::string load(const std::string& path);
+
+    struct Turn {
+        std::string user, reply;
+        std::vector<int32_t> reply_tokens;
+        bool open = false; // reply still being generated
+    };
+    const std::vector<Turn>& turns() const { return turns_; }
+    size_t first_live_turn() const { return first_live_; } // older turns were evicted
+    int64_t cached_tokens() const { return static_cast<int64_t>(cached_.size()); }
+    int n_ctx() const { return kv_.n_ctx(); }
+    const std::vector<int32_t>& cached() const { return cached_; }
+
+  private:
+    std::string effective_system() const;
+    std::vector<int32_t> prefix_tokens() const;
+    std::vector<int32_t> target() const;
+    void rewind_to_common_prefix(const std::vector<int32_t>& want);
+    // Make the cache hold `want`, evaluating only what differs; logits of the
+    // last token are left in row_. False when stopped by the hook.
+    bool sync(const std::vector<int32_t>& want, const ChatHooks& hooks, TurnStats& st);
+    // Drop the oldest live turn before the last. False when there is none.
+    bool evict_one(const ChatHooks& hooks, TurnStats& st);
+    void generate(const ChatHooks& hooks, TurnStats& st);
+
+    const LoadedModel& lm_;
+    ChatTemplate tmpl_;
+    KvCache kv_;
+    Forward fwd_;
+    Sampler sampler_;
+    ChatConfig cfg_;
+    ReplyEnd end_;
+    std::string system_;
+    std::vector<Turn> turns_;
+    size_t first_live_ = 0;
+    std::vector<int32_t> cached_; // what the cache holds, position by position
+    std::vector<float> row_;      // logits of the last evaluated token
+    bool told_full_ = false;
+};
+
+} // namespace kvrun

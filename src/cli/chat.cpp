@@ -1,0 +1,362 @@
+// `kvrun chat -m M` (or `kvrun -m M -i`): a chat REPL whose KV cache carries
+// over from turn to turn (see chat_session.h). With stdin not a terminal it
+// answers one message (stdin, after -p) and exits: it never waits for input
+// that cannot come.
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <optional>
+#include <random>
+#include <csignal>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <editline/readline.h>
+
+#include "chat_session.h"
+#include "cli/common.h"
+#include "error.h"
+#include "memory_plan.h"
+
+namespace kvrun::cli {
+
+namespace {
+
+struct ChatOptions {
+    CommonOptions common;
+    std::string ctx = "auto", prompt, system, system_file, chat_template;
+    int64_t n_predict = -1;
+    int batch = 512;
+    std::vector<std::string> stop;
+    SamplerParams sampling;
+};
+
+constexpr const char* kHelp =
+    "commands:\n"
+    "  /stats         tokens reused vs evaluated, cache fill, speed\n"
+    "  /undo          drop the last exchange (the cache keeps what stays)\n"
+    "  /retry         generate the last answer again\n"
+    "  /reset         forget the conversation (the system prompt stays)\n"
+    "  /system [TEXT] show or set the system prompt\n"
+    "  /save FILE     save the conversation and its cache (FILE, FILE.json)\n"
+    "  /load FILE     load them (the cache is used only if it matches)\n"
+    "  /help, /exit   this text; leave (Ctrl-D also leaves)\n"
+    "A line ending in \\ continues on the next line. Ctrl-C stops an answer;\n"
+    "twice at the prompt exits.\n";
+
+std::string rtrim(std::string s) {
+    while (!s.empty() && std::strchr(" \t\r\n", s.back())) s.pop_back();
+    return s;
+}
+
+void out(std::string_view s) {
+    std::fwrite(s.data(), 1, s.size(), stdout);
+    std::fflush(stdout);
+}
+
+// Ctrl-C at the prompt, whether the terminal turns it into SIGINT (read
+// interrupted) or hands it over as a byte (libedit's raw mode), ends the
+// line like Ctrl-D but is told apart by this flag; libedit's own signal
+// handling is off so the one SIGINT handler stays ours.
+bool g_prompt_ctrl_c = false;
+
+int read_key(FILE*) {
+    unsigned char c;
+    while (true) {
+        const ssize_t n = ::read(0, &c, 1);
+        if (n == 1 && c != 3) return c;
+        if (n == 1 || (n < 0 && errno == EINTR && interrupted())) {
+            g_prompt_ctrl_c = true;
+            return EOF;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        return EOF;
+    }
+}
+
+// One message from the terminal: a line, or several joined while each ends
+// in a backslash. nullopt at end of input (Ctrl-D).
+std::optional<std::string> read_message() {
+    std::string msg;
+    const char* prompt = "> ";
+    bool ctrl_c = false;
+    while (true) {
+        g_prompt_ctrl_c = false;
+        char* line = readline(prompt);
+        if (!line && (g_prompt_ctrl_c || interrupted())) {
+            // libedit gives up the line on Ctrl-C: a first one discards the
+            // input, a second in a row leaves.
+            clear_interrupt();
+            if (ctrl_c) return std::nullopt;
+            ctrl_c = true;
+            msg.clear();
+            prompt = "> ";
+            out("\n(Ctrl-C again to exit)\n");
+            continue;
+        }
+        if (!line) {
+            if (msg.empty()) return std::nullopt;
+            return msg;
+        }
+        ctrl_c = false;
+        std::string l = line;
+        std::free(line);
+        const bool more = !l.empty() && l.back() == '\\';
+        if (more) l.pop_back();
+        msg += l;
+        if (!more) break;
+        msg += '\n';
+        prompt = ". ";
+    }
+    if (!msg.empty()) add_history(msg.c_str());
+    return msg;
+}
+
+struct Totals {
+    int64_t reused = 0, evaluated = 0, generated = 0;
+};
+
+void print_stats(const ChatSession& s, const TurnStats& t, const Totals& all) {
+    const double fill = 100.0 * s.cached_tokens() / s.n_ctx();
+    out(fmt::format(
+        "[stats] last turn: reused {} tokens, evaluated {}, generated {} | cache {}/{} ({:.0f}%) | "
+        "prompt {:.1f} tok/s, generation {:.1f} tok/s | turns {} ({} evicted) | session: reused "
+        "{}, "
+        "evaluated {}, generated {}\n",
+        t.reused, t.evaluated, t.generated, s.cached_tokens(), s.n_ctx(), fill,
+        t.prompt_s > 0 ? t.evaluated / t.prompt_s : 0.0, t.gen_s > 0 ? t.generated / t.gen_s : 0.0,
+        s.turns().size(), s.first_live_turn(), all.reused, all.evaluated, all.generated));
+}
+
+int pick_context(const ChatOptions& o, const LoadedModel& lm, gl::Type tk, gl::Type tv,
+                 int threads) {
+    const Hparams& hp = lm.model.hp;
+    int n_ctx;
+    const bool automatic = o.ctx == "auto";
+    if (automatic) {
+        // A conversation grows: take the model's context, up to 4096 tokens.
+        n_ctx =
+            static_cast<int>(std::min<int64_t>(hp.n_ctx_train > 0 ? hp.n_ctx_train : 4096, 4096));
+    } else {
+        char* end = nullptr;
+        const long v = std::strtol(o.ctx.c_str(), &end, 10);
+        if (*end != '\0' || v < 16 || v > (1 << 30))
+            fail(Exit::usage, "-c {}: expected a number of tokens >= 16, or auto", o.ctx);
+        n_ctx = static_cast<int>(v);
+    }
+    // The session never slides, so it must not attend past a declared window.
+    if (hp.sliding_window > 0 && n_ctx > hp.sliding_window)
+        n_ctx = static_cast<int>(hp.sliding_window);
+    const MemoryPlan plan = plan_memory(lm.file, hp, n_ctx, tk, tv, o.batch, threads);
+    if (!plan.fits()) {
+        if (!automatic || plan.max_ctx_that_fits < 256)
+            fail(Exit::out_of_memory, "{}", memory_advice(plan, hp, 0));
+        n_ctx = static_cast<int>(plan.max_ctx_that_fits / 256 * 256);
+        fmt::print(stderr, "kvrun: -c auto reduced to {} tokens to fit in available memory\n",
+                   n_ctx);
+    }
+    return n_ctx;
+}
+
+bool stdin_readable() {
+    struct stat st {};
+    return ::fstat(0, &st) == 0;
+}
+
+} // namespace
+
+int run_chat(int argc, char** argv) {
+    std::signal(SIGPIPE, SIG_DFL);
+    ChatOptions o;
+    CLI::App app{"kvrun chat: talk to a GGUF chat model; the KV cache carries over between turns",
+                 "kvrun chat"};
+    app.footer(
+        std::string(kHelp) +
+        "With stdin not a terminal: answer one message (-p, then stdin) and exit.\n"
+        "Templates are detected from tokenizer.chat_template; without one the plain fallback is\n"
+        "\"{system}\\n\\n\" then \"User: {message}\\nAssistant: {reply}\\n\" per turn.\n"
+        "Exit status: 0 ok, 1 other error, 2 bad usage, 3 bad or unsupported model,\n"
+        "4 message longer than the context, 5 out of memory, 6 chat template error, 130 "
+        "interrupted.");
+    add_model_option(app, o.common);
+    add_runtime_options(app, o.common);
+    app.add_option("-p,--prompt", o.prompt, "first message");
+    app.add_option("-c,--ctx-size", o.ctx,
+                   "context size in tokens, or auto (the model's, at most 4096)")
+        ->capture_default_str();
+    app.add_option("-n,--n-predict", o.n_predict,
+                   "tokens per answer at most (-1 = until the model ends its turn)")
+        ->check(CLI::Range(int64_t{-1}, int64_t{1} << 40));
+    app.add_option("-b,--batch-size", o.batch, "prompt tokens evaluated per batch")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 1 << 16));
+    app.add_option("--system", o.system, "system prompt");
+    app.add_option("--system-file", o.system_file, "read the system prompt from FILE");
+    app.add_option("--chat-template", o.chat_template,
+                   std::string("template family instead of the model's (") + ChatTemplate::names() +
+                       ")");
+    app.add_option("--stop", o.stop, "also end an answer at STRING (repeatable)");
+    auto* seed_opt = add_sampling_options(app, o.sampling);
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        return app.exit(e) == 0 ? 0 : static_cast<int>(Exit::usage);
+    }
+    if (!*seed_opt) o.sampling.seed = std::random_device{}();
+    if (!o.system_file.empty()) {
+        std::ifstream in(o.system_file, std::ios::binary);
+        if (!in) fail(Exit::usage, "cannot read system prompt file '{}'", o.system_file);
+        o.system = rtrim(
+            std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()));
+    }
+    const gl::Type tk = parse_cache_type(o.common.cache_type_k, "--cache-type-k");
+    const gl::Type tv = parse_cache_type(o.common.cache_type_v, "--cache-type-v");
+    const bool tty = ::isatty(0) == 1;
+
+    // Without a terminal: one message, read before loading anything.
+    std::string one_shot;
+    if (!tty) {
+        std::string piped;
+        if (stdin_readable())
+            piped.assign(std::istreambuf_iterator<char>(std::cin),
+                         std::istreambuf_iterator<char>());
+        one_shot = rtrim(o.prompt.empty() ? piped
+                         : piped.empty()  ? o.prompt
+                                          : o.prompt + "\n" + piped);
+        if (one_shot.empty())
+            fail(Exit::usage, "nothing to answer: stdin is not a terminal and no message came");
+        if (!valid_utf8(one_shot)) fail(Exit::usage, "the message is not valid UTF-8");
+    }
+
+    install_interrupt_handler();
+    auto lm = LoadedModel::load(o.common.model);
+    ChatTemplate tmpl = ChatTemplate::for_model(lm->file, lm->tokenizer, o.chat_template);
+    const int threads = resolve_threads(o.common.threads);
+    const int n_ctx = pick_context(o, *lm, tk, tv, threads);
+    auto backend = make_backend(o.common, threads);
+    ChatConfig cfg;
+    cfg.batch = o.batch;
+    cfg.n_predict = o.n_predict;
+    cfg.sampling = o.sampling;
+    cfg.stop = o.stop;
+    if (o.common.verbose || tty)
+        fmt::print(stderr, "kvrun chat: template {} ({}), n_ctx {}, {} threads{}\n", tmpl.name(),
+                   !o.chat_template.empty()             ? "--chat-template"
+                   : tmpl.family() == ChatFamily::plain ? "the model has none: plain fallback"
+                                                        : "from the model",
+                   n_ctx, threads, tty ? "; /help for commands" : "");
+    ChatSession session(*lm, std::move(tmpl), n_ctx, tk, tv, *backend, cfg);
+    if (!o.system.empty()) session.set_system(o.system);
+
+    ChatHooks hooks;
+    // Tests slow answers down to press Ctrl-C in the middle of one.
+    const char* delay = std::getenv("KVRUN_TEST_TOKEN_DELAY_MS");
+    const int delay_ms = delay ? std::atoi(delay) : 0;
+    hooks.on_text = [&](std::string_view s) {
+        clear_progress();
+        out(s);
+        if (delay_ms > 0) ::usleep(static_cast<useconds_t>(delay_ms) * 1000);
+    };
+    hooks.should_stop = [] { return interrupted(); };
+    hooks.on_progress = [](int64_t done, int64_t total) {
+        if (total > 256) show_progress(done, total);
+    };
+    hooks.on_notice = [](const std::string& s) {
+        clear_progress();
+        fmt::print(stderr, "\nkvrun: {}\n", s);
+    };
+
+    if (!tty) {
+        const TurnStats st = session.respond(one_shot, hooks);
+        clear_progress();
+        out("\n");
+        if (o.common.verbose)
+            fmt::print(stderr, "[kvrun] evaluated {} tok, generated {} tok, stop: {}\n",
+                       st.evaluated, st.generated, st.stop);
+        return st.stop == "interrupted" ? static_cast<int>(Exit::interrupted) : 0;
+    }
+
+    rl_catch_signals = 0;
+    rl_getc_function = read_key;
+    using_history();
+    TurnStats last;
+    Totals all;
+    auto account = [&](const TurnStats& st) {
+        last = st;
+        all.reused += st.reused;
+        all.evaluated += st.evaluated;
+        all.generated += st.generated;
+        clear_progress();
+        out(st.stop == "interrupted" ? "\n[interrupted]\n" : "\n");
+        clear_interrupt();
+    };
+    auto answer = [&](const std::string& msg) {
+        try {
+            account(session.respond(msg, hooks));
+        } catch (const Error& e) {
+            clear_interrupt();
+            if (e.code() != Exit::context_overflow) throw;
+            fmt::print(stderr, "kvrun: {}\n", e.what());
+        }
+    };
+    if (!o.prompt.empty()) answer(o.prompt);
+    while (true) {
+        std::optional<std::string> msg = read_message();
+        clear_interrupt(); // a Ctrl-C at the prompt must not stop the next answer
+        if (!msg) break;
+        const std::string line = rtrim(*msg);
+        if (line.empty()) continue;
+        if (line[0] != '/') {
+            answer(line);
+            continue;
+        }
+        const size_t sp = line.find(' ');
+        const std::string cmd = line.substr(0, sp);
+        const std::string arg =
+            sp == std::string::npos ? "" : rtrim(line.substr(line.find_first_not_of(' ', sp)));
+        if (cmd == "/exit" || cmd == "/quit")
+            break;
+        else if (cmd == "/help")
+            out(kHelp);
+        else if (cmd == "/stats")
+            print_stats(session, last, all);
+        else if (cmd == "/undo")
+            out(session.undo() ? "[undone]\n" : "[nothing to undo]\n");
+        else if (cmd == "/reset")
+            session.reset(), out("[conversation cleared]\n");
+        else if (cmd == "/retry") {
+            TurnStats st;
+            if (session.retry(hooks, &st))
+                account(st);
+            else
+                out("[nothing to retry]\n");
+        } else if (cmd == "/system") {
+            if (arg.empty())
+                out(fmt::format("[system] {}\n", session.system()));
+            else
+                session.set_system(arg), out("[system prompt set]\n");
+        } else if (cmd == "/save" || cmd == "/load") {
+            if (arg.empty()) {
+                out(fmt::format("[{} needs a file name]\n", cmd));
+                continue;
+            }
+            try {
+                if (cmd == "/save")
+                    session.save(arg), out(fmt::format("[saved to {} and {}.json]\n", arg, arg));
+                else
+                    out("[" + session.load(arg) + "]\n");
+            } catch (const Error& e) {
+                fmt::print(stderr, "kvrun: {}\n", e.what());
+            }
+        } else {
+            out(fmt::format("[unknown command {}; /help lists them]\n", cmd));
+        }
+    }
+    return 0;
+}
+
+} // namespace kvrun::cli

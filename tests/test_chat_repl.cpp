@@ -1,0 +1,188 @@
+// The chat REPL driven through a pseudo-terminal (forkpty), as a person
+// would: turns after the first evaluate only their new tokens, /undo rewinds
+// the cache and the next greedy answer equals a fresh session's with the same
+// history, Ctrl-C stops an answer and leaves a consistent cache.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <pty.h>
+#include <regex>
+#include <sys/wait.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace {
+
+const std::string kStories = kvtest::shared("models/stories260K.gguf");
+
+class Repl {
+  public:
+    explicit Repl(std::vector<std::string> args, int token_delay_ms = 0) {
+        args.insert(args.begin(), {"chat", "-m", kStories, "--temp", "0", "-c", "512"});
+        winsize ws{};
+        ws.ws_row = 40;
+        ws.ws_col = 250;
+        pid_ = forkpty(&fd_, nullptr, nullptr, &ws);
+        if (pid_ == 0) {
+            setenv("TERM", "dumb", 1);
+            if (token_delay_ms > 0)
+                setenv("KVRUN_TEST_TOKEN_DELAY_MS", std::to_string(token_delay_ms).c_str(), 1);
+            std::vector<char*> argv;
+            std::string bin = KVRUN_BINARY;
+            argv.push_back(bin.data());
+            for (auto& a : args) argv.push_back(a.data());
+            argv.push_back(nullptr);
+            execv(bin.c_str(), argv.data());
+            _exit(127);
+        }
+    }
+    ~Repl() {
+        if (pid_ > 0) {
+            kill(pid_, SIGKILL);
+            waitpid(pid_, nullptr, 0);
+        }
+        if (fd_ >= 0) close(fd_);
+    }
+    // Read until `needle` appears after what was consumed; returns the text
+    // before it and consumes through it.
+    std::string until(const std::string& needle, int timeout_ms = 20000) {
+        const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+        while (true) {
+            const size_t at = buf_.find(needle);
+            if (at != std::string::npos) {
+                std::string before = buf_.substr(0, at);
+                buf_.erase(0, at + needle.size());
+                return before;
+            }
+            const int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                  end - std::chrono::steady_clock::now())
+                                                  .count());
+            REQUIRE_MESSAGE(left > 0, "timed out waiting for '" << needle << "'; have: " << buf_);
+            pollfd p{fd_, POLLIN, 0};
+            if (poll(&p, 1, left) <= 0) continue;
+            char b[4096];
+            const ssize_t n = read(fd_, b, sizeof b);
+            REQUIRE_MESSAGE(n > 0, "the REPL ended; output: " << buf_);
+            buf_.append(b, n);
+        }
+    }
+    void send(const std::string& s) {
+        REQUIRE(write(fd_, s.data(), s.size()) == static_cast<ssize_t>(s.size()));
+    }
+    // A message and its answer (everything printed up to the next prompt).
+    std::string say(const std::string& msg) {
+        send(msg + "\n");
+        until(msg + "\r\n"); // the terminal's echo
+        std::string answer = until("\r\n> ");
+        // Typed before libedit took the terminal, a line is echoed twice.
+        while (answer.rfind(msg + "\r\n", 0) == 0) answer.erase(0, msg.size() + 2);
+        return answer;
+    }
+    struct Stats {
+        long reused, evaluated, generated, fill;
+    };
+    Stats stats() {
+        const std::string s = say("/stats");
+        std::smatch m;
+        const std::regex re(
+            R"(reused (\d+) tokens, evaluated (\d+), generated (\d+) \| cache (\d+)/)");
+        REQUIRE_MESSAGE(std::regex_search(s, m, re), s);
+        return {std::stol(m[1]), std::stol(m[2]), std::stol(m[3]), std::stol(m[4])};
+    }
+    bool alive() const { return pid_ > 0 && waitpid(pid_, nullptr, WNOHANG) == 0; }
+    int wait_exit() {
+        int st = 0;
+        waitpid(pid_, &st, 0);
+        pid_ = -1;
+        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    }
+
+  private:
+    pid_t pid_ = -1;
+    int fd_ = -1;
+    std::string buf_;
+};
+
+// Tokens of a template piece as the session tokenizes it (no BOS).
+long n_tokens(const std::string& text) {
+    const auto r = kvtest::run_kvrun({"tokenize", "-m", kStories, "-p", text, "--json"});
+    REQUIRE(r.status == 0);
+    auto ids = nlohmann::json::parse(r.out);
+    return static_cast<long>(ids.size()) - 1; // less the BOS tokenize adds
+}
+
+} // namespace
+
+TEST_CASE("chat repl: later turns evaluate only new tokens; /undo equals a fresh history") {
+    Repl a({"-n", "16"});
+    a.until("> ");
+    const std::string a1 = a.say("Hello");
+    CHECK(!a1.empty());
+    const auto s1 = a.stats();
+    CHECK(s1.reused == 0);
+    CHECK(s1.generated == 16);
+    // Turn 2: everything cached is reused; evaluated are the last reply
+    // token, the end-of-turn glue and the new message with its glue only.
+    const std::string a2 = a.say("Tell me a story");
+    const auto s2 = a.stats();
+    CHECK(s2.reused == s1.fill);
+    // The plain fallback's glue: "\n" ends the reply, then "User: ...\nAssistant:".
+    CHECK(s2.evaluated == n_tokens("\n") + n_tokens("User: Tell me a story\nAssistant:"));
+    CHECK(s2.fill == s2.reused + s2.evaluated + s2.generated);
+    a.say("Where is the cat");
+    const auto s3 = a.stats();
+    CHECK(s3.reused == s2.fill);
+    CHECK(s3.evaluated == n_tokens("\n") + n_tokens("User: Where is the cat\nAssistant:"));
+
+    // /undo drops turn 3; the cache keeps turns 1-2 (no recompute).
+    CHECK(a.say("/undo").find("[undone]") != std::string::npos);
+    const std::string after_undo = a.say("Where is the dog");
+    const auto s4 = a.stats();
+    CHECK(s4.reused == s2.fill + n_tokens("\n")); // turns 1-2 and turn 2's end stayed cached
+    CHECK(s4.evaluated == n_tokens("User: Where is the dog\nAssistant:"));
+
+    Repl b({"-n", "16"});
+    b.until("> ");
+    CHECK(b.say("Hello") == a1);
+    CHECK(b.say("Tell me a story") == a2);
+    CHECK(b.say("Where is the dog") == after_undo);
+
+    // /retry regenerates the last answer: greedy, so the same text, from the
+    // cache (only the last prompt token is evaluated again).
+    CHECK(a.say("/retry") == after_undo);
+    CHECK(a.stats().evaluated == 1);
+    a.send("/exit\n");
+    CHECK(a.wait_exit() == 0);
+}
+
+TEST_CASE(
+    "chat repl: Ctrl-C stops an answer and returns to the prompt; the cache stays consistent") {
+    Repl r({"-n", "300"}, 20);
+    r.until("> ");
+    r.send("Hello\n");
+    r.until("Hello\r\n");
+    r.until(" "); // the answer is streaming
+    r.send("\x03");
+    r.until("[interrupted]");
+    r.until("\r\n> ");
+    const auto s = r.stats();
+    CHECK(s.generated > 0);
+    CHECK(s.generated < 300);
+    // The next turn reuses the whole cache: what it holds is what the session thinks it holds.
+    const std::string next = r.say("Tell me more");
+    (void)next;
+    const auto t = r.stats();
+    CHECK(t.reused == s.fill);
+    // Ctrl-C twice at an empty prompt leaves; the first one alone does not.
+    r.send("\x03");
+    r.until("(Ctrl-C again to exit)");
+    CHECK(r.alive());
+    r.send("\x03");
+    CHECK(r.wait_exit() == 0);
+}
