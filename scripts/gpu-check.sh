@@ -50,7 +50,7 @@ if [[ "${1:-}" == prepare ]]; then
     done
     tmp=$(mktemp -d)
     (cd "$tmp" && apt-get download libfmt-dev libfmt9 libcli11-dev nlohmann-json3-dev libutf8proc-dev \
-        libutf8proc2 doctest-dev >/dev/null) || die "apt-get download of the build dependencies"
+        libutf8proc2 doctest-dev libedit-dev libedit2 libbsd0 libbsd-dev libmd0 >/dev/null) || die "apt-get download of the build dependencies"
     for f in "$tmp"/*.deb; do dpkg -x "$f" "$dir/deps"; done
     rm -rf "$tmp" "$dir/deps/usr/share/doc"
     du -sh "$dir"

@@ -43,8 +43,10 @@ const Tokenizer& tokenizer_for(const std::string& path) {
     return it->second;
 }
 
-const Tokenizer& vocab_tok(const std::string& name) {
-    return tokenizer_for(k_shared + "/vocab/ggml-vocab-" + name + ".gguf");
+// Takes a C string: GCC 13 warns (falsely) about a reference returned from a
+// call given a temporary std::string.
+const Tokenizer& vocab_tok(const char* name) {
+    return tokenizer_for(k_shared + "/vocab/ggml-vocab-" + std::string(name) + ".gguf");
 }
 
 // .inp: strings, each followed by a line "__ggml_vocab_test__" (so a string
