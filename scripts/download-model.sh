@@ -6,14 +6,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p models
 
-# name | url | file | bytes | sha256 (empty = not pinned)
+# name | url | file | bytes | sha256 (empty = not pinned: checked only that it is a GGUF file)
 MODELS=(
   "stories260K|https://huggingface.co/ggml-org/models/resolve/main/tinyllamas/stories260K.gguf|stories260K.gguf|1185376|270cba1bd5109f42d03350f60406024560464db173c0e387d91f0426d3bd256d"
+  "qwen2.5-0.5b|https://huggingface.co/Qwen/Qwen2.5-0.5B-Instruct-GGUF/resolve/main/qwen2.5-0.5b-instruct-q4_k_m.gguf|qwen2.5-0.5b-instruct-q4_k_m.gguf||"
+  "smollm2-360m|https://huggingface.co/HuggingFaceTB/SmolLM2-360M-Instruct-GGUF/resolve/main/smollm2-360m-instruct-q8_0.gguf|smollm2-360m-instruct-q8_0.gguf||"
+  "llama-3.2-1b|https://huggingface.co/bartowski/Llama-3.2-1B-Instruct-GGUF/resolve/main/Llama-3.2-1B-Instruct-Q4_K_M.gguf|Llama-3.2-1B-Instruct-Q4_K_M.gguf||"
+  "tinyllama-1.1b|https://huggingface.co/TheBloke/TinyLlama-1.1B-Chat-v1.0-GGUF/resolve/main/tinyllama-1.1b-chat-v1.0.Q4_K_M.gguf|tinyllama-1.1b-chat-v1.0.Q4_K_M.gguf||"
+  "mistral-7b|https://huggingface.co/TheBloke/Mistral-7B-Instruct-v0.2-GGUF/resolve/main/mistral-7b-instruct-v0.2.Q4_K_M.gguf|mistral-7b-instruct-v0.2.Q4_K_M.gguf||"
 )
 
 list() {
   echo "models this script knows (scripts/download-model.sh NAME):"
-  for m in "${MODELS[@]}"; do IFS='|' read -r n _ f b _ <<<"$m"; printf '  %-16s %s (%s bytes)\n' "$n" "$f" "$b"; done
+  for m in "${MODELS[@]}"; do IFS='|' read -r n _ f b _ <<<"$m"; printf '  %-16s %s %s\n' "$n" "$f" "${b:+($b bytes)}"; done
 }
 
 [ $# -ge 1 ] || { list; exit 0; }
@@ -26,7 +31,10 @@ for m in "${MODELS[@]}"; do
   if command -v curl >/dev/null; then curl -fL --retry 3 -o "$out.part" "$url"
   else wget -O "$out.part" "$url"; fi
   got=$(stat -c %s "$out.part")
-  [ "$got" = "$bytes" ] || { echo "size mismatch: got $got, want $bytes" >&2; rm -f "$out.part"; exit 1; }
+  if [ -n "$bytes" ]; then
+    [ "$got" = "$bytes" ] || { echo "size mismatch: got $got, want $bytes" >&2; rm -f "$out.part"; exit 1; }
+  fi
+  [ "$(head -c 4 "$out.part")" = "GGUF" ] || { echo "not a GGUF file" >&2; rm -f "$out.part"; exit 1; }
   if [ -n "$sha" ]; then
     echo "$sha  $out.part" | sha256sum -c --quiet - || { echo "sha256 mismatch" >&2; rm -f "$out.part"; exit 1; }
   fi
