@@ -119,8 +119,18 @@ Hparams read_hparams(const GgufFile& f) {
     if (!(hp.rope_base > 0) || !(hp.rms_eps > 0))
         fail(Exit::bad_model, "{}: rope.freq_base and the RMS epsilon must be positive", f.path());
     hp.rope_neox = arch->rope_neox;
-    if (auto scaling = f.get_str(p + "rope.scaling.type"); scaling && *scaling != "none")
-        fail(Exit::bad_model, "{}: RoPE scaling '{}' is not supported yet", f.path(), *scaling);
+    // RoPE scaling: "linear" divides positions by the factor (the same as
+    // dividing every frequency); "llama3" is carried by the rope_freqs tensor
+    // (applied in Model::load). Others (yarn, longrope) would be silently wrong.
+    if (auto scaling = f.get_str(p + "rope.scaling.type"); scaling && *scaling != "none") {
+        if (*scaling == "linear") {
+            hp.rope_linear_factor = f.get_f64(p + "rope.scaling.factor").value_or(1.0);
+            if (!(hp.rope_linear_factor > 0))
+                fail(Exit::bad_model, "{}: rope.scaling.factor must be positive", f.path());
+        } else if (!(*scaling == "llama3" && f.tensor("rope_freqs.weight"))) {
+            fail(Exit::bad_model, "{}: RoPE scaling '{}' is not supported yet", f.path(), *scaling);
+        }
+    }
 
     if (auto sw = f.get_u64(p + "attention.sliding_window")) hp.sliding_window = static_cast<int64_t>(*sw);
 
@@ -168,6 +178,7 @@ Model Model::load(const GgufFile& f) {
     for (int i = 0; i < n_pairs; i++) {
         m.rope_inv_freq[i] = std::pow(hp.rope_base, -2.0 * i / hp.rope_dims);
         if (!factors.empty()) m.rope_inv_freq[i] /= factors[i];
+        m.rope_inv_freq[i] /= hp.rope_linear_factor;
     }
     for (const auto& t : f.tensors()) m.weight_bytes += t.nbytes;
     return m;

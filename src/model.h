@@ -24,6 +24,7 @@ struct Hparams {
     double rope_base = 10000.0;
     int rope_dims = 0;      // rotated dims per head (<= head_dim)
     bool rope_neox = false; // rotate pairs (i, i + d/2) instead of (2i, 2i+1)
+    double rope_linear_factor = 1.0; // rope.scaling.type = linear: positions / factor
     int64_t sliding_window = 0; // attention span declared by the file (Mistral), 0 = none
     int q_dim() const { return n_head * head_dim; }
     int kv_dim() const { return n_head_kv * head_dim; }

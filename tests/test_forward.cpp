@@ -5,6 +5,7 @@
 
 #include <random>
 
+#include "error.h"
 #include "forward.h"
 #include "ggml-like/quants.h"
 #include "gguf_writer.h"
@@ -123,4 +124,41 @@ TEST_CASE("forward: random models of other head layouts match the reference") {
     compare_with_reference({"llama", 64, 4, 2, 96, 2, gl::Type::Q4_0}, 0.1);
     // No sinks: the pure sliding window that Mistral-style models declare.
     compare_with_reference({"llama", 64, 4, 2, 96, 2, gl::Type::F32}, 1e-3, 0);
+}
+
+namespace {
+// The random model again, with extra metadata set by `edit`.
+template <typename Edit> std::vector<uint8_t> with_metadata(const std::vector<uint8_t>& base, Edit edit) {
+    GgufFile f = GgufFile::parse(base.data(), base.size(), "base");
+    GgufWriter w;
+    for (const auto& [k, v] : f.metadata()) w.copy_kv(k, v);
+    edit(w);
+    for (const auto& t : f.tensors())
+        w.add_tensor(t.name, t.type, std::vector<int64_t>(t.ne, t.ne + t.n_dims), t.data, t.nbytes);
+    return w.bytes();
+}
+} // namespace
+
+TEST_CASE("model: RoPE scaling types") {
+    const auto base = random_model({"llama", 64, 4, 2, 96, 1, gl::Type::F32}, 5);
+    SUBCASE("linear divides every frequency by the factor") {
+        const auto bytes = with_metadata(base, [](GgufWriter& w) {
+            w.set_str("llama.rope.scaling.type", "linear");
+            w.set_f32("llama.rope.scaling.factor", 4.0f);
+        });
+        GgufFile f = GgufFile::parse(bytes.data(), bytes.size(), "linear");
+        Model m = Model::load(f);
+        for (size_t i = 0; i < m.rope_inv_freq.size(); i++)
+            CHECK(m.rope_inv_freq[i] == doctest::Approx(std::pow(10000.0, -2.0 * i / m.hp.rope_dims) / 4.0));
+    }
+    SUBCASE("an unsupported scaling is an error naming it") {
+        const auto bytes = with_metadata(base, [](GgufWriter& w) { w.set_str("llama.rope.scaling.type", "yarn"); });
+        GgufFile f = GgufFile::parse(bytes.data(), bytes.size(), "yarn");
+        try {
+            Model::load(f);
+            FAIL("no error");
+        } catch (const Error& e) {
+            CHECK(std::string(e.what()).find("yarn") != std::string::npos);
+        }
+    }
 }
