@@ -70,11 +70,7 @@ void KvCache::write(int layer, int64_t pos0, int n, const void* k_rows, const vo
     KV_ASSERT(layer >= 0 && layer < cfg_.n_layer && pos0 == n_past_);
     // When the batch is longer than the window only its newest tokens survive;
     // skip the ones that would be overwritten within the same batch.
-    int first = 0;
-    if (pos0 + n > cfg_.keep && n > window()) {
-        first = static_cast<int>(n - window());
-        while (first > 0 && pos0 + first < cfg_.keep) first--; // never skip sinks
-    }
+    const int first = n > window() ? static_cast<int>(n - window()) : 0; // sinks are never skipped (below)
     auto* kb = k_[layer].get();
     auto* vb = v_[layer].get();
     for (int i = 0; i < n; i++) {
