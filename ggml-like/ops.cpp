@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "ggml-like/gemm.h"
 #include "ggml-like/quants.h"
 
 namespace gl::ops {
@@ -45,7 +46,8 @@ void rope_angles(double pos, int n_pairs, const double* inv_freq, float* cos_out
     }
 }
 
-void rope(float* x, int n_heads, int head_dim, int rope_dims, const float* cos, const float* sin, bool neox) {
+void rope(float* x, int n_heads, int head_dim, int rope_dims, const float* cos, const float* sin,
+          bool neox) {
     const int half = rope_dims / 2;
     for (int h = 0; h < n_heads; h++) {
         float* v = x + static_cast<int64_t>(h) * head_dim;
@@ -59,10 +61,13 @@ void rope(float* x, int n_heads, int head_dim, int rope_dims, const float* cos, 
     }
 }
 
-size_t matmul_scratch_bytes(Type weight, int64_t n_in, int64_t n_tok) {
+size_t matmul_scratch_bytes(Type weight, int64_t n_in, int64_t n_tok, int n_threads) {
     const Type at = vec_dot_type(weight);
-    if (at == Type::F32) return 0; // float weights read x directly
-    return row_size(at, n_in) * static_cast<size_t>(n_tok);
+    const size_t dot = at == Type::F32 ? 0 : row_size(at, n_in) * static_cast<size_t>(n_tok);
+    // The tiled path is decided per call (it may be switched off), so room for both.
+    const size_t tiles =
+        n_tok >= gemm::kMinTokens ? gemm::scratch_bytes(n_in, n_tok, n_threads) : 0;
+    return std::max(dot, tiles);
 }
 
 namespace {
@@ -71,7 +76,10 @@ namespace {
 constexpr int64_t kRowChunk = 16;
 } // namespace
 
-void matmul(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, float* y, void* scratch) {
+void matmul(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, float* y,
+            void* scratch) {
+    if (gemm::applies(w.type, w.ne0, n_tok))
+        return gemm::matmul_tiles(pool, w, x, n_tok, y, scratch);
     const Type at = vec_dot_type(w.type);
     const int64_t n_in = w.ne0, n_out = w.ne1;
     const void* act = x;
@@ -80,23 +88,31 @@ void matmul(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, fl
         // Quantize each activation row once; every weight row then reuses it.
         act_row = row_size(at, n_in);
         uint8_t* dst = static_cast<uint8_t*>(scratch);
-        pool.parallel_for(n_tok, [&](int64_t b, int64_t e, int) {
-            for (int64_t t = b; t < e; t++) cpu::quantize_row(at, x + t * n_in, dst + t * act_row, n_in);
-        }, n_tok * n_in);
+        pool.parallel_for(
+            n_tok,
+            [&](int64_t b, int64_t e, int) {
+                for (int64_t t = b; t < e; t++)
+                    cpu::quantize_row(at, x + t * n_in, dst + t * act_row, n_in);
+            },
+            n_tok * n_in);
         act = scratch;
     }
     const int64_t n_chunks = (n_out + kRowChunk - 1) / kRowChunk;
-    pool.parallel_for(n_chunks, [&](int64_t cb, int64_t ce, int) {
-        for (int64_t c = cb; c < ce; c++) {
-            const int64_t r0 = c * kRowChunk, r1 = std::min(n_out, r0 + kRowChunk);
-            // token-outer within the chunk: the chunk's weight rows stay in cache
-            for (int64_t t = 0; t < n_tok; t++) {
-                const uint8_t* a = static_cast<const uint8_t*>(act) + t * act_row;
-                float* yt = y + t * n_out;
-                for (int64_t r = r0; r < r1; r++) yt[r] = cpu::vec_dot(w.type, n_in, w.row(r), a);
+    pool.parallel_for(
+        n_chunks,
+        [&](int64_t cb, int64_t ce, int) {
+            for (int64_t c = cb; c < ce; c++) {
+                const int64_t r0 = c * kRowChunk, r1 = std::min(n_out, r0 + kRowChunk);
+                // token-outer within the chunk: the chunk's weight rows stay in cache
+                for (int64_t t = 0; t < n_tok; t++) {
+                    const uint8_t* a = static_cast<const uint8_t*>(act) + t * act_row;
+                    float* yt = y + t * n_out;
+                    for (int64_t r = r0; r < r1; r++)
+                        yt[r] = cpu::vec_dot(w.type, n_in, w.row(r), a);
+                }
             }
-        }
-    }, n_out * n_in * n_tok);
+        },
+        n_out * n_in * n_tok);
 }
 
 } // namespace gl::ops

@@ -26,11 +26,13 @@ void rope_angles(double pos, int n_pairs, const double* inv_freq, float* cos_out
 // (GPT-NeoX / Qwen2 layout) instead of adjacent pairs (2i, 2i+1) (llama).
 void rope(float* x, int n_heads, int head_dim, int rope_dims, const float* cos, const float* sin, bool neox);
 
-// Bytes of scratch matmul needs to hold n_tok activation rows of n_in
-// elements converted to the weight type's activation type.
-size_t matmul_scratch_bytes(Type weight, int64_t n_in, int64_t n_tok);
+// Bytes of scratch matmul needs for n_tok activation rows of n_in elements on
+// n_threads threads: the rows converted to the weight type's activation type,
+// or the tiled path's packed tokens and per-thread panels (gemm.h).
+size_t matmul_scratch_bytes(Type weight, int64_t n_in, int64_t n_tok, int n_threads);
 // y[t][r] = dot(W.row(r), x[t]) for t < n_tok, r < W.ne1.
-// x: n_tok rows of W.ne0 floats; y: n_tok rows of W.ne1 floats.
+// x: n_tok rows of W.ne0 floats; y: n_tok rows of W.ne1 floats. Batches go to
+// gemm::matmul_tiles where it applies, else one dot product per (row, token).
 void matmul(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, float* y, void* scratch);
 
 } // namespace gl::ops

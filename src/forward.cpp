@@ -34,7 +34,7 @@ Forward::Forward(const Model& m, KvCache& kv, gl::Backend& be, int max_batch)
     logits_.resize(static_cast<size_t>(hp.n_vocab)); // grown once if all rows are asked for
 
     size_t mm = 0;
-    auto need = [&](const gl::Tensor& w) { mm = std::max(mm, gl::ops::matmul_scratch_bytes(w.type, w.ne0, B)); };
+    auto need = [&](const gl::Tensor& w) { mm = std::max(mm, gl::ops::matmul_scratch_bytes(w.type, w.ne0, B, be.n_threads())); };
     for (const LayerWeights& L : m.layers)
         for (const gl::Tensor* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) need(*w);
     need(m.output);

@@ -1,0 +1,143 @@
+// BF16 matrix products on AMX tiles: each weight is read (and dequantized)
+// once per batch and multiplied against every token of it, 16x16x32 at a
+// time, instead of once per token as the dot-product path does.
+//
+// The micro-kernel holds a 32-row weight panel (two A tiles) against two
+// token tiles (two B tiles) in four accumulator tiles, so each tile load
+// feeds two tile products. Products accumulate in fp32 inside the tiles.
+#include "ggml-like/cpu/x86_amx.h"
+
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
+#pragma GCC diagnostic ignored "-Wuninitialized" // GCC PR 105593, see x86_avx512.cpp
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace gl::amx {
+
+namespace {
+
+// The 64-byte LDTILECFG operand (palette 1).
+struct TileConfig {
+    uint8_t palette = 1;
+    uint8_t start_row = 0;
+    uint8_t reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t rows[16] = {};
+};
+static_assert(sizeof(TileConfig) == 64);
+
+// All eight tiles are 16 rows x 64 bytes: A = 16 weight rows x 32 bf16,
+// B = 16 k-pairs x 16 tokens x 2 bf16, C = 16 weight rows x 16 fp32.
+void configure_tiles() {
+    TileConfig c;
+    for (int i = 0; i < 8; i++) {
+        c.rows[i] = 16;
+        c.colsb[i] = 64;
+    }
+    _tile_loadconfig(&c);
+}
+
+__m512i bf16_pairs(const float* p) { // 32 floats -> 32 bf16
+    return reinterpret_cast<__m512i>(
+        _mm512_cvtne2ps_pbh(_mm512_loadu_ps(p + 16), _mm512_loadu_ps(p)));
+}
+
+// C tile (16 rows x 16 tokens) -> y rows of tokens, transposed.
+void scatter(const float* c, float* y, int64_t y_stride, int rows, int tokens) {
+    for (int t = 0; t < tokens; t++)
+        for (int r = 0; r < rows; r++) y[t * y_stride + r] = c[r * 16 + t];
+}
+
+} // namespace
+
+void panel_row(const float* src, int64_t n_in, int r, uint16_t* panel) {
+    uint16_t* dst = panel + (r / 16) * 512 + (r % 16) * 32;
+    for (int64_t kb = 0; kb < n_in / kTileK; kb++)
+        _mm512_store_si512(dst + kb * 1024, bf16_pairs(src + kb * kTileK));
+}
+
+void pack_tokens(const float* x, int64_t n_in, int64_t n_tok, int64_t tt0, int64_t tt1,
+                 uint16_t* xv) {
+    const int64_t n_kb = n_in / kTileK;
+    for (int64_t tt = tt0; tt < tt1; tt++) {
+        uint32_t* tile_row0 = reinterpret_cast<uint32_t*>(xv + tt * n_kb * 512);
+        for (int t = 0; t < kTileTokens; t++) {
+            const int64_t tok = tt * kTileTokens + t;
+            for (int64_t kb = 0; kb < n_kb; kb++) {
+                uint32_t* dst = tile_row0 + kb * 256 + t; // (k pair kk, token t) at kk * 16 + t
+                if (tok >= n_tok) {
+                    for (int kk = 0; kk < 16; kk++) dst[kk * 16] = 0;
+                    continue;
+                }
+                alignas(64) uint32_t pairs[16];
+                _mm512_store_si512(pairs, bf16_pairs(x + tok * n_in + kb * kTileK));
+                for (int kk = 0; kk < 16; kk++) dst[kk * 16] = pairs[kk];
+            }
+        }
+    }
+}
+
+void panel_matmul(const uint16_t* panel, int64_t n_in, const uint16_t* xv, int64_t n_tok, float* y,
+                  int64_t y_stride, int rows) {
+    configure_tiles();
+    const int64_t n_kb = n_in / kTileK, n_tt = (n_tok + kTileTokens - 1) / kTileTokens;
+    alignas(64) float c[4][256];
+    int64_t tt = 0;
+    for (; tt + 2 <= n_tt; tt += 2) {
+        const uint16_t* b0 = xv + tt * n_kb * 512;
+        const uint16_t* b1 = b0 + n_kb * 512;
+        _tile_zero(4);
+        _tile_zero(5);
+        _tile_zero(6);
+        _tile_zero(7);
+        for (int64_t kb = 0; kb < n_kb; kb++) {
+            _tile_loadd(0, panel + kb * 1024, 64);
+            _tile_loadd(1, panel + kb * 1024 + 512, 64);
+            _tile_loadd(2, b0 + kb * 512, 64);
+            _tile_loadd(3, b1 + kb * 512, 64);
+            _tile_dpbf16ps(4, 0, 2);
+            _tile_dpbf16ps(5, 0, 3);
+            _tile_dpbf16ps(6, 1, 2);
+            _tile_dpbf16ps(7, 1, 3);
+        }
+        _tile_stored(4, c[0], 64);
+        _tile_stored(5, c[1], 64);
+        _tile_stored(6, c[2], 64);
+        _tile_stored(7, c[3], 64);
+        const int t0 = static_cast<int>(tt * kTileTokens);
+        const int tok1 = static_cast<int>(std::min<int64_t>(16, n_tok - t0 - 16));
+        const int rows0 = rows < 16 ? rows : 16, rows1 = rows - rows0;
+        scatter(c[0], y + t0 * y_stride, y_stride, rows0, 16);
+        scatter(c[1], y + (t0 + 16) * y_stride, y_stride, rows0, tok1);
+        if (rows1 > 0) {
+            scatter(c[2], y + t0 * y_stride + 16, y_stride, rows1, 16);
+            scatter(c[3], y + (t0 + 16) * y_stride + 16, y_stride, rows1, tok1);
+        }
+    }
+    if (tt < n_tt) { // one token tile left
+        const uint16_t* b0 = xv + tt * n_kb * 512;
+        _tile_zero(4);
+        _tile_zero(6);
+        for (int64_t kb = 0; kb < n_kb; kb++) {
+            _tile_loadd(0, panel + kb * 1024, 64);
+            _tile_loadd(1, panel + kb * 1024 + 512, 64);
+            _tile_loadd(2, b0 + kb * 512, 64);
+            _tile_dpbf16ps(4, 0, 2);
+            _tile_dpbf16ps(6, 1, 2);
+        }
+        _tile_stored(4, c[0], 64);
+        _tile_stored(6, c[2], 64);
+        const int t0 = static_cast<int>(tt * kTileTokens);
+        const int tok0 = static_cast<int>(std::min<int64_t>(16, n_tok - t0));
+        const int rows0 = rows < 16 ? rows : 16, rows1 = rows - rows0;
+        scatter(c[0], y + t0 * y_stride, y_stride, rows0, tok0);
+        if (rows1 > 0) scatter(c[2], y + t0 * y_stride + 16, y_stride, rows1, tok0);
+    }
+    _tile_release();
+}
+
+} // namespace gl::amx

@@ -1,0 +1,134 @@
+#include "ggml-like/gemm.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "ggml-like/quants.h"
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "ggml-like/cpu/x86_amx.h"
+#define GL_HAVE_AMX 1
+#endif
+
+namespace gl::gemm {
+
+namespace {
+
+std::atomic<bool> g_forced_off{false};
+
+#if GL_HAVE_AMX
+// CPUID.(7,0):EDX bit 22 AMX-BF16, bit 24 AMX-TILE; CPUID.(7,1):EAX bit 5
+// AVX512-BF16 (used to pack); XCR0 bits 17-18 = the OS saves tile state.
+// Linux then hands out tile data per process on request (arch_prctl
+// ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA = 18); without it the first tile
+// instruction faults.
+bool probe_amx() {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    if (!(d & (1u << 22)) || !(d & (1u << 24))) return false;
+    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a & (1u << 5))) return false;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return false; // OSXSAVE
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & (3u << 17)) != (3u << 17)) return false;
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+#endif
+
+bool amx_present() {
+#if GL_HAVE_AMX
+    static const bool ok = [] {
+        const char* e = std::getenv("KVRUN_AMX");
+        if (e && std::strcmp(e, "0") == 0) return false;
+        return probe_amx();
+    }();
+    return ok;
+#else
+    return false;
+#endif
+}
+
+} // namespace
+
+bool amx_enabled() {
+    return !g_forced_off.load(std::memory_order_relaxed) && amx_present() &&
+           std::strcmp(cpu::isa_name(), "avx512") == 0;
+}
+
+void force_off(bool off) {
+    g_forced_off.store(off, std::memory_order_relaxed);
+}
+
+bool applies(Type weight, int64_t n_in, int64_t n_tok) {
+    // Float weights keep their exact path: F16 rounded to bf16 loses three
+    // mantissa bits (tiny-f16 goldens: max |diff| 0.0008 -> 0.016), while
+    // quantized weights and BF16 are either exact in bf16 or already paired
+    // with 8-bit activations on the dot-product path.
+    return n_tok >= kMinTokens && n_in % 32 == 0 && weight != Type::F32 && weight != Type::F16 &&
+           amx_enabled();
+}
+
+size_t scratch_bytes(int64_t n_in, int64_t n_tok, int n_threads) {
+#if GL_HAVE_AMX
+    const int64_t n_tt = (n_tok + amx::kTileTokens - 1) / amx::kTileTokens;
+    const size_t tokens = sizeof(uint16_t) * static_cast<size_t>(n_tt * amx::kTileTokens * n_in);
+    const size_t per_thread =
+        sizeof(uint16_t) * amx::kPanelRows * n_in + sizeof(float) * static_cast<size_t>(n_in) + 64;
+    return tokens + 64 + per_thread * static_cast<size_t>(n_threads);
+#else
+    (void)n_in, (void)n_tok, (void)n_threads;
+    return 0;
+#endif
+}
+
+void matmul_tiles(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, float* y,
+                  void* scratch) {
+#if GL_HAVE_AMX
+    const int64_t n_in = w.ne0, n_out = w.ne1;
+    const int64_t n_tt = (n_tok + amx::kTileTokens - 1) / amx::kTileTokens;
+    auto align = [](uint8_t* p) { return p + ((64 - reinterpret_cast<uintptr_t>(p) % 64) % 64); };
+    uint16_t* xv = reinterpret_cast<uint16_t*>(align(static_cast<uint8_t*>(scratch)));
+    uint8_t* thread_base = reinterpret_cast<uint8_t*>(xv + n_tt * amx::kTileTokens * n_in);
+    const size_t per_thread =
+        sizeof(uint16_t) * amx::kPanelRows * n_in + sizeof(float) * static_cast<size_t>(n_in) + 64;
+
+    pool.parallel_for(
+        n_tt, [&](int64_t b, int64_t e, int) { amx::pack_tokens(x, n_in, n_tok, b, e, xv); },
+        n_tok * n_in);
+
+    const int64_t n_panels = (n_out + amx::kPanelRows - 1) / amx::kPanelRows;
+    pool.parallel_for(
+        n_panels,
+        [&](int64_t pb, int64_t pe, int ith) {
+            uint8_t* mine = align(thread_base + per_thread * ith);
+            uint16_t* panel = reinterpret_cast<uint16_t*>(mine);
+            float* row = reinterpret_cast<float*>(panel + amx::kPanelRows * n_in);
+            for (int64_t p = pb; p < pe; p++) {
+                const int64_t r0 = p * amx::kPanelRows;
+                const int rows = static_cast<int>(std::min<int64_t>(amx::kPanelRows, n_out - r0));
+                for (int r = 0; r < amx::kPanelRows; r++) {
+                    if (r < rows) {
+                        cpu::dequantize_row(w.type, w.row(r0 + r), row, n_in);
+                    } else {
+                        std::memset(row, 0, sizeof(float) * n_in);
+                    }
+                    amx::panel_row(row, n_in, r, panel);
+                }
+                amx::panel_matmul(panel, n_in, xv, n_tok, y + r0, n_out, rows);
+            }
+        },
+        n_out * n_in * n_tok);
+#else
+    (void)pool, (void)w, (void)x, (void)n_tok, (void)y, (void)scratch;
+    std::abort(); // applies() is false in builds without AMX kernels
+#endif
+}
+
+} // namespace gl::gemm
