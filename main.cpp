@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
         {"run", cli::run_generate},
         {"chat", cli::run_chat},
     };
+    cli::rewrite_long_short_options(argc, argv);
     try {
         if (argc > 1)
             for (const Sub& s : subs)

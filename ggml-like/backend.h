@@ -13,6 +13,17 @@
 
 namespace gl {
 
+// Memory a backend holds on its device. A CPU backend holds none: its buffers
+// are ordinary host memory (the process's RSS).
+struct MemoryUse {
+    bool device = false;          // false: every figure below is 0
+    uint64_t weights = 0;         // device copies of weight matrices
+    uint64_t weights_mapped = 0;  // host weights the device reads in place (integrated GPUs)
+    uint64_t kv = 0;              // device KV rows (the mirrored, hot part of each ring)
+    uint64_t scratch = 0;         // activations, attention partials
+    uint64_t free = 0, total = 0; // the whole device's memory now
+};
+
 class Backend {
   public:
     virtual ~Backend() = default;
@@ -35,6 +46,8 @@ class Backend {
     virtual void convert_rows(Type t, const float* x, int64_t n, int64_t rows, void* dst) = 0;
     // Attention scratch is the backend's own (a.scratch is ignored).
     virtual void attention(const AttentionArgs& a) = 0;
+
+    virtual MemoryUse memory_use() const { return {}; }
 };
 
 // "cpu" or "cuda". Throws std::runtime_error for a device this build lacks.

@@ -53,13 +53,13 @@ ReplyEnd reply_end(const ChatTemplate& t, const Tokenizer& tok) {
 }
 
 ChatSession::ChatSession(const LoadedModel& lm, ChatTemplate tmpl, int n_ctx, gl::Type type_k,
-                         gl::Type type_v, gl::Backend& backend, ChatConfig cfg)
+                         gl::Type type_v, Placement placement, ChatConfig cfg)
     : lm_(lm), tmpl_(std::move(tmpl)),
       // keep = 0: the session never wraps the ring (see the header), so the
       // pinned system prompt needs no sink copies.
       kv_(KvCacheConfig{lm.model.hp.n_layer, lm.model.hp.n_head_kv, lm.model.hp.head_dim, n_ctx, 0,
                         type_k, type_v}),
-      fwd_(lm.model, kv_, backend, std::min(cfg.batch, n_ctx)),
+      fwd_(lm.model, kv_, std::move(placement), std::min(cfg.batch, n_ctx)),
       sampler_(cfg.sampling, lm.model.hp.n_vocab), cfg_(std::move(cfg)),
       end_(reply_end(tmpl_, lm.tokenizer)) {
     row_.resize(lm.model.hp.n_vocab);

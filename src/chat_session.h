@@ -75,7 +75,7 @@ struct ChatHooks {
 class ChatSession {
   public:
     ChatSession(const LoadedModel& lm, ChatTemplate tmpl, int n_ctx, gl::Type type_k,
-                gl::Type type_v, gl::Backend& backend, ChatConfig cfg);
+                gl::Type type_v, Placement placement, ChatConfig cfg);
 
     const ChatTemplate& chat_template() const { return tmpl_; }
     // "" = the template's default. Takes effect now: the cache is rewound to

@@ -1,5 +1,6 @@
 #include "forward.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -9,10 +10,37 @@
 
 namespace kvrun {
 
+Placement Placement::all(gl::Backend& be, int n_layer) {
+    return split(be, be, n_layer, n_layer);
+}
+
+Placement Placement::split(gl::Backend& first, gl::Backend& rest, int n_first, int n_layer) {
+    KV_ASSERT(n_layer >= 0 && n_first >= 0 && n_first <= n_layer);
+    Placement p;
+    for (int l = 0; l < n_layer; l++) p.layers.push_back(l < n_first ? &first : &rest);
+    p.head = n_first == n_layer ? &first : &rest;
+    return p;
+}
+
+std::vector<gl::Backend*> Placement::distinct() const {
+    std::vector<gl::Backend*> v;
+    auto note = [&](gl::Backend* b) {
+        if (std::find(v.begin(), v.end(), b) == v.end()) v.push_back(b);
+    };
+    for (gl::Backend* b : layers) note(b);
+    note(head);
+    return v;
+}
+
 Forward::Forward(const Model& m, KvCache& kv, gl::Backend& be, int max_batch)
-    : m_(m), kv_(kv), be_(be), max_batch_(max_batch) {
+    : Forward(m, kv, Placement::all(be, m.hp.n_layer), max_batch) {}
+
+Forward::Forward(const Model& m, KvCache& kv, Placement placement, int max_batch)
+    : m_(m), kv_(kv), place_(std::move(placement)), max_batch_(max_batch) {
     const Hparams& hp = m.hp;
     KV_ASSERT(max_batch >= 1);
+    KV_ASSERT(place_.layers.size() == static_cast<size_t>(hp.n_layer) && place_.head);
+    for (gl::Backend* b : place_.layers) KV_ASSERT(b);
     KV_ASSERT(kv.config().n_layer == hp.n_layer && kv.kv_dim() == hp.kv_dim());
     const size_t B = max_batch;
     x_.resize(B * hp.n_embd);
@@ -33,12 +61,25 @@ Forward::Forward(const Model& m, KvCache& kv, gl::Backend& be, int max_batch)
     pos_.resize(B);
     logits_.resize(static_cast<size_t>(hp.n_vocab)); // grown once if all rows are asked for
 
-    size_t mm = 0;
-    auto need = [&](const gl::Tensor& w) { mm = std::max(mm, gl::ops::matmul_scratch_bytes(w.type, w.ne0, B, be.n_threads())); };
-    for (const LayerWeights& L : m.layers)
-        for (const gl::Tensor* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) need(*w);
-    need(m.output);
-    be.reserve(mm, gl::attention_scratch_floats(be.n_threads(), kv.n_ctx(), max_batch, hp.kv_dim()));
+    // Each backend reserves scratch for the matrices it multiplies, with its own threads.
+    for (gl::Backend* be : place_.distinct()) {
+        size_t mm = 0;
+        bool attends = false;
+        auto need = [&](const gl::Tensor& w) {
+            mm = std::max(mm, gl::ops::matmul_scratch_bytes(w.type, w.ne0, B, be->n_threads()));
+        };
+        for (int l = 0; l < hp.n_layer; l++) {
+            if (place_.layers[l] != be) continue;
+            const LayerWeights& L = m.layers[l];
+            for (const gl::Tensor* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
+                need(*w);
+            attends = true;
+        }
+        if (place_.head == be) need(m.output);
+        be->reserve(mm, attends ? gl::attention_scratch_floats(be->n_threads(), kv.n_ctx(),
+                                                               max_batch, hp.kv_dim())
+                                : 0);
+    }
 }
 
 const float* Forward::eval(const int32_t* tokens, int n, bool all_logits) {
@@ -65,26 +106,29 @@ const float* Forward::eval(const int32_t* tokens, int n, bool all_logits) {
     const int rows = n - first;
     if (logits_.size() < static_cast<size_t>(rows) * hp.n_vocab) logits_.resize(static_cast<size_t>(rows) * hp.n_vocab);
     float* xn = xb_.data();
-    be_.rmsnorm(x_.data() + static_cast<size_t>(first) * hp.n_embd, m_.output_norm.data(), hp.n_embd, rows, hp.rms_eps, xn);
-    be_.matmul(m_.output, xn, rows, logits_.data());
+    gl::Backend& be = *place_.head;
+    be.rmsnorm(x_.data() + static_cast<size_t>(first) * hp.n_embd, m_.output_norm.data(), hp.n_embd,
+               rows, hp.rms_eps, xn);
+    be.matmul(m_.output, xn, rows, logits_.data());
     return logits_.data();
 }
 
 void Forward::layer(int l, int n, int64_t pos0) {
     const Hparams& hp = m_.hp;
     const LayerWeights& L = m_.layers[l];
+    gl::Backend& be = *place_.layers[l];
     const int qd = hp.q_dim(), kvd = hp.kv_dim();
 
     // ---- attention block ----
-    be_.rmsnorm(x_.data(), L.attn_norm.data(), hp.n_embd, n, hp.rms_eps, xb_.data());
-    be_.matmul(L.wq, xb_.data(), n, q_.data());
-    be_.matmul(L.wk, xb_.data(), n, k_.data());
-    be_.matmul(L.wv, xb_.data(), n, v_.data());
+    be.rmsnorm(x_.data(), L.attn_norm.data(), hp.n_embd, n, hp.rms_eps, xb_.data());
+    be.matmul(L.wq, xb_.data(), n, q_.data());
+    be.matmul(L.wk, xb_.data(), n, k_.data());
+    be.matmul(L.wv, xb_.data(), n, v_.data());
     if (!L.bq.empty())
         for (int i = 0; i < n; i++) {
-            be_.add(q_.data() + static_cast<size_t>(i) * qd, L.bq.data(), qd);
-            be_.add(k_.data() + static_cast<size_t>(i) * kvd, L.bk.data(), kvd);
-            be_.add(v_.data() + static_cast<size_t>(i) * kvd, L.bv.data(), kvd);
+            be.add(q_.data() + static_cast<size_t>(i) * qd, L.bq.data(), qd);
+            be.add(k_.data() + static_cast<size_t>(i) * kvd, L.bk.data(), kvd);
+            be.add(v_.data() + static_cast<size_t>(i) * kvd, L.bv.data(), kvd);
         }
 
     // Sinks: keep each sink key pre-rotated by -(n_ctx - 1 - j), for queries
@@ -102,10 +146,12 @@ void Forward::layer(int l, int n, int64_t pos0) {
     const bool any_slid = pos0 + n - 1 >= kv_.n_ctx();
     if (any_slid) std::memcpy(q_unrot_.data(), q_.data(), sizeof(float) * static_cast<size_t>(n) * qd);
 
-    be_.rope(q_.data(), n, hp.n_head, hp.head_dim, hp.rope_dims, cos_.data(), sin_.data(), hp.rope_neox);
-    be_.rope(k_.data(), n, hp.n_head_kv, hp.head_dim, hp.rope_dims, cos_.data(), sin_.data(), hp.rope_neox);
-    be_.convert_rows(kv_.config().type_k, k_.data(), kvd, n, kc_.data());
-    be_.convert_rows(kv_.config().type_v, v_.data(), kvd, n, vc_.data());
+    be.rope(q_.data(), n, hp.n_head, hp.head_dim, hp.rope_dims, cos_.data(), sin_.data(),
+            hp.rope_neox);
+    be.rope(k_.data(), n, hp.n_head_kv, hp.head_dim, hp.rope_dims, cos_.data(), sin_.data(),
+            hp.rope_neox);
+    be.convert_rows(kv_.config().type_k, k_.data(), kvd, n, kc_.data());
+    be.convert_rows(kv_.config().type_v, v_.data(), kvd, n, vc_.data());
 
     gl::AttentionArgs a;
     a.n_tok = n;
@@ -130,19 +176,19 @@ void Forward::layer(int l, int n, int64_t pos0) {
     a.window = kv_.window();
     a.sink_k = kv_.sink_k(l);
     a.out = att_.data();
-    be_.attention(a);
+    be.attention(a);
     kv_.write(l, pos0, n, kc_.data(), vc_.data());
 
-    be_.matmul(L.wo, att_.data(), n, xb_.data());
-    be_.add(x_.data(), xb_.data(), static_cast<int64_t>(n) * hp.n_embd);
+    be.matmul(L.wo, att_.data(), n, xb_.data());
+    be.add(x_.data(), xb_.data(), static_cast<int64_t>(n) * hp.n_embd);
 
     // ---- feed-forward block (SwiGLU) ----
-    be_.rmsnorm(x_.data(), L.ffn_norm.data(), hp.n_embd, n, hp.rms_eps, xb_.data());
-    be_.matmul(L.w_gate, xb_.data(), n, hb_.data());
-    be_.matmul(L.w_up, xb_.data(), n, hb2_.data());
-    be_.silu_mul(hb_.data(), hb2_.data(), static_cast<int64_t>(n) * hp.n_ff);
-    be_.matmul(L.w_down, hb_.data(), n, xb_.data());
-    be_.add(x_.data(), xb_.data(), static_cast<int64_t>(n) * hp.n_embd);
+    be.rmsnorm(x_.data(), L.ffn_norm.data(), hp.n_embd, n, hp.rms_eps, xb_.data());
+    be.matmul(L.w_gate, xb_.data(), n, hb_.data());
+    be.matmul(L.w_up, xb_.data(), n, hb2_.data());
+    be.silu_mul(hb_.data(), hb2_.data(), static_cast<int64_t>(n) * hp.n_ff);
+    be.matmul(L.w_down, hb_.data(), n, xb_.data());
+    be.add(x_.data(), xb_.data(), static_cast<int64_t>(n) * hp.n_embd);
 }
 
 } // namespace kvrun

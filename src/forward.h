@@ -12,11 +12,31 @@
 
 namespace kvrun {
 
+// Which backend runs each layer and the output head (final norm + output
+// matrix). Every backend takes host pointers (backend.h), so consecutive
+// layers may run on different backends with no copies: the residual stream
+// flows one way, layer 0 .. n_layer - 1, then the head. The token embedding
+// lookup and the sinks' pre-rotation run on the host.
+struct Placement {
+    std::vector<gl::Backend*> layers; // [n_layer]
+    gl::Backend* head = nullptr;
+
+    // Everything on one backend.
+    static Placement all(gl::Backend& be, int n_layer);
+    // Layers 0 .. n_first - 1 on `first` (-ngl), the rest on `rest`; the head
+    // runs on `first` only when it holds every layer.
+    static Placement split(gl::Backend& first, gl::Backend& rest, int n_first, int n_layer);
+    // The distinct backends, in order of first use.
+    std::vector<gl::Backend*> distinct() const;
+};
+
 class Forward {
   public:
     Forward(const Model& m, KvCache& kv, gl::Backend& be, int max_batch);
+    Forward(const Model& m, KvCache& kv, Placement placement, int max_batch);
 
     int max_batch() const { return max_batch_; }
+    const Placement& placement() const { return place_; }
     // Evaluate n (<= max_batch) tokens at positions kv.n_past() .. + n - 1.
     // Returns logits: n rows of n_vocab if all_logits, else the last row only.
     const float* eval(const int32_t* tokens, int n, bool all_logits);
@@ -26,7 +46,7 @@ class Forward {
 
     const Model& m_;
     KvCache& kv_;
-    gl::Backend& be_;
+    Placement place_;
     int max_batch_;
     // Activations, row-major per token:
     std::vector<float> x_;        // [B][n_embd] residual stream

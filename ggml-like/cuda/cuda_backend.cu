@@ -619,10 +619,31 @@ bool cuda_available(std::string* why) {
     return cuda::kernels_loadable(why);
 }
 
-std::unique_ptr<Backend> make_cuda_backend(int device) {
+std::unique_ptr<Backend> make_cuda_backend(int device, const CudaOptions& opt) {
     std::string why;
     if (!cuda_available(&why)) throw std::runtime_error("CUDA is not available: " + why);
+    if (opt.kv_gpu_window > 0)
+        throw std::runtime_error("--kv-gpu-window is not implemented yet in the CUDA backend");
     return std::make_unique<CudaBackend>(device);
+}
+
+bool cuda_memory_info(int device, uint64_t* free_bytes, uint64_t* total_bytes) {
+    *free_bytes = *total_bytes = 0;
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || device < 0 || device >= n) {
+        cudaGetLastError();
+        return false;
+    }
+    int prev = 0;
+    size_t f = 0, t = 0;
+    const bool ok = cudaGetDevice(&prev) == cudaSuccess && cudaSetDevice(device) == cudaSuccess &&
+                    cudaMemGetInfo(&f, &t) == cudaSuccess;
+    cudaSetDevice(prev);
+    cudaGetLastError();
+    if (!ok) return false;
+    *free_bytes = f;
+    *total_bytes = t;
+    return true;
 }
 
 } // namespace gl

@@ -15,8 +15,13 @@ bool cuda_available(std::string* why) {
     return false;
 }
 
-std::unique_ptr<Backend> make_cuda_backend(int) {
+std::unique_ptr<Backend> make_cuda_backend(int, const CudaOptions&) {
     throw std::runtime_error(kNoCuda);
+}
+
+bool cuda_memory_info(int, uint64_t* free_bytes, uint64_t* total_bytes) {
+    *free_bytes = *total_bytes = 0;
+    return false;
 }
 
 } // namespace gl

@@ -122,7 +122,8 @@ struct Row {
 int run_bench(int argc, char** argv) {
     std::vector<std::string> models;
     std::string threads_s = "0", pp_s = "512", tg_s = "128", depth_s = "0", ctk = "f16", ctv = "f16";
-    std::string device = "cpu";
+    std::string device;    // "" = cpu, or cuda with -ngl
+    CommonOptions offload; // -ngl, --kv-gpu-window
     int reps = 5, batch = 512;
     bool json = false, roofline = false;
     CLI::App app{"kvrun bench: prompt and generation speed (mean ± sd over repetitions)", "kvrun bench"};
@@ -135,7 +136,8 @@ int run_bench(int argc, char** argv) {
     app.add_option("-b,--batch-size", batch, "prompt batch")->capture_default_str()->check(CLI::Range(1, 1 << 16));
     app.add_option("--ctk", ctk, "K cache type")->capture_default_str();
     app.add_option("--ctv", ctv, "V cache type")->capture_default_str();
-    app.add_option("--device", device, "cpu, cuda or cuda:N")->capture_default_str();
+    app.add_option("--device", device, "cpu, cuda or cuda:N (default: cpu, or cuda with -ngl)");
+    add_offload_options(app, offload);
     app.add_flag("--roofline", roofline, "measure read bandwidth; report tg bytes/token and its fraction");
     app.add_flag("--json", json, "print JSON instead of a markdown table");
     try {
@@ -173,9 +175,11 @@ int run_bench(int argc, char** argv) {
             const int threads = resolve_threads(tc);
             CommonOptions co;
             co.device = device;
-            auto be = make_backend(co, threads);
+            co.n_gpu_layers = offload.n_gpu_layers;
+            co.kv_gpu_window = offload.kv_gpu_window;
+            const Backends be = make_backends(co, threads, hp.n_layer);
             KvCache kv({hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx, 4, tk, tv});
-            Forward fwd(lm->model, kv, *be, std::min(batch, n_ctx));
+            Forward fwd(lm->model, kv, be.placement(), std::min(batch, n_ctx));
             auto eval_all = [&](const int32_t* t, int n) {
                 for (int i = 0; i < n;) {
                     const int nb = std::min(fwd.max_batch(), n - i);

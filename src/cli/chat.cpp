@@ -237,7 +237,7 @@ int run_chat(int argc, char** argv) {
     ChatTemplate tmpl = ChatTemplate::for_model(lm->file, lm->tokenizer, o.chat_template);
     const int threads = resolve_threads(o.common.threads);
     const int n_ctx = pick_context(o, *lm, tk, tv, threads);
-    auto backend = make_backend(o.common, threads);
+    const Backends backends = make_backends(o.common, threads, lm->model.hp.n_layer);
     ChatConfig cfg;
     cfg.batch = o.batch;
     cfg.n_predict = o.n_predict;
@@ -249,7 +249,7 @@ int run_chat(int argc, char** argv) {
                    : tmpl.family() == ChatFamily::plain ? "the model has none: plain fallback"
                                                         : "from the model",
                    n_ctx, threads, tty ? "; /help for commands" : "");
-    ChatSession session(*lm, std::move(tmpl), n_ctx, tk, tv, *backend, cfg);
+    ChatSession session(*lm, std::move(tmpl), n_ctx, tk, tv, backends.placement(), cfg);
     if (!o.system.empty()) session.set_system(o.system);
 
     ChatHooks hooks;

@@ -1,5 +1,6 @@
 #include "cli/common.h"
 
+#include <algorithm>
 #include <csignal>
 #include <cstring>
 #include <fstream>
@@ -95,32 +96,122 @@ void add_runtime_options(CLI::App& app, CommonOptions& o) {
     app.add_option("--cache-type-k,--ctk", o.cache_type_k, "KV cache type for K: f32, f16, bf16, q8_0, q4_0")->capture_default_str();
     app.add_option("--cache-type-v,--ctv", o.cache_type_v, "KV cache type for V: f32, f16, bf16, q8_0, q4_0")->capture_default_str();
     app.add_flag("-v,--verbose", o.verbose, "log model and cache details to stderr");
-    app.add_option("--device", o.device, "where to compute: cpu, cuda or cuda:N (GPU N)")
-        ->capture_default_str();
+    app.add_option(
+        "--device", o.device,
+        "where to compute: cpu, cuda or cuda:N (GPU N) (default: cpu, or cuda with -ngl)");
+    add_offload_options(app, o);
 }
+
+void add_offload_options(CLI::App& app, CommonOptions& o) {
+    app.add_option(
+        "--n-gpu-layers", o.n_gpu_layers,
+        "(-ngl) layers to run on the GPU: the first N, or all (default: all with --device cuda); "
+        "the output head runs there when all layers do");
+    app.add_option(
+           "--kv-gpu-window", o.kv_gpu_window,
+           "keep only the sinks and the newest W tokens of each offloaded layer's KV cache on the "
+           "GPU; older ones are attended on the CPU from host memory (default 0: all on the GPU)")
+        ->check(CLI::Range(0, 1 << 30));
+}
+
+void rewrite_long_short_options(int argc, char** argv) {
+    static char ngl[] = "--n-gpu-layers";
+    for (int i = 1; i < argc; i++) {
+        if (std::strcmp(argv[i], "--") == 0) break;
+        if (std::strcmp(argv[i], "-ngl") == 0) argv[i] = ngl;
+    }
+}
+
+namespace {
+
+bool is_cuda_device(const std::string& d) {
+    return d == "cuda" || d.rfind("cuda:", 0) == 0;
+}
+
+// `what` names the flag that asked for the GPU, for the error message.
+std::unique_ptr<gl::Backend> make_cuda(const std::string& d, const std::string& what,
+                                       const gl::CudaOptions& opt) {
+    int id = 0;
+    if (d.size() > 5) {
+        char* end = nullptr;
+        errno = 0;
+        const long v = std::strtol(d.c_str() + 5, &end, 10);
+        if (*end != '\0' || errno != 0 || v < 0 || v > 1024 || end == d.c_str() + 5)
+            fail(Exit::usage, "--device {}: expected cuda:N with N a GPU number", d);
+        id = static_cast<int>(v);
+    }
+    std::string why;
+    if (!gl::cuda_available(&why)) fail(Exit::usage, "{}: {}", what, why);
+    try {
+        return gl::make_cuda_backend(id, opt);
+    } catch (const std::runtime_error& e) {
+        fail(Exit::usage, "{}: {}", what, e.what());
+    }
+}
+
+} // namespace
 
 std::unique_ptr<gl::Backend> make_backend(const CommonOptions& o, int threads) {
     const std::string& d = o.device;
-    if (d == "cpu") return gl::make_cpu_backend(threads);
-    if (d == "cuda" || d.rfind("cuda:", 0) == 0) {
-        int id = 0;
-        if (d.size() > 5) {
-            char* end = nullptr;
-            errno = 0;
-            const long v = std::strtol(d.c_str() + 5, &end, 10);
-            if (*end != '\0' || errno != 0 || v < 0 || v > 1024 || end == d.c_str() + 5)
-                fail(Exit::usage, "--device {}: expected cuda:N with N a GPU number", d);
-            id = static_cast<int>(v);
-        }
-        std::string why;
-        if (!gl::cuda_available(&why)) fail(Exit::usage, "--device {}: {}", d, why);
-        try {
-            return gl::make_cuda_backend(id);
-        } catch (const std::runtime_error& e) {
-            fail(Exit::usage, "--device {}: {}", d, e.what());
-        }
-    }
+    if (d.empty() || d == "cpu") return gl::make_cpu_backend(threads);
+    if (is_cuda_device(d)) return make_cuda(d, "--device " + d, {o.kv_gpu_window, threads});
     fail(Exit::usage, "--device {}: unknown device (use cpu, cuda or cuda:N)", d);
+}
+
+int resolve_gpu_layers(const CommonOptions& o, int n_layer) {
+    const std::string& d = o.device;
+    if (!d.empty() && d != "cpu" && !is_cuda_device(d))
+        fail(Exit::usage, "--device {}: unknown device (use cpu, cuda or cuda:N)", d);
+    const std::string& s = o.n_gpu_layers;
+    if (s.empty()) return is_cuda_device(d) ? n_layer : 0;
+    long n = n_layer;
+    if (s != "all") {
+        char* end = nullptr;
+        errno = 0;
+        n = std::strtol(s.c_str(), &end, 10);
+        if (s.empty() || *end != '\0' || errno != 0 || n < 0)
+            fail(Exit::usage, "-ngl {}: expected a number of layers or all", s);
+    }
+    if (n > 0 && d == "cpu")
+        fail(Exit::usage,
+             "-ngl {} puts layers on the GPU but --device is cpu (use --device cuda, or no "
+             "--device)",
+             s);
+    return static_cast<int>(std::min<long>(n, n_layer));
+}
+
+Placement Backends::placement() const {
+    if (!cpu) return Placement::all(*gpu, n_layer);
+    if (!gpu) return Placement::all(*cpu, n_layer);
+    return Placement::split(*gpu, *cpu, n_gpu_layers, n_layer);
+}
+
+std::string Backends::describe() const {
+    const std::string window =
+        kv_gpu_window > 0 ? fmt::format(", KV on the GPU: sinks + newest {} tokens", kv_gpu_window)
+                          : "";
+    if (!cpu) return gpu->name() + window;
+    if (!gpu) return cpu->name();
+    return fmt::format("{} for layers 0-{}{}, {} for layers {}-{} and the output", gpu->name(),
+                       n_gpu_layers - 1, window, cpu->name(), n_gpu_layers, n_layer - 1);
+}
+
+Backends make_backends(const CommonOptions& o, int threads, int n_layer) {
+    Backends b;
+    b.n_layer = n_layer;
+    b.n_gpu_layers = resolve_gpu_layers(o, n_layer);
+    if (o.kv_gpu_window > 0 && b.n_gpu_layers == 0)
+        fail(Exit::usage, "--kv-gpu-window {} needs layers on the GPU (--device cuda or -ngl N)",
+             o.kv_gpu_window);
+    if (b.n_gpu_layers > 0) {
+        const std::string d = is_cuda_device(o.device) ? o.device : "cuda";
+        const std::string what =
+            o.n_gpu_layers.empty() ? "--device " + d : "-ngl " + o.n_gpu_layers;
+        b.gpu = make_cuda(d, what, {o.kv_gpu_window, threads});
+        b.kv_gpu_window = o.kv_gpu_window;
+    }
+    if (b.n_gpu_layers < n_layer) b.cpu = gl::make_cpu_backend(threads);
+    return b;
 }
 
 int resolve_threads(int requested) { return requested > 0 ? requested : gl::ThreadPool::physical_cores(); }

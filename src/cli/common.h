@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 
 #include "ggml-like/backend.h"
+#include "forward.h"
 #include "ggml-like/types.h"
 #include "sampler.h"
 
@@ -21,14 +22,42 @@ struct CommonOptions {
     int threads = 0; // 0 = physical cores
     std::string cache_type_k = "f16", cache_type_v = "f16";
     bool verbose = false;
-    std::string device = "cpu"; // --device: cpu, cuda or cuda:N
+    std::string device;       // --device: cpu, cuda or cuda:N; "" = cpu (cuda with -ngl N)
+    std::string n_gpu_layers; // -ngl N | all; "" = all with --device cuda, none on the CPU
+    int kv_gpu_window = 0;    // --kv-gpu-window W; 0 = each offloaded layer's whole ring on the GPU
 };
 
 void add_model_option(CLI::App& app, CommonOptions& o);
-void add_runtime_options(CLI::App& app, CommonOptions& o); // -t, cache types, -v, --device
+// -t, cache types, -v, --device, -ngl, --kv-gpu-window
+void add_runtime_options(CLI::App& app, CommonOptions& o);
+// -ngl and --kv-gpu-window alone (for subcommands with their own --device).
+void add_offload_options(CLI::App& app, CommonOptions& o);
+// CLI11 takes one-letter short options only: `-ngl` (llama.cpp's spelling) is
+// rewritten in place to `--n-gpu-layers` before any subcommand parses.
+void rewrite_long_short_options(int argc, char** argv);
 // The backend --device asks for; throws Error(usage) for a device this build
 // or machine lacks (the message says why, e.g. "kvrun was built without CUDA").
 std::unique_ptr<gl::Backend> make_backend(const CommonOptions& o, int threads);
+
+// How many of n_layer layers run on the GPU: -ngl N (clamped to n_layer) or
+// all, else all with --device cuda and none otherwise. Throws Error(usage)
+// for junk or for -ngl N > 0 with --device cpu.
+int resolve_gpu_layers(const CommonOptions& o, int n_layer);
+
+// The backends of a run and which layers each runs (Placement in forward.h):
+// the first n_gpu_layers on the GPU, the rest and, unless the GPU holds every
+// layer, the output head on the CPU.
+struct Backends {
+    std::unique_ptr<gl::Backend> gpu; // null when no layer is offloaded
+    std::unique_ptr<gl::Backend> cpu; // null when the GPU runs everything
+    int n_gpu_layers = 0, n_layer = 0;
+    int kv_gpu_window = 0;
+    Placement placement() const;
+    // For -v and logs: "cpu/avx2", "cuda:0 (...)", or both with their layers.
+    std::string describe() const;
+};
+// Throws Error(usage) like make_backend ("-ngl 4: kvrun was built without CUDA").
+Backends make_backends(const CommonOptions& o, int threads, int n_layer);
 int resolve_threads(int requested);
 gl::Type parse_cache_type(const std::string& name, const char* flag);
 

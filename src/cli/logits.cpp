@@ -53,8 +53,8 @@ int run_logits(int argc, char** argv) {
         check_prompt_fits(n, n_ctx);
     }
     KvCache kv({hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx, std::min(4, n_ctx - 1), tk, tv});
-    auto backend = make_backend(c, resolve_threads(c.threads));
-    Forward fwd(lm->model, kv, *backend, static_cast<int>(std::min<int64_t>(n, 512)));
+    const Backends backends = make_backends(c, resolve_threads(c.threads), hp.n_layer);
+    Forward fwd(lm->model, kv, backends.placement(), static_cast<int>(std::min<int64_t>(n, 512)));
     const int k = std::min(top_k, hp.n_vocab);
 
     nlohmann::json out = nlohmann::json::array();

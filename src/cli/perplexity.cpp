@@ -52,8 +52,8 @@ int run_perplexity(int argc, char** argv) {
         fail(Exit::context_overflow, "-c {} exceeds the model's context of {}", n_ctx, hp.n_ctx_train);
 
     KvCache kv({hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx, 0, tk, tv});
-    auto backend = make_backend(c, resolve_threads(c.threads));
-    Forward fwd(lm->model, kv, *backend, std::min(batch, n_ctx));
+    const Backends backends = make_backends(c, resolve_threads(c.threads), hp.n_layer);
+    Forward fwd(lm->model, kv, backends.placement(), std::min(batch, n_ctx));
     const bool progress = isatty(2);
     const int first = n_ctx / 2;
     double nll = 0, nll2 = 0;

@@ -184,13 +184,15 @@ int run_generate(int argc, char** argv) {
     }
     KvCacheConfig kc{hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx, keep, tk, tv};
     KvCache kv(kc);
-    auto backend = make_backend(o.common, threads);
-    Forward fwd(lm->model, kv, *backend, std::min(o.batch, n_ctx));
+    const Backends backends = make_backends(o.common, threads, hp.n_layer);
+    Forward fwd(lm->model, kv, backends.placement(), std::min(o.batch, n_ctx));
     Sampler sampler(o.sampling, hp.n_vocab);
     if (o.common.verbose) {
-        fmt::print(stderr, "kvrun: {} ({} layers, width {}, {}/{} heads of {}, vocab {}), backend {}, {} threads\n",
+        fmt::print(stderr,
+                   "kvrun: {} ({} layers, width {}, {}/{} heads of {}, vocab {}), backend {}, {} "
+                   "threads\n",
                    hp.arch, hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_vocab,
-                   backend->name(), threads);
+                   backends.describe(), threads);
         fmt::print(stderr, "kvrun: n_ctx {} ({}), keep {}, KV cache {} ({} per token, {}), seed {}\n", n_ctx,
                    ctx_auto ? "auto" : "fixed", kc.keep, human_bytes(kv.ring_bytes()),
                    human_bytes(kv.ring_bytes() / n_ctx), gl::type_name(tk), o.sampling.seed);
