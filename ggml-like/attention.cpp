@@ -38,9 +38,11 @@ struct HeadReader {
     }
 };
 
-// One query head of one token: scores over visible slots and batch keys,
-// softmax, weighted sum of values. `sc` holds the per-thread scratch.
-void attend_one(const AttentionArgs& a, int t, int h, float* sc) {
+// One query head of one token: scores over the visible slots and batch keys
+// of `keys`, softmax, weighted sum of values; returns the log-sum-exp of the
+// visible scores (-inf, with a zero output, when there are none). `sc` holds
+// the per-thread scratch.
+float attend_one(const AttentionArgs& a, const KeySubset& keys, int t, int h, float* sc) {
     const int hd = a.head_dim;
     const int kvh = h / (a.n_head / a.n_head_kv);
     const int64_t p = a.pos[t];
@@ -56,12 +58,13 @@ void attend_one(const AttentionArgs& a, int t, int h, float* sc) {
     float* tmp = sc + a.n_ctx + a.n_tok;
     auto key_score = [&](const uint8_t* row) { return cpu::vec_dot(k_dot, hd, kr.head(row, kvh, tmp), q) * a.scale; };
 
-    // Scores; -inf marks keys this query must not see.
+    auto in_keys = [&](int64_t kp) { return kp >= keys.pos_begin && kp < keys.pos_end; };
+    // Scores; -inf marks keys this query must not see (or outside the subset).
     float mx = -INFINITY;
     for (int s = 0; s < a.n_ctx; s++) {
         const int64_t sp = a.slot_pos ? a.slot_pos[s] : -1;
         float v = -INFINITY;
-        if (sp >= 0) {
+        if (sp >= 0 && s >= keys.slot_begin && s < keys.slot_end && in_keys(sp)) {
             if (sp < a.n_sink && slid) {
                 const float* k = a.sink_k + static_cast<int64_t>(sp) * a.n_head_kv * hd + kvh * hd;
                 v = cpu::vec_dot(Type::F32, hd, k, qu) * a.scale;
@@ -75,11 +78,16 @@ void attend_one(const AttentionArgs& a, int t, int h, float* sc) {
     for (int u = 0; u <= t; u++) {
         float v = -INFINITY;
         const int64_t up = a.pos[u];
-        if (up >= lo || up < a.n_sink) v = key_score(kn + u * a.k_row_bytes);
+        if (keys.with_new && in_keys(up) && (up >= lo || up < a.n_sink))
+            v = key_score(kn + u * a.k_row_bytes);
         sc[a.n_ctx + u] = v;
         mx = v > mx ? v : mx;
     }
-    // Softmax over the visible keys (the query always sees itself, so mx is finite).
+    // Softmax over the visible keys (in a whole attention the query sees
+    // itself, so mx is finite; a subset may hold none of its keys).
+    float* out = a.out + (static_cast<int64_t>(t) * a.n_head + h) * hd;
+    std::memset(out, 0, sizeof(float) * hd);
+    if (mx == -INFINITY) return -INFINITY;
     double sum = 0;
     const int n = a.n_ctx + t + 1;
     for (int i = 0; i < n; i++) {
@@ -88,8 +96,6 @@ void attend_one(const AttentionArgs& a, int t, int h, float* sc) {
         sum += e;
     }
     const float inv = static_cast<float>(1.0 / sum);
-    float* out = a.out + (static_cast<int64_t>(t) * a.n_head + h) * hd;
-    std::memset(out, 0, sizeof(float) * hd);
     const auto* vs = static_cast<const uint8_t*>(a.v_slots);
     const auto* vn = static_cast<const uint8_t*>(a.v_new);
     float* vtmp = tmp + a.n_head_kv * hd + 256;
@@ -98,16 +104,49 @@ void attend_one(const AttentionArgs& a, int t, int h, float* sc) {
         if (sc[s] != 0.0f) add_value(vs + s * a.v_row_bytes, sc[s] * inv);
     for (int u = 0; u <= t; u++)
         if (sc[a.n_ctx + u] != 0.0f) add_value(vn + u * a.v_row_bytes, sc[a.n_ctx + u] * inv);
+    return mx + static_cast<float>(std::log(sum));
+}
+
+void attend_all(ThreadPool& pool, const AttentionArgs& a, const KeySubset& keys, float* lse) {
+    const int64_t n_work = static_cast<int64_t>(a.n_tok) * a.n_head;
+    pool.parallel_for(n_work, [&](int64_t b, int64_t e, int ith) {
+        float* sc = a.scratch + ith * attention_scratch_per_thread(a.n_ctx, a.n_tok, a.n_head_kv * a.head_dim);
+        for (int64_t w = b; w < e; w++) {
+            const float l = attend_one(a, keys, static_cast<int>(w / a.n_head),
+                                       static_cast<int>(w % a.n_head), sc);
+            if (lse) lse[w] = l;
+        }
+    }, n_work * (a.n_ctx + a.n_tok) * a.head_dim * 2);
 }
 
 } // namespace
 
 void attention(ThreadPool& pool, const AttentionArgs& a) {
-    const int64_t n_work = static_cast<int64_t>(a.n_tok) * a.n_head;
-    pool.parallel_for(n_work, [&](int64_t b, int64_t e, int ith) {
-        float* sc = a.scratch + ith * attention_scratch_per_thread(a.n_ctx, a.n_tok, a.n_head_kv * a.head_dim);
-        for (int64_t w = b; w < e; w++) attend_one(a, static_cast<int>(w / a.n_head), static_cast<int>(w % a.n_head), sc);
-    }, n_work * (a.n_ctx + a.n_tok) * a.head_dim * 2);
+    attend_all(pool, a, KeySubset{}, nullptr);
+}
+
+void attention_partial(ThreadPool& pool, const AttentionArgs& a, const KeySubset& keys,
+                       float* lse) {
+    attend_all(pool, a, keys, lse);
+}
+
+void attention_merge(int64_t n_tok, int n_head, int head_dim, float* out, float* lse,
+                     const float* out2, const float* lse2) {
+    for (int64_t i = 0; i < n_tok * n_head; i++) {
+        const float l1 = lse[i], l2 = lse2[i];
+        if (l2 == -INFINITY) continue; // the second holds nothing for this query
+        float* o = out + i * head_dim;
+        const float* o2 = out2 + i * head_dim;
+        if (l1 == -INFINITY) {
+            std::memcpy(o, o2, sizeof(float) * head_dim);
+            lse[i] = l2;
+            continue;
+        }
+        const float m = l1 > l2 ? l1 : l2;
+        const float w1 = std::exp(l1 - m), w2 = std::exp(l2 - m), inv = 1.0f / (w1 + w2);
+        for (int d = 0; d < head_dim; d++) o[d] = (w1 * o[d] + w2 * o2[d]) * inv;
+        lse[i] = m + std::log(w1 + w2);
+    }
 }
 
 } // namespace gl

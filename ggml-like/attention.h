@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 
 #include "ggml-like/types.h"
 
@@ -51,6 +52,32 @@ struct AttentionArgs {
 
 class ThreadPool;
 void attention(ThreadPool& pool, const AttentionArgs& a);
+
+// ---- partial attention (hot/cold KV) -------------------------------------------------
+// The keys of one call split into disjoint subsets, each attended on its own
+// and the results merged, equal the whole attention. For one (token, head) a
+// subset's result is its softmax-normalised output o and the log-sum-exp L of
+// its visible scores (L = -inf and o = 0 when the query sees none of its
+// keys); two results merge as
+//   M = max(L1, L2),  w_i = exp(L_i - M),  o = (w1 o1 + w2 o2) / (w1 + w2),
+//   L = M + log(w1 + w2).
+// Used by --kv-gpu-window: the GPU attends the sinks, the newest slots and the
+// batch's own keys; the CPU the older slots, from host memory.
+struct KeySubset {
+    // A cached slot belongs when its index is in [slot_begin, slot_end) and
+    // the position it holds in [pos_begin, pos_end); a batch key when
+    // with_new and its position is in [pos_begin, pos_end).
+    int slot_begin = 0, slot_end = std::numeric_limits<int>::max();
+    int64_t pos_begin = std::numeric_limits<int64_t>::min();
+    int64_t pos_end = std::numeric_limits<int64_t>::max();
+    bool with_new = true;
+};
+// Writes a.out (normalised over the subset) and lse[n_tok][n_head].
+void attention_partial(ThreadPool& pool, const AttentionArgs& a, const KeySubset& keys, float* lse);
+// (out, lse) := merge of (out, lse) and (out2, lse2), per (token, head);
+// out rows are [n_tok][n_head][head_dim].
+void attention_merge(int64_t n_tok, int n_head, int head_dim, float* out, float* lse,
+                     const float* out2, const float* lse2);
 // Scratch floats attention needs: per thread, the scores plus room to
 // dequantize one head's K or V (and the blocks around it).
 inline int64_t attention_scratch_per_thread(int n_ctx, int n_tok, int kv_dim) {

@@ -1,5 +1,7 @@
 #include "memory_plan.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -59,6 +61,48 @@ MemoryPlan plan_memory(const GgufFile& f, const Hparams& hp, int64_t n_ctx, gl::
     const uint64_t used = to_fault + p.scratch + kReserve;
     p.max_ctx_that_fits = p.mem_available > used ? static_cast<int64_t>((p.mem_available - used) / p.kv_per_token) : 0;
     return p;
+}
+
+GpuPlan plan_gpu(const GgufFile& f, const Hparams& hp, int64_t n_ctx, int64_t keep, gl::Type tk,
+                 gl::Type tv, int n_gpu_layers, int64_t kv_window, int batch) {
+    GpuPlan g;
+    g.n_layer = hp.n_layer;
+    g.n_gpu_layers = std::clamp(n_gpu_layers, 0, hp.n_layer);
+    g.head_on_gpu = g.n_gpu_layers == hp.n_layer && hp.n_layer > 0;
+    g.n_ctx = n_ctx;
+    g.keep = std::min<int64_t>(keep, n_ctx - 1);
+    const int64_t window = n_ctx - g.keep;
+    g.kv_window = kv_window > 0 && kv_window < window ? kv_window : 0;
+    g.gpu_slots = g.kv_window > 0 ? g.keep + g.kv_window : n_ctx;
+    const bool tied = std::none_of(f.tensors().begin(), f.tensors().end(),
+                                   [](const GgufTensor& t) { return t.name == "output.weight"; });
+    for (const GgufTensor& t : f.tensors()) {
+        bool on_gpu = false;
+        int layer = -1;
+        if (t.n_dims >= 2 && std::sscanf(t.name.c_str(), "blk.%d.", &layer) == 1)
+            on_gpu = layer < g.n_gpu_layers;
+        else if (t.name == "output.weight" || (tied && t.name == "token_embd.weight"))
+            on_gpu = g.head_on_gpu;
+        (on_gpu ? g.weights_gpu : g.weights_host) += t.nbytes;
+    }
+    const uint64_t row = gl::row_size(tk, hp.kv_dim()) + gl::row_size(tv, hp.kv_dim());
+    g.kv_gpu = static_cast<uint64_t>(g.n_gpu_layers) * g.gpu_slots * row;
+    g.kv_host = static_cast<uint64_t>(hp.n_layer) * n_ctx * row;
+    g.kv_cold = static_cast<uint64_t>(g.n_gpu_layers) * (n_ctx - g.gpu_slots) * row;
+    if (g.n_gpu_layers > 0) {
+        // The backend's buffers (cuda_backend.cu), each grown to its largest
+        // use plus a quarter: matmul/op input and output, the new K/V rows,
+        // the attention partials (one per 256 keys per query head).
+        const uint64_t b = static_cast<uint64_t>(std::max(1, std::min<int>(batch, n_ctx)));
+        const uint64_t width = std::max({hp.n_embd, hp.n_ff, hp.q_dim()});
+        const uint64_t out = std::max<uint64_t>(b * width, g.head_on_gpu ? hp.n_vocab : 0);
+        const uint64_t splits = (g.gpu_slots + b + 255) / 256;
+        const uint64_t partial = b * hp.n_head * splits * (hp.head_dim + 2);
+        const uint64_t bytes = 4 * (b * width + out + b * hp.q_dim() + partial + b * hp.n_head) +
+                               b * row + 8 * (g.gpu_slots + b) + 4 * g.keep * hp.kv_dim();
+        g.scratch_gpu = bytes + bytes / 4;
+    }
+    return g;
 }
 
 std::string memory_advice(const MemoryPlan& p, const Hparams& hp, int64_t n_prompt) {

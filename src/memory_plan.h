@@ -38,4 +38,30 @@ MemoryPlan plan_memory(const GgufFile& f, const Hparams& hp, int64_t n_ctx, gl::
 // One-line advice for a plan that does not fit: what would.
 std::string memory_advice(const MemoryPlan& p, const Hparams& hp, int64_t n_prompt);
 
+// What goes where with layers on a GPU (-ngl, --kv-gpu-window), from the
+// file's metadata alone (kvrun info). The CUDA backend copies the weight
+// matrices it multiplies: those of the offloaded layers, plus the output
+// matrix when every layer is offloaded (the head follows the last layer);
+// the token embedding is looked up on the host, and norms and biases travel
+// with each call. Its KV mirror holds, per offloaded layer, the whole ring or
+// with a window only the sinks and the newest W positions. The host ring
+// always holds every slot of every layer (it is the source of truth, and the
+// cold part is attended from there).
+struct GpuPlan {
+    int n_layer = 0, n_gpu_layers = 0;
+    bool head_on_gpu = false;
+    int64_t n_ctx = 0, keep = 0, kv_window = 0; // kv_window 0: the whole ring on the GPU
+    int64_t gpu_slots = 0;                      // KV rows per offloaded layer on the GPU
+    uint64_t weights_gpu = 0;                   // matrices copied to the device
+    uint64_t weights_host = 0; // the rest of the tensor bytes, used from the mapping
+    uint64_t kv_gpu = 0;       // n_gpu_layers × gpu_slots × (K + V row bytes)
+    uint64_t kv_host = 0;      // the host ring: n_layer × n_ctx × (K + V row bytes)
+    uint64_t kv_cold = 0;      // of kv_host, the offloaded layers' slots attended on the CPU
+    uint64_t scratch_gpu = 0;  // device activations and attention partials (estimate)
+    uint64_t gpu_total() const { return weights_gpu + kv_gpu + scratch_gpu; }
+};
+
+GpuPlan plan_gpu(const GgufFile& f, const Hparams& hp, int64_t n_ctx, int64_t keep, gl::Type tk,
+                 gl::Type tv, int n_gpu_layers, int64_t kv_window, int batch);
+
 } // namespace kvrun

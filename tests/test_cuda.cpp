@@ -7,8 +7,9 @@
 //
 // Part 2 needs a GPU (gl::cuda_available) and is skipped with a MESSAGE
 // otherwise: every CUDA op against the CPU reference on odd sizes and every
-// supported type, the KV mirror, zero-copy weights, and the goldens
-// (../shared/golden, or $KVRUN_SHARED_DIR) through the CUDA backend.
+// supported type, the KV mirror, zero-copy weights, the goldens
+// (../shared/golden, or $KVRUN_SHARED_DIR) through the CUDA backend, the
+// hot/cold KV split (--kv-gpu-window) against all-GPU, and -ngl splits.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -706,6 +707,121 @@ TEST_CASE("cuda forward: a wrapping ring with sinks matches the CPU backend") {
                 worst = std::max(worst, static_cast<double>(std::abs(a[i] - b[i])));
         }
         MESSAGE("ring wrap, cache ", gl::type_name(t), ": max |cuda - cpu| ", worst);
+        CHECK(worst < 0.05);
+    }
+}
+
+// ---- hot/cold KV (--kv-gpu-window) and partial offload (-ngl) ----
+
+TEST_CASE(
+    "cuda hot/cold attention: GPU window merged with the CPU's cold part equals gl::attention") {
+    if (!gpu_or_skip()) return;
+    auto cpu = gl::make_cpu_backend(1);
+    uint32_t seed = 900;
+    for (int w : {1, 5, 64, 200}) {
+        auto be = gl::make_cuda_backend(0, {w, 2});
+        for (const AttnCase& c : kAttnCases) {
+            INFO("window ", w, " n_tok ", c.n_tok, " heads ", c.n_head, "/", c.n_head_kv, " hd ",
+                 c.head_dim, " n_ctx ", c.n_ctx, " past ", c.past, " types ", gl::type_name(c.tk),
+                 "/", gl::type_name(c.tv));
+            AttnData d(c, seed++);
+            cpu->reserve(
+                0, gl::attention_scratch_floats(1, c.n_ctx, c.n_tok, c.n_head_kv * c.head_dim));
+            cpu->attention(d.args);
+            const std::vector<float> want = d.out;
+            std::fill(d.out.begin(), d.out.end(), NAN);
+            be->attention(d.args);
+            double worst = 0;
+            for (size_t i = 0; i < want.size(); i++)
+                worst = std::max(worst, std::isnan(d.out[i])
+                                            ? 1e30
+                                            : std::abs(static_cast<double>(d.out[i]) - want[i]));
+            INFO("worst |diff| ", worst);
+            CHECK(worst < 1e-4);
+        }
+        // The device holds the sinks and the window only.
+        const gl::MemoryUse u = be->memory_use();
+        CHECK(u.device);
+        CHECK(u.kv > 0);
+    }
+}
+
+namespace {
+
+// Logits of a sequence that wraps a 96-slot ring twice: 16-token batches while
+// they fit, single tokens after.
+std::vector<std::vector<float>> wrap_logits(const kvrun::LoadedModel& lm, kvrun::Placement p,
+                                            Type t, int n_steps) {
+    const kvrun::Hparams& hp = lm.model.hp;
+    kvrun::KvCache kv({hp.n_layer, hp.n_head_kv, hp.head_dim, 96, 4, t, t});
+    kvrun::Forward f(lm.model, kv, std::move(p), 16);
+    std::mt19937 rng(5);
+    std::vector<std::vector<float>> rows;
+    for (int step = 0; step < n_steps; step++) {
+        const int nb = kv.n_past() + 16 <= kv.n_ctx() ? 16 : 1;
+        std::vector<int32_t> toks(nb);
+        for (auto& tk : toks) tk = static_cast<int32_t>(rng() % hp.n_vocab);
+        const float* r = f.eval(toks.data(), nb, false);
+        rows.emplace_back(r, r + hp.n_vocab);
+    }
+    return rows;
+}
+
+double worst_diff(const std::vector<std::vector<float>>& a,
+                  const std::vector<std::vector<float>>& b) {
+    double worst = 0;
+    for (size_t i = 0; i < a.size(); i++)
+        for (size_t j = 0; j < a[i].size(); j++)
+            worst = std::max(worst, static_cast<double>(std::abs(a[i][j] - b[i][j])));
+    return worst;
+}
+
+} // namespace
+
+TEST_CASE("cuda hot/cold forward: --kv-gpu-window logits equal all-GPU logits") {
+    if (!gpu_or_skip()) return;
+    for (const char* name : {"stories260K.gguf", "synthetic/tiny-f16.gguf"}) {
+        const fs::path mp = fs::path(shared_dir()) / "models" / name;
+        if (!fs::exists(mp)) {
+            MESSAGE("skipped: no ", mp.string());
+            continue;
+        }
+        auto lm = kvrun::LoadedModel::load(mp.string());
+        const kvrun::Hparams& hp = lm->model.hp;
+        auto all = gl::make_cuda_backend(0);
+        const auto want = wrap_logits(*lm, kvrun::Placement::all(*all, hp.n_layer), Type::F16, 200);
+        const uint64_t row = 2 * gl::row_size(Type::F16, hp.kv_dim());
+        CHECK(all->memory_use().kv == static_cast<uint64_t>(hp.n_layer) * 96 * row);
+        for (int w : {8, 33}) {
+            auto hc = gl::make_cuda_backend(0, {w, 2});
+            const auto got =
+                wrap_logits(*lm, kvrun::Placement::all(*hc, hp.n_layer), Type::F16, 200);
+            const double worst = worst_diff(got, want);
+            MESSAGE(name, " --kv-gpu-window ", w, ": max |hot/cold - all-GPU| ", worst, " over ",
+                    got.size(), " steps; device KV ", hc->memory_use().kv, " bytes");
+            CHECK(worst <= 0.02); // the F16 golden tolerance
+            CHECK(hc->memory_use().kv == static_cast<uint64_t>(hp.n_layer) * (4 + w) * row);
+        }
+    }
+}
+
+TEST_CASE("cuda -ngl: layers split between the GPU and the CPU match the CPU") {
+    if (!gpu_or_skip()) return;
+    const fs::path mp = fs::path(shared_dir()) / "models" / "stories260K.gguf";
+    if (!fs::exists(mp)) {
+        MESSAGE("skipped: no ", mp.string());
+        return;
+    }
+    auto lm = kvrun::LoadedModel::load(mp.string());
+    const int n_layer = lm->model.hp.n_layer;
+    auto cpu = gl::make_cpu_backend(2);
+    const auto want = wrap_logits(*lm, kvrun::Placement::all(*cpu, n_layer), Type::F16, 120);
+    for (int k : {1, n_layer - 1, n_layer}) {
+        auto cuda = gl::make_cuda_backend(0, {k == 1 ? 8 : 0, 2});
+        const auto got =
+            wrap_logits(*lm, kvrun::Placement::split(*cuda, *cpu, k, n_layer), Type::F16, 120);
+        const double worst = worst_diff(got, want);
+        MESSAGE("-ngl ", k, " of ", n_layer, ": max |split - cpu| ", worst);
         CHECK(worst < 0.05);
     }
 }

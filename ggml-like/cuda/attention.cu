@@ -1,7 +1,8 @@
 // Attention over the KV ring (rules: attention.h), split along the keys.
 //
-// Keys of query token t are the n_ctx slots followed by the batch's own rows
-// 0..t: n_ctx + n_tok "virtual" key indices, of which each query hides the
+// Keys of query token t are the n_slots device slots (the whole ring, or its
+// hot part) followed by the batch's own rows 0..t: n_slots + n_tok "virtual"
+// key indices, of which each query hides the
 // ones attention.h says it must not see. The index range is cut into chunks
 // of kAttnChunk keys; one 128-thread block handles one (chunk, head, token):
 //   1. each warp scores one key at a time (lanes stride the head dimension,
@@ -11,7 +12,9 @@
 //      writing the unnormalized partial (m, l, acc[head_dim]).
 // A second kernel merges a (token, head)'s chunks by log-sum-exp:
 //   M = max m_i,  out = sum_i e^(m_i - M) acc_i / sum_i e^(m_i - M) l_i,
-// skipping chunks with l_i = 0 (every key hidden). This is flash-decoding:
+// skipping chunks with l_i = 0 (every key hidden), and optionally records
+// the log-sum-exp M + log L (for a merge with the CPU's cold partial,
+// gl::attention_merge). This is flash-decoding:
 // a decode step with a long context spreads over n_ctx / 256 blocks per head
 // instead of one, and short contexts simply have one chunk.
 //
@@ -72,7 +75,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     __syncthreads();
 
     const int k_begin = split * kAttnChunk;
-    const int k_end = min(k_begin + kAttnChunk, a.n_ctx + a.n_tok);
+    const int k_end = min(k_begin + kAttnChunk, a.n_slots + a.n_tok);
     const int n_local = k_end - k_begin;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const auto* ks = static_cast<const uint8_t*>(a.k_slots);
@@ -83,7 +86,7 @@ __global__ void __launch_bounds__(kAttnThreads)
         int kind;
         const uint8_t* row = nullptr;
         const float* sk = nullptr;
-        if (i < a.n_ctx) {
+        if (i < a.n_slots) {
             const int64_t sp = a.slot_pos[i];
             kind = slot_kind(sp, p, a.n_ctx, a.n_sink, a.window);
             if (kind == kShiftedSink) {
@@ -95,7 +98,7 @@ __global__ void __launch_bounds__(kAttnThreads)
                 row = ks + static_cast<int64_t>(i) * a.k_row_bytes;
             }
         } else {
-            const int u = i - a.n_ctx;
+            const int u = i - a.n_slots;
             kind = u <= t ? batch_kind(u, t, a.pos[u], p, a.n_ctx, a.n_sink, a.window) : kHidden;
             row = kn + static_cast<int64_t>(u) * a.k_row_bytes;
         }
@@ -136,9 +139,9 @@ __global__ void __launch_bounds__(kAttnThreads)
             const float wgt = sc[j];
             if (wgt == 0.0f) continue;
             const int i = k_begin + j;
-            const uint8_t* row = i < a.n_ctx
+            const uint8_t* row = i < a.n_slots
                                      ? vs + static_cast<int64_t>(i) * a.v_row_bytes
-                                     : vn + static_cast<int64_t>(i - a.n_ctx) * a.v_row_bytes;
+                                     : vn + static_cast<int64_t>(i - a.n_slots) * a.v_row_bytes;
             acc = fmaf(wgt, kv_elem(a.v_type, row, e0 + d), acc);
         }
         part[2 + d] = acc;
@@ -151,7 +154,7 @@ __global__ void __launch_bounds__(kAttnThreads)
 
 __global__ void __launch_bounds__(kAttnThreads)
     attn_merge_kernel(int n_head, int hd, int n_split, const float* __restrict__ partial,
-                      float* __restrict__ out) {
+                      float* __restrict__ out, float* __restrict__ lse) {
     const int h = blockIdx.x, t = blockIdx.y;
     const int64_t th = static_cast<int64_t>(t) * n_head + h;
     const float* base = partial + th * n_split * (hd + 2);
@@ -165,6 +168,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     }
     // The query always sees itself, so L >= 1 here.
     const float inv = 1.0f / L;
+    if (lse && threadIdx.x == 0) lse[th] = M + logf(L);
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float acc = 0.0f;
         for (int s = 0; s < n_split; s++) {
@@ -179,13 +183,14 @@ __global__ void __launch_bounds__(kAttnThreads)
 
 void attention(const DevAttention& a, float* partial, cudaStream_t s) {
     if (a.n_tok <= 0) return;
-    const int n_split = attention_splits(a.n_ctx, a.n_tok);
+    const int n_split = attention_splits(a.n_slots, a.n_tok);
     const size_t shmem = sizeof(float) * (2 * static_cast<size_t>(a.head_dim) + kAttnChunk);
     const dim3 grid(static_cast<unsigned>(n_split), static_cast<unsigned>(a.n_head),
                     static_cast<unsigned>(a.n_tok));
     attn_partial_kernel<<<grid, kAttnThreads, shmem, s>>>(a, n_split, partial);
     const dim3 mgrid(static_cast<unsigned>(a.n_head), static_cast<unsigned>(a.n_tok));
-    attn_merge_kernel<<<mgrid, kAttnThreads, 0, s>>>(a.n_head, a.head_dim, n_split, partial, a.out);
+    attn_merge_kernel<<<mgrid, kAttnThreads, 0, s>>>(a.n_head, a.head_dim, n_split, partial, a.out,
+                                                     a.lse);
 }
 
 } // namespace gl::cuda

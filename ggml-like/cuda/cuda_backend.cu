@@ -31,6 +31,17 @@
 //     moves one new row per layer, and clear/truncate/prompt-cache restores
 //     are picked up without any hook. The batch's own new K/V rows come with
 //     the call and are uploaded with it.
+//   * Hot/cold KV (CudaOptions::kv_gpu_window = W > 0, --kv-gpu-window): the
+//     mirror holds only the sinks and the W newest positions, as a small ring
+//     of n_sink + W rows (sync_mirror). The GPU attends those and the batch's
+//     own keys and returns its output with the log-sum-exp of its scores; the
+//     older ("cold") positions are attended meanwhile on the CPU, straight
+//     from the host ring, by gl::attention_partial, and the two are merged by
+//     gl::attention_merge. Device KV memory is then (n_sink + W) rows per
+//     layer whatever n_ctx is; each step costs a CPU pass over the cold part.
+//   * -ngl N (partial offload) needs nothing here: Forward's Placement sends
+//     the first N layers to this backend and the others to a CPU backend;
+//     both take host pointers, so switching costs no copy.
 //
 // What the later stage needs from the Backend interface (see the report in
 // the issue for the proposed signatures):
@@ -40,14 +51,11 @@
 //     upload(logits are the only per-token download) and a sync point
 //     (Backend::synchronize) before the sampler reads logits.
 //   * Weights: Backend::upload_weights(const Tensor*) at load time (or a
-//     per-tensor placement: device / host-mapped) instead of lazy caching,
-//     which is also where -ngl partial offload decides layer by layer which
-//     matmuls run here and which on the CPU backend.
+//     per-tensor placement: device / host-mapped) instead of lazy caching.
 //   * KV cache: ownership of the ring by the backend (KvCache asks the
 //     backend for its storage) and a write_kv(layer, slots, rows) op, so the
-//     device ring is the truth and the host copy disappears -- or, for a
-//     hot/cold split, the backend holds the hot window and the host the cold
-//     part, with attention taking both ranges.
+//     device ring is the truth and the host copy disappears (with a hot/cold
+//     split the host would then keep only the cold part).
 //   * CUDA graphs for decode: a begin_capture()/end_capture() pair around
 //     one decode step, with all per-token variable inputs (token id,
 //     positions, cos/sin, slot_pos) read from device buffers so the graph
@@ -68,6 +76,7 @@
 #include "ggml-like/cuda/dequant.h"
 #include "ggml-like/cuda/kernels.h"
 #include "ggml-like/cuda_backend.h"
+#include "ggml-like/thread_pool.h"
 
 namespace gl {
 
@@ -113,7 +122,10 @@ uint64_t row_sample(const uint8_t* k, size_t kb, const uint8_t* v, size_t vb) {
 
 class CudaBackend final : public Backend {
   public:
-    explicit CudaBackend(int device) : dev_(device) {
+    CudaBackend(int device, const CudaOptions& opt) : dev_(device), window_(opt.kv_gpu_window) {
+        if (window_ < 0) throw std::runtime_error("CUDA backend: negative KV GPU window");
+        if (window_ > 0)
+            cpu_pool_ = std::make_unique<ThreadPool>(opt.cpu_threads > 0 ? opt.cpu_threads : 1);
         int n = 0;
         GL_CUDA(cudaGetDeviceCount(&n));
         if (device < 0 || device >= n)
@@ -153,7 +165,8 @@ class CudaBackend final : public Backend {
     std::string name() const override {
         return "cuda:" + std::to_string(dev_) + " (" + prop_.name + ", sm_" +
                std::to_string(prop_.major) + std::to_string(prop_.minor) +
-               (zero_copy_ ? ", zero-copy weights" : "") + ")";
+               (zero_copy_ ? ", zero-copy weights" : "") +
+               (window_ > 0 ? ", KV window " + std::to_string(window_) : "") + ")";
     }
     int n_threads() const override { return 1; }
 
@@ -251,19 +264,28 @@ class CudaBackend final : public Backend {
         begin_op();
         const int64_t kvd = static_cast<int64_t>(a.n_head_kv) * a.head_dim;
         const size_t qb = sizeof(float) * static_cast<size_t>(a.n_tok) * a.n_head * a.head_dim;
+        const int64_t n_q = static_cast<int64_t>(a.n_tok) * a.n_head;
         int64_t max_pos = 0;
         for (int i = 0; i < a.n_tok; i++) max_pos = a.pos[i] > max_pos ? a.pos[i] : max_pos;
         const bool any_slid = max_pos >= a.n_ctx;
         const bool use_unrot = any_slid && a.q_unrot != nullptr;
         const bool use_sinks = any_slid && a.n_sink > 0 && a.sink_k != nullptr;
+        const bool have_ring = a.n_ctx > 0 && a.k_slots && a.v_slots;
+        // Hot/cold: the device mirrors the sinks and the positions >= cut (the
+        // newest window_ before this batch); older ones are attended here on
+        // the CPU. Batches are consecutive, so pos[0] is the first new position.
+        // A ring no longer than the window is mirrored whole.
+        const int hot_window = window_ > 0 && window_ < a.window ? window_ : 0;
+        const int64_t cut = a.pos[0] - hot_window;
+        const bool split = have_ring && hot_window > 0 && cut > a.n_sink;
+        const int n_dev = !have_ring ? 0 : hot_window > 0 ? a.n_sink + hot_window : a.n_ctx;
 
         // Scratch first (allocation may evict cached entries not used by this op).
         auto* dq = static_cast<float*>(buf(kX, qb));
         auto* dqu = use_unrot ? static_cast<float*>(buf(kQU, qb)) : nullptr;
         auto* dout = static_cast<float*>(buf(kY, qb));
         auto* dpos = static_cast<int64_t*>(buf(kPos, sizeof(int64_t) * a.n_tok));
-        const size_t n_slot_bytes =
-            sizeof(int64_t) * static_cast<size_t>(a.n_ctx > 0 ? a.n_ctx : 1);
+        const size_t n_slot_bytes = sizeof(int64_t) * static_cast<size_t>(n_dev > 0 ? n_dev : 1);
         auto* dslot = static_cast<int64_t*>(buf(kSlotPos, n_slot_bytes));
         void* dkn = buf(kKNew, a.k_row_bytes * a.n_tok);
         void* dvn = buf(kVNew, a.v_row_bytes * a.n_tok);
@@ -271,24 +293,24 @@ class CudaBackend final : public Backend {
             use_sinks ? static_cast<float*>(buf(kSink, sizeof(float) * a.n_sink * kvd)) : nullptr;
         auto* dpart = static_cast<float*>(
             buf(kPartial, sizeof(float) * cuda::attention_partial_floats(a.n_tok, a.n_head,
-                                                                         a.head_dim, a.n_ctx)));
+                                                                         a.head_dim, n_dev)));
+        float* dlse = split ? static_cast<float*>(buf(kLse, sizeof(float) * n_q)) : nullptr;
 
         const void* dks = nullptr;
         const void* dvs = nullptr;
-        if (a.n_ctx > 0 && a.k_slots && a.v_slots) {
-            KvMirror& m = mirror(a);
+        if (have_ring) {
+            KvMirror& m = mirror(a, hot_window, cut);
             dks = m.k;
             dvs = m.v;
+            GL_CUDA(cudaMemcpyAsync(dslot, m.pos.data(), sizeof(int64_t) * n_dev,
+                                    cudaMemcpyHostToDevice, s_));
+        } else {
+            GL_CUDA(cudaMemsetAsync(dslot, 0xff, n_slot_bytes, s_)); // all -1: no cached keys
         }
         GL_CUDA(cudaMemcpyAsync(dq, a.q, qb, cudaMemcpyHostToDevice, s_));
         if (dqu) GL_CUDA(cudaMemcpyAsync(dqu, a.q_unrot, qb, cudaMemcpyHostToDevice, s_));
         GL_CUDA(
             cudaMemcpyAsync(dpos, a.pos, sizeof(int64_t) * a.n_tok, cudaMemcpyHostToDevice, s_));
-        if (a.slot_pos && dks)
-            GL_CUDA(cudaMemcpyAsync(dslot, a.slot_pos, sizeof(int64_t) * a.n_ctx,
-                                    cudaMemcpyHostToDevice, s_));
-        else
-            GL_CUDA(cudaMemsetAsync(dslot, 0xff, n_slot_bytes, s_)); // all -1: no cached keys
         GL_CUDA(cudaMemcpyAsync(dkn, a.k_new, a.k_row_bytes * a.n_tok, cudaMemcpyHostToDevice, s_));
         GL_CUDA(cudaMemcpyAsync(dvn, a.v_new, a.v_row_bytes * a.n_tok, cudaMemcpyHostToDevice, s_));
         if (dsink)
@@ -309,6 +331,7 @@ class CudaBackend final : public Backend {
         d.k_row_bytes = a.k_row_bytes;
         d.v_row_bytes = a.v_row_bytes;
         d.n_ctx = a.n_ctx;
+        d.n_slots = n_dev;
         d.k_slots = dks;
         d.v_slots = dvs;
         d.slot_pos = dslot;
@@ -318,16 +341,52 @@ class CudaBackend final : public Backend {
         d.window = a.window;
         d.sink_k = dsink;
         d.out = dout;
+        d.lse = dlse;
         cuda::attention(d, dpart, s_);
         GL_CUDA(cudaGetLastError());
+        if (!split) {
+            GL_CUDA(cudaMemcpyAsync(a.out, dout, qb, cudaMemcpyDeviceToHost, s_));
+            GL_CUDA(cudaStreamSynchronize(s_));
+            return;
+        }
+        // The cold partial on the CPU, from the host ring, while the GPU works
+        // (before any copy back: into pageable memory those wait for the GPU).
+        cold_out_.resize(static_cast<size_t>(n_q) * a.head_dim);
+        cold_lse_.resize(static_cast<size_t>(n_q));
+        const int64_t sc =
+            attention_scratch_floats(cpu_pool_->size(), a.n_ctx, a.n_tok, static_cast<int>(kvd));
+        if (static_cast<int64_t>(cpu_scratch_.size()) < sc) cpu_scratch_.resize(sc);
+        AttentionArgs c = a;
+        c.out = cold_out_.data();
+        c.scratch = cpu_scratch_.data();
+        KeySubset cold;
+        cold.pos_begin = a.n_sink;
+        cold.pos_end = cut;
+        cold.with_new = false;
+        attention_partial(*cpu_pool_, c, cold, cold_lse_.data());
+        hot_lse_.resize(static_cast<size_t>(n_q));
         GL_CUDA(cudaMemcpyAsync(a.out, dout, qb, cudaMemcpyDeviceToHost, s_));
+        GL_CUDA(cudaMemcpyAsync(hot_lse_.data(), dlse, sizeof(float) * n_q, cudaMemcpyDeviceToHost,
+                                s_));
         GL_CUDA(cudaStreamSynchronize(s_));
+        attention_merge(a.n_tok, a.n_head, a.head_dim, a.out, hot_lse_.data(), cold_out_.data(),
+                        cold_lse_.data());
+    }
+
+    MemoryUse memory_use() const override {
+        MemoryUse u;
+        u.device = true;
+        for (const auto& [k, w] : weights_) (w.mapped ? u.weights_mapped : u.weights) += w.bytes;
+        for (const auto& [k, m] : mirrors_) u.kv += static_cast<uint64_t>(m.rows) * (m.rk + m.rv);
+        for (const DevBuf& b : bufs_) u.scratch += b.cap;
+        cuda_memory_info(dev_, &u.free, &u.total);
+        return u;
     }
 
   private:
     // ---- device memory -------------------------------------------------------------
 
-    enum BufId { kX, kY, kW, kQU, kPos, kSlotPos, kKNew, kVNew, kSink, kPartial, kNumBufs };
+    enum BufId { kX, kY, kW, kQU, kPos, kSlotPos, kKNew, kVNew, kSink, kPartial, kLse, kNumBufs };
     struct DevBuf {
         void* p = nullptr;
         size_t cap = 0;
@@ -480,22 +539,26 @@ class CudaBackend final : public Backend {
 
     struct KvMirror {
         const void* host_v = nullptr;
-        int n_ctx = 0;
+        int n_ctx = 0;  // the host ring's slots
+        int window = 0; // hot/cold: window_ (rows = sinks + window); 0: the whole ring
+        int rows = 0;   // device rows
         size_t rk = 0, rv = 0;
         Type tk = Type::F32, tv = Type::F32;
         void* k = nullptr;
         void* v = nullptr;
-        std::vector<int64_t> pos;     // position each device slot holds, -1 = nothing valid
+        std::vector<int64_t> pos;     // [rows] position each device row holds, -1 = nothing valid
         std::vector<uint64_t> sample; // row_sample() of the host rows uploaded there
         uint64_t last_use = 0;
     };
 
-    KvMirror& mirror(const AttentionArgs& a) {
+    KvMirror& mirror(const AttentionArgs& a, int window, int64_t cut) {
+        const int rows = window > 0 ? a.n_sink + window : a.n_ctx;
         auto it = mirrors_.find(a.k_slots);
         if (it != mirrors_.end()) {
             KvMirror& m = it->second;
-            if (m.host_v != a.v_slots || m.n_ctx != a.n_ctx || m.rk != a.k_row_bytes ||
-                m.rv != a.v_row_bytes || m.tk != a.k_type || m.tv != a.v_type) {
+            if (m.host_v != a.v_slots || m.n_ctx != a.n_ctx || m.window != window ||
+                m.rows != rows || m.rk != a.k_row_bytes || m.rv != a.v_row_bytes ||
+                m.tk != a.k_type || m.tv != a.v_type) {
                 GL_CUDA(cudaStreamSynchronize(s_));
                 cudaFree(m.k);
                 cudaFree(m.v);
@@ -507,16 +570,18 @@ class CudaBackend final : public Backend {
             KvMirror m;
             m.host_v = a.v_slots;
             m.n_ctx = a.n_ctx;
+            m.window = window;
+            m.rows = rows;
             m.rk = a.k_row_bytes;
             m.rv = a.v_row_bytes;
             m.tk = a.k_type;
             m.tv = a.v_type;
             m.last_use = tick_;
-            m.pos.assign(a.n_ctx, -1);
-            m.sample.assign(a.n_ctx, 0);
-            m.k = alloc(m.rk * m.n_ctx, "the KV cache");
+            m.pos.assign(rows, -1);
+            m.sample.assign(rows, 0);
+            m.k = alloc(m.rk * rows, "the KV cache");
             try {
-                m.v = alloc(m.rv * m.n_ctx, "the KV cache");
+                m.v = alloc(m.rv * rows, "the KV cache");
             } catch (...) {
                 cudaFree(m.k);
                 throw;
@@ -525,41 +590,69 @@ class CudaBackend final : public Backend {
         }
         KvMirror& m = it->second;
         m.last_use = tick_;
-        sync_mirror(m, a);
+        sync_mirror(m, a, cut);
         return m;
     }
 
-    void sync_mirror(KvMirror& m, const AttentionArgs& a) {
+    // Make each device row hold what it should this call, uploading only rows
+    // whose position tag or row sample changed (coalesced into runs). The
+    // whole ring: device row s mirrors host slot s. Hot/cold: a sink keeps
+    // its slot; a window position p >= cut (the newest m.window positions)
+    // goes to row n_sink + (p - n_sink) mod window -- consecutive positions,
+    // distinct rows, so the device part is a small ring of its own; older
+    // positions (cold) are not on the device at all.
+    void sync_mirror(KvMirror& m, const AttentionArgs& a, int64_t cut) {
         const auto* hk = static_cast<const uint8_t*>(a.k_slots);
         const auto* hv = static_cast<const uint8_t*>(a.v_slots);
-        auto upload = [&](int s0, int s1) {
-            const size_t n = static_cast<size_t>(s1 - s0);
-            GL_CUDA(cudaMemcpyAsync(static_cast<uint8_t*>(m.k) + s0 * m.rk, hk + s0 * m.rk,
-                                    n * m.rk, cudaMemcpyHostToDevice, s_));
-            GL_CUDA(cudaMemcpyAsync(static_cast<uint8_t*>(m.v) + s0 * m.rv, hv + s0 * m.rv,
-                                    n * m.rv, cudaMemcpyHostToDevice, s_));
-        };
-        int run = -1; // start of the current run of slots to upload
+        want_.assign(m.rows, -1);
+        from_.assign(m.rows, -1);
         for (int s = 0; s < m.n_ctx; s++) {
-            const int64_t hp = a.slot_pos ? a.slot_pos[s] : -1;
-            bool dirty = false;
-            if (hp < 0) {
-                m.pos[s] = -1; // hidden from every query: contents do not matter
-            } else {
-                const uint64_t smp = row_sample(hk + s * m.rk, m.rk, hv + s * m.rv, m.rv);
-                if (m.pos[s] != hp || m.sample[s] != smp) {
-                    m.pos[s] = hp;
-                    m.sample[s] = smp;
-                    dirty = true;
-                }
-            }
-            if (dirty && run < 0) run = s;
-            if (!dirty && run >= 0) {
-                upload(run, s);
-                run = -1;
-            }
+            const int64_t sp = a.slot_pos ? a.slot_pos[s] : -1;
+            if (sp < 0) continue;
+            int64_t d;
+            if (m.window == 0)
+                d = s;
+            else if (sp < a.n_sink)
+                d = sp;
+            else if (sp >= cut)
+                d = a.n_sink + (sp - a.n_sink) % m.window;
+            else
+                continue; // cold
+            want_[d] = sp;
+            from_[d] = s;
         }
-        if (run >= 0) upload(run, m.n_ctx);
+        // The run being gathered: device rows [run_d, +run_n) <- host slots [run_s, +run_n).
+        int run_d = 0, run_s = 0, run_n = 0;
+        auto flush = [&] {
+            if (run_n == 0) return;
+            const size_t n = static_cast<size_t>(run_n);
+            GL_CUDA(cudaMemcpyAsync(static_cast<uint8_t*>(m.k) + run_d * m.rk, hk + run_s * m.rk,
+                                    n * m.rk, cudaMemcpyHostToDevice, s_));
+            GL_CUDA(cudaMemcpyAsync(static_cast<uint8_t*>(m.v) + run_d * m.rv, hv + run_s * m.rv,
+                                    n * m.rv, cudaMemcpyHostToDevice, s_));
+            run_n = 0;
+        };
+        for (int d = 0; d < m.rows; d++) {
+            const int64_t sp = want_[d];
+            if (sp < 0) {
+                m.pos[d] = -1; // hidden from every query: contents do not matter
+                continue;
+            }
+            const int s = static_cast<int>(from_[d]);
+            const uint64_t smp = row_sample(hk + s * m.rk, m.rk, hv + s * m.rv, m.rv);
+            if (m.pos[d] == sp && m.sample[d] == smp) continue;
+            m.pos[d] = sp;
+            m.sample[d] = smp;
+            if (run_n > 0 && d == run_d + run_n && s == run_s + run_n) {
+                run_n++;
+                continue;
+            }
+            flush();
+            run_d = d;
+            run_s = s;
+            run_n = 1;
+        }
+        flush();
     }
 
     // ---- element-wise ----------------------------------------------------------------
@@ -589,6 +682,11 @@ class CudaBackend final : public Backend {
     std::array<DevBuf, kNumBufs> bufs_{};
     std::unordered_map<const void*, WeightEntry> weights_;
     std::unordered_map<const void*, KvMirror> mirrors_;
+    std::vector<int64_t> want_, from_; // sync_mirror: per device row, position and host slot
+    // Hot/cold KV (CudaOptions::kv_gpu_window): the CPU side of attention.
+    int window_ = 0;
+    std::unique_ptr<ThreadPool> cpu_pool_;
+    std::vector<float> cpu_scratch_, cold_out_, cold_lse_, hot_lse_;
     std::map<uintptr_t, uintptr_t>
         registered_; // page intervals [first, second) pinned by cudaHostRegister
 };
@@ -622,9 +720,7 @@ bool cuda_available(std::string* why) {
 std::unique_ptr<Backend> make_cuda_backend(int device, const CudaOptions& opt) {
     std::string why;
     if (!cuda_available(&why)) throw std::runtime_error("CUDA is not available: " + why);
-    if (opt.kv_gpu_window > 0)
-        throw std::runtime_error("--kv-gpu-window is not implemented yet in the CUDA backend");
-    return std::make_unique<CudaBackend>(device);
+    return std::make_unique<CudaBackend>(device, opt);
 }
 
 bool cuda_memory_info(int device, uint64_t* free_bytes, uint64_t* total_bytes) {

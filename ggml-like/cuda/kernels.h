@@ -36,7 +36,11 @@ bool convert_supported(Type t);
 void convert_rows(Type t, const float* x, int64_t n, int64_t rows, void* dst, cudaStream_t s);
 
 // ---- attention ------------------------------------------------------------------------
-// AttentionArgs with device pointers (see attention.h for the rules).
+// AttentionArgs with device pointers (see attention.h for the rules). The
+// device holds n_slots cached rows: the whole ring (n_slots = n_ctx), or with
+// a hot/cold split only the hot slots, each tagged in slot_pos with the
+// position it holds; the visibility rules still use the ring's n_ctx, n_sink
+// and window.
 struct DevAttention {
     int n_tok = 0, n_head = 0, n_head_kv = 0, head_dim = 0;
     float scale = 1.0f;
@@ -45,27 +49,29 @@ struct DevAttention {
     const int64_t* pos = nullptr;
     Type k_type = Type::F16, v_type = Type::F16;
     size_t k_row_bytes = 0, v_row_bytes = 0;
-    int n_ctx = 0;
+    int n_ctx = 0;   // the ring's slots (rules)
+    int n_slots = 0; // rows at k_slots / v_slots, entries of slot_pos
     const void* k_slots = nullptr;
     const void* v_slots = nullptr;
-    const int64_t* slot_pos = nullptr; // [n_ctx], never null here
+    const int64_t* slot_pos = nullptr; // [n_slots], never null here
     const void* k_new = nullptr;
     const void* v_new = nullptr;
     int n_sink = 0;
     int64_t window = 0;
     const float* sink_k = nullptr; // may be null when no query is past n_ctx
     float* out = nullptr;
+    float* lse = nullptr; // optional [n_tok][n_head]: log-sum-exp of each query's scores
 };
-// Keys per split: each (token, head) scans n_ctx + n_tok keys in chunks of
+// Keys per split: each (token, head) scans n_slots + n_tok keys in chunks of
 // this many, one thread block per chunk (flash-decoding), and a second kernel
 // merges the chunks' partial softmax sums by log-sum-exp.
 inline constexpr int kAttnChunk = 256;
-inline int attention_splits(int n_ctx, int n_tok) {
-    return (n_ctx + n_tok + kAttnChunk - 1) / kAttnChunk;
+inline int attention_splits(int n_slots, int n_tok) {
+    return (n_slots + n_tok + kAttnChunk - 1) / kAttnChunk;
 }
 // Floats of device scratch for the partial results.
-inline size_t attention_partial_floats(int n_tok, int n_head, int head_dim, int n_ctx) {
-    return static_cast<size_t>(n_tok) * n_head * attention_splits(n_ctx, n_tok) * (head_dim + 2);
+inline size_t attention_partial_floats(int n_tok, int n_head, int head_dim, int n_slots) {
+    return static_cast<size_t>(n_tok) * n_head * attention_splits(n_slots, n_tok) * (head_dim + 2);
 }
 void attention(const DevAttention& a, float* partial, cudaStream_t s);
 

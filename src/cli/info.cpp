@@ -1,10 +1,12 @@
 // `kvrun info -m M [-c N]`: what the model is and what its context costs.
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 
 #include <nlohmann/json.hpp>
 
 #include "cli/common.h"
+#include "ggml-like/cuda_backend.h"
 #include "error.h"
 #include "kv_cache.h"
 #include "memory_plan.h"
@@ -22,6 +24,9 @@ int run_info(int argc, char** argv) {
     app.add_option("-c,--ctx-size", n_ctx, "context size to cost (default: the model's trained context)")->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
     app.add_option("--cache-type-k,--ctk", c.cache_type_k, "KV cache type for K")->capture_default_str();
     app.add_option("--cache-type-v,--ctv", c.cache_type_v, "KV cache type for V")->capture_default_str();
+    app.add_option("--device", c.device,
+                   "plan for this device: cpu, cuda or cuda:N (default: cpu, or cuda with -ngl)");
+    add_offload_options(app, c);
     app.add_flag("--json", json, "print JSON");
     try {
         app.parse(argc, argv);
@@ -50,6 +55,19 @@ int run_info(int argc, char** argv) {
     const uint64_t file_size = file.file_size();
 
     const MemoryPlan plan = plan_memory(file, hp, n_ctx, tk, tv, 512, resolve_threads(0));
+    // The GPU side: the plan for -ngl / --kv-gpu-window (metadata only, so it
+    // also works in a build or on a machine without CUDA), and the device's
+    // memory when there is one.
+    const int n_gpu = resolve_gpu_layers(c, hp.n_layer);
+    if (c.kv_gpu_window > 0 && n_gpu == 0)
+        fail(Exit::usage, "--kv-gpu-window {} needs layers on the GPU (--device cuda or -ngl N)",
+             c.kv_gpu_window);
+    const GpuPlan gp = plan_gpu(file, hp, n_ctx, 4, tk, tv, n_gpu, c.kv_gpu_window, 512);
+    std::string no_gpu;
+    uint64_t dev_free = 0, dev_total = 0;
+    const int dev_id = c.device.rfind("cuda:", 0) == 0 ? std::atoi(c.device.c_str() + 5) : 0;
+    const bool have_gpu =
+        gl::cuda_available(&no_gpu) && gl::cuda_memory_info(dev_id, &dev_free, &dev_total);
     if (json) {
         nlohmann::json j = {
             {"architecture", hp.arch}, {"n_vocab", hp.n_vocab}, {"n_embd", hp.n_embd}, {"n_layer", hp.n_layer},
@@ -63,6 +81,22 @@ int run_info(int argc, char** argv) {
             {"memory", {{"available_bytes", plan.mem_available}, {"weights_resident_bytes", plan.weights_resident},
                         {"scratch_bytes", plan.scratch}, {"kv_bytes", plan.kv}, {"fits", plan.fits()},
                         {"max_ctx_that_fits", plan.max_ctx_that_fits}}}};
+        nlohmann::json dev = nullptr;
+        if (have_gpu) dev = {{"id", dev_id}, {"free_bytes", dev_free}, {"total_bytes", dev_total}};
+        j["gpu"] = {{"n_gpu_layers", gp.n_gpu_layers},
+                    {"head_on_gpu", gp.head_on_gpu},
+                    {"kv_window", gp.kv_window},
+                    {"kv_slots_per_layer", gp.gpu_slots},
+                    {"weights_bytes", gp.weights_gpu},
+                    {"kv_bytes", gp.kv_gpu},
+                    {"scratch_bytes", gp.scratch_gpu},
+                    {"total_bytes", gp.gpu_total()},
+                    {"host_weights_bytes", gp.weights_host},
+                    {"host_kv_bytes", gp.kv_host},
+                    {"cold_kv_bytes", gp.kv_cold},
+                    {"device", dev},
+                    {"unavailable", have_gpu ? nlohmann::json(nullptr) : nlohmann::json(no_gpu)}};
+        if (have_gpu && gp.n_gpu_layers > 0) j["gpu"]["fits"] = gp.gpu_total() <= dev_free;
         fmt::print("{}\n", j.dump(2));
         return 0;
     }
@@ -86,6 +120,31 @@ int run_info(int argc, char** argv) {
                human_bytes(plan.weights_resident),
                plan.fits() ? fmt::format("fits (up to -c {})", plan.max_ctx_that_fits)
                            : "does not fit: " + memory_advice(plan, hp, 0));
+    if (gp.n_gpu_layers > 0) {
+        fmt::print(
+            "GPU plan:     {} of {} layers on the GPU, output head on the {}; KV on the GPU: {}\n",
+            gp.n_gpu_layers, gp.n_layer, gp.head_on_gpu ? "GPU" : "CPU",
+            gp.kv_window > 0 ? fmt::format("{} sinks + newest {} of {} slots per layer", gp.keep,
+                                           gp.kv_window, gp.n_ctx)
+                             : fmt::format("all {} slots per layer", gp.n_ctx));
+        fmt::print("  on the GPU: weights {}, KV {}, scratch {} (estimate): {}\n",
+                   human_bytes(gp.weights_gpu), human_bytes(gp.kv_gpu), human_bytes(gp.scratch_gpu),
+                   human_bytes(gp.gpu_total()));
+        fmt::print("  host:       weights {} (mapped), KV ring {} (every layer and slot){}\n",
+                   human_bytes(gp.weights_host), human_bytes(gp.kv_host),
+                   gp.kv_cold > 0 ? fmt::format("; {} of it attended on the CPU (cold)",
+                                                human_bytes(gp.kv_cold))
+                                  : "");
+    }
+    if (have_gpu)
+        fmt::print("GPU memory:   cuda:{}: {} free of {}{}\n", dev_id, human_bytes(dev_free),
+                   human_bytes(dev_total),
+                   gp.n_gpu_layers == 0 ? ""
+                   : gp.gpu_total() <= dev_free
+                       ? "; the plan fits"
+                       : "; the plan does NOT fit (fewer -ngl or a --kv-gpu-window)");
+    else if (gp.n_gpu_layers > 0)
+        fmt::print("GPU memory:   unknown here ({})\n", no_gpu);
     return 0;
 }
 

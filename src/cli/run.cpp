@@ -297,6 +297,9 @@ int run_generate(int argc, char** argv) {
     const double gen_s = seconds_since(t_gen);
     if (interrupted()) stop = "interrupted";
 
+    // GPU memory as the run left it: weights copied, the KV mirror (the hot
+    // part with --kv-gpu-window; the host ring holds every slot), buffers.
+    const gl::MemoryUse gpu = backends.gpu ? backends.gpu->memory_use() : gl::MemoryUse{};
     if (o.json) {
         nlohmann::json j;
         j["text"] = answer;
@@ -317,14 +320,35 @@ int run_generate(int argc, char** argv) {
                       {"used", std::min<int64_t>(kv.n_past(), n_ctx)},
                       {"fill", static_cast<double>(std::min<int64_t>(kv.n_past(), n_ctx)) / n_ctx},
                       {"prompt_cache_reused", reused}};
+        if (gpu.device) // absent on the CPU
+            j["gpu"] = {{"layers", backends.n_gpu_layers},
+                        {"n_layer", hp.n_layer},
+                        {"kv_window", backends.kv_gpu_window},
+                        {"weights_bytes", gpu.weights},
+                        {"weights_mapped_bytes", gpu.weights_mapped},
+                        {"kv_bytes", gpu.kv},
+                        {"kv_host_bytes", kv.ring_bytes()},
+                        {"scratch_bytes", gpu.scratch},
+                        {"free_bytes", gpu.free},
+                        {"total_bytes", gpu.total}};
         emit(j.dump() + "\n");
     } else if (!o.quiet) {
-        fmt::print(stderr,
-                   "\n[kvrun] prompt {} tok, {:.1f} tok/s | generated {} tok, {:.1f} tok/s | first token {:.0f} ms | "
-                   "n_ctx {}{} | KV {} ({}) | peak RSS {} | stop: {}\n",
-                   n_prompt, prompt_s > 0 ? n_prompt / prompt_s : 0.0, n_gen,
-                   gen_s > 0 && n_gen > 0 ? n_gen / gen_s : 0.0, ttft * 1000, n_ctx, ctx_auto ? " (auto)" : "",
-                   human_bytes(kv.ring_bytes()), gl::type_name(tk), human_bytes(peak_rss_bytes()), stop);
+        fmt::print(
+            stderr,
+            "\n[kvrun] prompt {} tok, {:.1f} tok/s | generated {} tok, {:.1f} tok/s | first token "
+            "{:.0f} ms | "
+            "n_ctx {}{} | KV {} ({}){} | peak RSS {} | stop: {}\n",
+            n_prompt, prompt_s > 0 ? n_prompt / prompt_s : 0.0, n_gen,
+            gen_s > 0 && n_gen > 0 ? n_gen / gen_s : 0.0, ttft * 1000, n_ctx,
+            ctx_auto ? " (auto)" : "", human_bytes(kv.ring_bytes()), gl::type_name(tk),
+            !gpu.device
+                ? std::string()
+                : fmt::format(
+                      " | GPU {}/{} layers: weights {}{}, KV {} (host {}), scratch {}",
+                      backends.n_gpu_layers, hp.n_layer, human_bytes(gpu.weights),
+                      gpu.weights_mapped ? " + " + human_bytes(gpu.weights_mapped) + " mapped" : "",
+                      human_bytes(gpu.kv), human_bytes(kv.ring_bytes()), human_bytes(gpu.scratch)),
+            human_bytes(peak_rss_bytes()), stop);
     }
     return interrupted() ? static_cast<int>(Exit::interrupted) : 0;
 }
