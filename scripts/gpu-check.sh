@@ -19,8 +19,11 @@
 #         capability only (CUDA_ARCH=... overrides), in build-gpu/;
 #      b. runs the CUDA tests (kvrun_tests -tc='cuda*'; goldens read from
 #         DATA_DIR through KVRUN_SHARED_DIR);
-#      c. synthesizes tinyllama-1.1b in q4_0 and q8_0 and prints tokens/s for
-#         a 256-token prompt and 64 generated tokens, cpu vs cuda.
+#      c. synthesizes tinyllama-1.1b in q4_0, q8_0 and (via kvrun quantize)
+#         Q4_K_M and prints kvrun bench pp256/tg64 on cuda and cpu, a -ngl 11
+#         split, and tg32 at depth 4096 with the whole KV ring on the GPU vs
+#         --kv-gpu-window 512 (hot/cold);
+#      d. prints kvrun info's GPU plan and a hot/cold run's stats line.
 #      Any failure stops the script with a non-zero status and a FAILED line.
 #      GPU_CHECK_SANITIZE=1 also runs the attention/matmul tests under
 #      compute-sanitizer memcheck (slow; not available on every machine).
@@ -114,39 +117,71 @@ if [[ "${GPU_CHECK_SANITIZE:-0}" == 1 ]]; then
         -tc='cuda attention*,cuda ops*' || die "compute-sanitizer"
 fi
 
-say "benchmark: tinyllama-1.1b, prompt 256 / generate 64"
+say "benchmark: tinyllama-1.1b shapes (synthetic weights), kvrun bench pp256 / tg64"
 vocab=$DATA_DIR/vocab/ggml-vocab-llama-spm.gguf
 [[ -f "$vocab" ]] || die "no $vocab"
-prompt=$(python3 -c "print(' '.join(['the'] * 255))")
-rows=()
-for type in q4_0 q8_0; do
-    model=/tmp/kvrun-tinyllama-$type.gguf
-    [[ -f "$model" ]] || timeout 180 ./kvrun synth --preset tinyllama-1.1b --type "$type" --vocab "$vocab" -o "$model" \
-        -t "$(nproc)" >/dev/null || die "kvrun synth $type"
-    for dev in cpu cuda; do
-        out=/tmp/kvrun-bench-$type-$dev
-        timeout 120 ./kvrun -m "$model" -p "$prompt" -n 64 -c 512 --temp 0 --ignore-eos --json -v \
-            --device "$dev" -t "$(nproc)" >"$out.json" 2>"$out.err" || {
-            cat "$out.err"
-            die "kvrun --device $dev ($type)"
-        }
-        # The run must really have used the device asked for (run.cpp must call make_backend).
-        grep -q "backend $dev" "$out.err" || {
-            grep "backend" "$out.err" || true
-            die "kvrun ran without --device $dev taking effect (is src/cli/run.cpp calling make_backend?)"
-        }
-        rows+=("$(python3 -c "
-import json, sys
-j = json.load(open('$out.json'))
-t = j['timings']
-print(f\"| $type | $dev | {j['tokens']['prompt']} | {t['prompt_tok_s']:.1f} | {j['tokens']['generated']} | {t['generation_tok_s']:.1f} | {t['first_token_ms']:.0f} |\")
-")")
-    done
+nt=$(nproc)
+# Q4_0 and Q8_0 straight from synth; Q4_K_M through the quantize recipe
+# (Q4_K with Q6_K for the output, attn_v and ffn_down where the recipe says).
+model_for() {
+    local type=$1 m=/tmp/kvrun-tinyllama-$1.gguf
+    if [[ ! -f "$m" ]]; then
+        if [[ $type == q4_k_m ]]; then
+            local f16=/tmp/kvrun-tinyllama-f16.gguf
+            [[ -f "$f16" ]] || timeout 180 ./kvrun synth --preset tinyllama-1.1b --type f16 --vocab "$vocab" \
+                -o "$f16" -t "$nt" >/dev/null || die "kvrun synth f16"
+            timeout 180 ./kvrun quantize "$f16" "$m" Q4_K_M -t "$nt" >/dev/null || die "kvrun quantize Q4_K_M"
+            rm -f "$f16"
+        else
+            timeout 180 ./kvrun synth --preset tinyllama-1.1b --type "$type" --vocab "$vocab" -o "$m" \
+                -t "$nt" >/dev/null || die "kvrun synth $type"
+        fi
+    fi
+    echo "$m"
+}
+# One `kvrun bench --json` run; appends rows "| label | test | tok/s ± sd |" to $table.
+table=/tmp/kvrun-bench-table.md
+: >"$table"
+bench_rows() {
+    local label=$1 out=/tmp/kvrun-bench.json
+    shift
+    timeout 150 ./kvrun bench --json -t "$nt" "$@" >"$out" 2>"$out.err" || {
+        cat "$out.err" >&2
+        die "kvrun bench $label ($*)"
+    }
+    python3 -c "
+import json
+for r in json.load(open('$out')):
+    print(f\"| $label | {r['test']} | {r['tokens_per_second']:.1f} ± {r['stddev']:.1f} |\")
+" >>"$table" || die "reading $out"
+}
+for type in q4_0 q8_0 q4_k_m; do
+    model=$(model_for "$type")
+    bench_rows "$type cuda" -m "$model" -p 256 -n 64 -r 3 --device cuda
+    bench_rows "$type cpu" -m "$model" -p 256 -n 64 -r 2 --device cpu
+    echo "  $type done at $(($(date +%s) - t_start)) s"
 done
+q4=/tmp/kvrun-tinyllama-q4_0.gguf
+# Partial offload: half the layers on the GPU, the rest and the head on the CPU.
+bench_rows "q4_0 -ngl 11" -m "$q4" -p 256 -n 64 -r 2 -ngl 11
+# Hot/cold KV at depth 4096: the whole ring on the GPU vs sinks + newest 512
+# there and the older ~3.5k tokens attended on the CPU.
+bench_rows "q4_0 cuda" -m "$q4" -p 0 -n 32 -d 4096 -r 2 --device cuda
+bench_rows "q4_0 cuda, --kv-gpu-window 512" -m "$q4" -p 0 -n 32 -d 4096 -r 2 --device cuda --kv-gpu-window 512
 echo
-echo "| weights | device | prompt tok | prompt tok/s | generated | gen tok/s | first token ms |"
-echo "| --- | --- | ---: | ---: | ---: | ---: | ---: |"
-printf '%s\n' "${rows[@]}"
-grep -h "backend" /tmp/kvrun-bench-q4_0-cuda.err | head -1
+echo "| weights, device | test | tok/s |"
+echo "| --- | --- | ---: |"
+cat "$table"
+
+say "GPU memory: kvrun info plan and a run's stats line (hot/cold)"
+./kvrun info -m "$q4" -c 4096 -ngl all --kv-gpu-window 512 | sed -n '/^GPU/,$p' || die "kvrun info"
+prompt=$(python3 -c "print(' '.join(['the'] * 200))")
+timeout 120 ./kvrun -m "$q4" -p "$prompt" -n 16 -c 1024 --temp 0 --ignore-eos -v --device cuda \
+    --kv-gpu-window 64 -t "$nt" 2>/tmp/kvrun-hotcold.err >/dev/null || {
+    cat /tmp/kvrun-hotcold.err
+    die "kvrun --kv-gpu-window run"
+}
+grep -E "backend|\[kvrun\]" /tmp/kvrun-hotcold.err
+grep -q "backend cuda" /tmp/kvrun-hotcold.err || die "the run did not use the CUDA backend"
 echo
 echo "gpu-check: OK in $(($(date +%s) - t_start)) s"
