@@ -17,8 +17,8 @@ namespace {
 struct HeadReader {
     Type type;
     int64_t head_dim;
-    size_t elem_bytes;    // F32/F16/BF16: bytes per element; 0 for block types
-    int64_t block;        // elements per block
+    size_t elem_bytes; // F32/F16/BF16: bytes per element; 0 for block types
+    int64_t block;     // elements per block
     size_t block_bytes;
 
     HeadReader(Type t, int64_t hd) : type(t), head_dim(hd) {
@@ -38,85 +38,160 @@ struct HeadReader {
     }
 };
 
-// One query head of one token: scores over the visible slots and batch keys
-// of `keys`, softmax, weighted sum of values; returns the log-sum-exp of the
-// visible scores (-inf, with a zero output, when there are none). `sc` holds
-// the per-thread scratch.
-float attend_one(const AttentionArgs& a, const KeySubset& keys, int t, int h, float* sc) {
-    const int hd = a.head_dim;
-    const int kvh = h / (a.n_head / a.n_head_kv);
+// The keys a token sees, as runs of consecutive rows: computed once per
+// token and shared by its heads, so the per-head work is proportional to the
+// visible keys and goes to the row kernels one run at a time.
+enum class RunKind : int32_t {
+    Slots, // ring slots [b, e), rotated keys
+    Sink,  // one sink slot b past the window's slide: dot its pre-rotated key with the unrotated
+           // query
+    Batch, // the batch's own keys [b, e)
+};
+struct KeyRun {
+    int32_t b, e;
+    RunKind kind;
+};
+static_assert(sizeof(KeyRun) == 3 * sizeof(float));
+
+int visible_runs(const AttentionArgs& a, const KeySubset& keys, int t, KeyRun* out) {
     const int64_t p = a.pos[t];
     const bool slid = p >= a.n_ctx;
     const int64_t lo = slid ? p - a.window + 1 : 0;
-    const float* q = a.q + (static_cast<int64_t>(t) * a.n_head + h) * hd;
-    const float* qu = a.q_unrot ? a.q_unrot + (static_cast<int64_t>(t) * a.n_head + h) * hd : nullptr;
-    const auto* ks = static_cast<const uint8_t*>(a.k_slots);
-    const auto* kn = static_cast<const uint8_t*>(a.k_new);
-    const HeadReader kr(a.k_type, hd), vr(a.v_type, hd);
-    const Type k_dot = kr.in_place() ? a.k_type : Type::F32;
-    const Type v_acc = vr.in_place() ? a.v_type : Type::F32;
-    float* tmp = sc + a.n_ctx + a.n_tok;
-    auto key_score = [&](const uint8_t* row) { return cpu::vec_dot(k_dot, hd, kr.head(row, kvh, tmp), q) * a.scale; };
-
-    auto in_keys = [&](int64_t kp) { return kp >= keys.pos_begin && kp < keys.pos_end; };
-    // Scores; -inf marks keys this query must not see (or outside the subset).
-    float mx = -INFINITY;
-    for (int s = 0; s < a.n_ctx; s++) {
-        const int64_t sp = a.slot_pos ? a.slot_pos[s] : -1;
-        float v = -INFINITY;
-        if (sp >= 0 && s >= keys.slot_begin && s < keys.slot_end && in_keys(sp)) {
-            if (sp < a.n_sink && slid) {
-                const float* k = a.sink_k + static_cast<int64_t>(sp) * a.n_head_kv * hd + kvh * hd;
-                v = cpu::vec_dot(Type::F32, hd, k, qu) * a.scale;
-            } else if (sp < a.n_sink || sp >= lo) {
-                v = key_score(ks + s * a.k_row_bytes);
-            }
+    auto in_subset = [&](int64_t kp) { return kp >= keys.pos_begin && kp < keys.pos_end; };
+    // 0: not seen, 1: ordinary slot, 2: shifted sink
+    auto slot_kind = [&](int s) {
+        if (s < keys.slot_begin || s >= keys.slot_end || !a.slot_pos) return 0;
+        const int64_t sp = a.slot_pos[s];
+        if (sp < 0 || !in_subset(sp)) return 0;
+        if (sp < a.n_sink) return slid ? 2 : 1;
+        return sp >= lo ? 1 : 0;
+    };
+    int n = 0;
+    for (int s = 0; s < a.n_ctx;) {
+        const int k = slot_kind(s);
+        if (k != 1) {
+            if (k == 2) out[n++] = {s, s + 1, RunKind::Sink};
+            s++;
+            continue;
         }
-        sc[s] = v;
-        mx = v > mx ? v : mx;
+        int e = s + 1;
+        while (e < a.n_ctx && slot_kind(e) == 1) e++;
+        out[n++] = {s, e, RunKind::Slots};
+        s = e;
     }
-    for (int u = 0; u <= t; u++) {
-        float v = -INFINITY;
+    auto batch_seen = [&](int u) {
         const int64_t up = a.pos[u];
-        if (keys.with_new && in_keys(up) && (up >= lo || up < a.n_sink))
-            v = key_score(kn + u * a.k_row_bytes);
-        sc[a.n_ctx + u] = v;
-        mx = v > mx ? v : mx;
+        return keys.with_new && (up >= lo || up < a.n_sink) && in_subset(up);
+    };
+    for (int u = 0; u <= t;) {
+        if (!batch_seen(u)) {
+            u++;
+            continue;
+        }
+        int e = u + 1;
+        while (e <= t && batch_seen(e)) e++;
+        out[n++] = {u, e, RunKind::Batch};
+        u = e;
     }
-    // Softmax over the visible keys (in a whole attention the query sees
-    // itself, so mx is finite; a subset may hold none of its keys).
+    return n;
+}
+
+// One query head of one token over the runs of keys it sees: scores,
+// softmax, weighted sum of values. `sc` holds the per-thread scratch (slot
+// scores at sc[s], batch scores at sc[n_ctx + u]). With lse, also writes the
+// log-sum-exp of the visible scores (-inf, and a zero output, when none).
+// Block-type K/V rows are dequantized one row at a time.
+void attend_one(const AttentionArgs& a, int t, int h, const KeyRun* runs, int n_runs, float* sc,
+                float* lse) {
+    const int hd = a.head_dim;
+    const int kvh = h / (a.n_head / a.n_head_kv);
+    const float* q = a.q + (static_cast<int64_t>(t) * a.n_head + h) * hd;
+    const float* qu =
+        a.q_unrot ? a.q_unrot + (static_cast<int64_t>(t) * a.n_head + h) * hd : nullptr;
+    const HeadReader kr(a.k_type, hd), vr(a.v_type, hd);
+    float* tmp = sc + a.n_ctx + a.n_tok;
+    float* vtmp = tmp + a.n_head_kv * hd + 256;
+    const auto* k_slots = static_cast<const uint8_t*>(a.k_slots);
+    const auto* k_new = static_cast<const uint8_t*>(a.k_new);
+    const auto* v_slots = static_cast<const uint8_t*>(a.v_slots);
+    const auto* v_new = static_cast<const uint8_t*>(a.v_new);
+    auto score_rows = [&](const uint8_t* base, int b, int e, float* out) {
+        if (kr.in_place()) {
+            cpu::dot_rows(a.k_type, hd, base + b * a.k_row_bytes + kvh * hd * kr.elem_bytes,
+                          a.k_row_bytes, e - b, q, a.scale, out + b);
+        } else {
+            for (int i = b; i < e; i++)
+                out[i] =
+                    cpu::vec_dot(Type::F32, hd, kr.head(base + i * a.k_row_bytes, kvh, tmp), q) *
+                    a.scale;
+        }
+    };
     float* out = a.out + (static_cast<int64_t>(t) * a.n_head + h) * hd;
     std::memset(out, 0, sizeof(float) * hd);
-    if (mx == -INFINITY) return -INFINITY;
-    double sum = 0;
-    const int n = a.n_ctx + t + 1;
-    for (int i = 0; i < n; i++) {
-        const float e = sc[i] == -INFINITY ? 0.0f : std::exp(sc[i] - mx);
-        sc[i] = e;
-        sum += e;
+    auto add_rows = [&](const uint8_t* base, const float* w, int b, int e) {
+        if (vr.in_place()) {
+            cpu::axpy_rows(a.v_type, hd, base + b * a.v_row_bytes + kvh * hd * vr.elem_bytes,
+                           a.v_row_bytes, e - b, w + b, out);
+        } else {
+            for (int i = b; i < e; i++)
+                cpu::axpy(Type::F32, hd, w[i], vr.head(base + i * a.v_row_bytes, kvh, vtmp), out);
+        }
+    };
+
+    float* scn = sc + a.n_ctx;
+    float mx = -INFINITY;
+    for (int r = 0; r < n_runs; r++) {
+        const KeyRun& run = runs[r];
+        float* dst = run.kind == RunKind::Batch ? scn : sc;
+        if (run.kind == RunKind::Sink) {
+            const int64_t sp = a.slot_pos[run.b];
+            const float* k = a.sink_k + sp * a.n_head_kv * hd + kvh * hd;
+            sc[run.b] = cpu::vec_dot(Type::F32, hd, k, qu) * a.scale;
+        } else {
+            score_rows(run.kind == RunKind::Batch ? k_new : k_slots, run.b, run.e, dst);
+        }
+        for (int i = run.b; i < run.e; i++) mx = dst[i] > mx ? dst[i] : mx;
     }
-    const float inv = static_cast<float>(1.0 / sum);
-    const auto* vs = static_cast<const uint8_t*>(a.v_slots);
-    const auto* vn = static_cast<const uint8_t*>(a.v_new);
-    float* vtmp = tmp + a.n_head_kv * hd + 256;
-    auto add_value = [&](const uint8_t* row, float w) { cpu::axpy(v_acc, hd, w, vr.head(row, kvh, vtmp), out); };
-    for (int s = 0; s < a.n_ctx; s++)
-        if (sc[s] != 0.0f) add_value(vs + s * a.v_row_bytes, sc[s] * inv);
-    for (int u = 0; u <= t; u++)
-        if (sc[a.n_ctx + u] != 0.0f) add_value(vn + u * a.v_row_bytes, sc[a.n_ctx + u] * inv);
-    return mx + static_cast<float>(std::log(sum));
+    float* lse_out = lse ? lse + static_cast<int64_t>(t) * a.n_head + h : nullptr;
+    if (mx == -INFINITY) { // nothing visible (only possible for a subset)
+        if (lse_out) *lse_out = -INFINITY;
+        return;
+    }
+    float sum = 0;
+    for (int r = 0; r < n_runs; r++) {
+        float* dst = runs[r].kind == RunKind::Batch ? scn : sc;
+        sum += cpu::exp_sum(dst + runs[r].b, runs[r].e - runs[r].b, mx);
+    }
+    if (lse_out) *lse_out = mx + std::log(sum);
+    for (int r = 0; r < n_runs; r++) {
+        const bool batch = runs[r].kind == RunKind::Batch;
+        add_rows(batch ? v_new : v_slots, batch ? scn : sc, runs[r].b, runs[r].e);
+    }
+    const float inv = 1.0f / sum;
+    for (int i = 0; i < hd; i++) out[i] *= inv;
 }
 
 void attend_all(ThreadPool& pool, const AttentionArgs& a, const KeySubset& keys, float* lse) {
     const int64_t n_work = static_cast<int64_t>(a.n_tok) * a.n_head;
-    pool.parallel_for(n_work, [&](int64_t b, int64_t e, int ith) {
-        float* sc = a.scratch + ith * attention_scratch_per_thread(a.n_ctx, a.n_tok, a.n_head_kv * a.head_dim);
-        for (int64_t w = b; w < e; w++) {
-            const float l = attend_one(a, keys, static_cast<int>(w / a.n_head),
-                                       static_cast<int>(w % a.n_head), sc);
-            if (lse) lse[w] = l;
-        }
-    }, n_work * (a.n_ctx + a.n_tok) * a.head_dim * 2);
+    const int64_t per_thread =
+        attention_scratch_per_thread(a.n_ctx, a.n_tok, a.n_head_kv * a.head_dim);
+    pool.parallel_for(
+        n_work,
+        [&](int64_t b, int64_t e, int ith) {
+            float* sc = a.scratch + ith * per_thread;
+            auto* runs = reinterpret_cast<KeyRun*>(sc + per_thread -
+                                                   kAttentionRunFloats * (a.n_ctx + a.n_tok));
+            int runs_of = -1, n_runs = 0;
+            for (int64_t w = b; w < e; w++) {
+                const int t = static_cast<int>(w / a.n_head);
+                if (t != runs_of) {
+                    n_runs = visible_runs(a, keys, t, runs);
+                    runs_of = t;
+                }
+                attend_one(a, t, static_cast<int>(w % a.n_head), runs, n_runs, sc, lse);
+            }
+        },
+        n_work * (a.n_ctx + a.n_tok) * a.head_dim * 2);
 }
 
 } // namespace

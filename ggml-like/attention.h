@@ -34,19 +34,19 @@ struct AttentionArgs {
     // mid-block). Row bytes are for n_head_kv * head_dim elements.
     Type k_type = Type::F16, v_type = Type::F16;
     size_t k_row_bytes = 0, v_row_bytes = 0;
-    int n_ctx = 0;             // number of slots
+    int n_ctx = 0;                 // number of slots
     const void* k_slots = nullptr; // [n_ctx] rows
     const void* v_slots = nullptr;
     const int64_t* slot_pos = nullptr; // [n_ctx], position held by each slot, -1 = empty;
                                        // all are < pos[0] (the batch is written after)
-    const void* k_new = nullptr; // [n_tok] rows, the batch's own keys (rotated) and values
+    const void* k_new = nullptr;       // [n_tok] rows, the batch's own keys (rotated) and values
     const void* v_new = nullptr;
 
-    int n_sink = 0;               // kept prefix length
-    int64_t window = 0;           // n_ctx - n_sink
+    int n_sink = 0;                // kept prefix length
+    int64_t window = 0;            // n_ctx - n_sink
     const float* sink_k = nullptr; // [n_sink][n_head_kv*head_dim] F32, pre-rotated by -(n_ctx-1-j)
 
-    float* out = nullptr;  // [n_tok][n_head][head_dim]
+    float* out = nullptr;     // [n_tok][n_head][head_dim]
     float* scratch = nullptr; // attention_scratch_floats(...)
 };
 
@@ -78,10 +78,13 @@ void attention_partial(ThreadPool& pool, const AttentionArgs& a, const KeySubset
 // out rows are [n_tok][n_head][head_dim].
 void attention_merge(int64_t n_tok, int n_head, int head_dim, float* out, float* lse,
                      const float* out2, const float* lse2);
-// Scratch floats attention needs: per thread, the scores plus room to
-// dequantize one head's K or V (and the blocks around it).
+// Scratch floats attention needs: per thread, the scores, room to
+// dequantize one head's K or V (and the blocks around it), and the runs of
+// visible keys (at most one per key, three ints each).
+constexpr int64_t kAttentionRunFloats = 3;
 inline int64_t attention_scratch_per_thread(int n_ctx, int n_tok, int kv_dim) {
-    return static_cast<int64_t>(n_ctx) + n_tok + 2 * (kv_dim + 256);
+    return static_cast<int64_t>(n_ctx) + n_tok + 2 * (kv_dim + 256) +
+           kAttentionRunFloats * (n_ctx + n_tok);
 }
 inline int64_t attention_scratch_floats(int n_threads, int n_ctx, int n_tok, int kv_dim) {
     return n_threads * attention_scratch_per_thread(n_ctx, n_tok, kv_dim);

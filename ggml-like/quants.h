@@ -23,6 +23,17 @@ void quantize_row(Type t, const float* src, void* dst, int64_t n); // F32, F16, 
 float vec_dot(Type weight, int64_t n, const void* w, const void* a);
 // y[i] += alpha * x[i] for x of type F32, F16 or BF16 (used to accumulate V rows)
 void axpy(Type x_type, int64_t n, float alpha, const void* x, float* y);
+
+// Attention over n cached rows of a float type (F32, F16, BF16), `stride`
+// bytes apart, each starting at the head's first element:
+//   dot_rows:  out[i] = scale * dot(row i, q[0..hd))
+//   axpy_rows: y[0..hd) += sum_i w[i] * row i
+void dot_rows(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, const float* q,
+              float scale, float* out);
+void axpy_rows(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, const float* w,
+               float* y);
+// x[i] = exp(x[i] - mx) (exactly 0 where x[i] is -inf); returns the sum.
+float exp_sum(float* x, int64_t n, float mx);
 } // namespace ref
 
 // One ISA's kernels; a null member means "use the reference".
@@ -32,6 +43,12 @@ struct KernelTable {
     void (*quantize_row[kTypeIdLimit])(const float* src, void* dst, int64_t n); // activation types
     void (*dequantize_row[kTypeIdLimit])(const void* src, float* dst, int64_t n);
     void (*axpy[kTypeIdLimit])(int64_t n, float alpha, const void* x, float* y);
+    // Attention kernels (see ref::dot_rows, ref::axpy_rows, ref::exp_sum).
+    void (*dot_rows[kTypeIdLimit])(int64_t hd, const void* rows, size_t stride, int64_t n,
+                                   const float* q, float scale, float* out);
+    void (*axpy_rows[kTypeIdLimit])(int64_t hd, const void* rows, size_t stride, int64_t n,
+                                    const float* w, float* y);
+    float (*exp_sum)(float* x, int64_t n, float mx);
 };
 
 // Kernel tables compiled into this binary and usable on this CPU, best first;
@@ -46,6 +63,11 @@ float vec_dot(Type weight, int64_t n, const void* w, const void* a);
 void quantize_row(Type t, const float* src, void* dst, int64_t n);
 void dequantize_row(Type t, const void* src, float* dst, int64_t n);
 void axpy(Type x_type, int64_t n, float alpha, const void* x, float* y);
+void dot_rows(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, const float* q,
+              float scale, float* out);
+void axpy_rows(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, const float* w,
+               float* y);
+float exp_sum(float* x, int64_t n, float mx);
 // Force the scalar table (KVRUN_ISA=scalar in the environment does the same).
 void force_scalar(bool on);
 } // namespace cpu

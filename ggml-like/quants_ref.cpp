@@ -272,6 +272,28 @@ void axpy(Type x_type, int64_t n, float alpha, const void* x, float* y) {
     }
 }
 
+void dot_rows(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, const float* q,
+              float scale, float* out) {
+    const auto* r = static_cast<const uint8_t*>(rows);
+    for (int64_t i = 0; i < n; i++) out[i] = vec_dot(t, hd, r + i * stride, q) * scale;
+}
+
+void axpy_rows(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, const float* w,
+               float* y) {
+    const auto* r = static_cast<const uint8_t*>(rows);
+    for (int64_t i = 0; i < n; i++)
+        if (w[i] != 0.0f) axpy(t, hd, w[i], r + i * stride, y);
+}
+
+float exp_sum(float* x, int64_t n, float mx) {
+    double sum = 0;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = x[i] == -INFINITY ? 0.0f : std::exp(x[i] - mx);
+        sum += x[i];
+    }
+    return static_cast<float>(sum);
+}
+
 } // namespace ref
 
 Type vec_dot_type(Type weight) {

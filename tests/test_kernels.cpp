@@ -685,6 +685,91 @@ TEST_CASE("axpy: every table matches ref within one rounding") {
     }
 }
 
+// ---- attention row kernels ---------------------------------------------------------
+
+TEST_CASE("attention rows: dot_rows, axpy_rows and exp_sum of every table match ref") {
+    uint32_t seed = 700;
+    for (Type t : kFloatTypes) {
+        const size_t eb = gl::type_info(t).type_size;
+        for (int64_t hd :
+             {1, 7, 16, 33, 64, 80, 128, 200}) // 200: more than the register-held chunks
+            for (int64_t n : {1, 5, 17}) {
+                INFO("type ", gl::type_name(t), " head_dim ", hd, " rows ", n);
+                // Rows of a wider cache row (stride), the head starting at an offset.
+                const int64_t row_elems = hd + 19, off = 3;
+                const auto cache = random_weights(t, row_elems * n, seed++);
+                const size_t stride = static_cast<size_t>(row_elems) * eb;
+                const uint8_t* head0 = cache.data() + off * eb;
+                const auto q = random_floats(hd, seed++);
+                const auto w = random_floats(n, seed++);
+                std::vector<float> want_s(static_cast<size_t>(n)),
+                    want_y(random_floats(hd, seed++)), y0 = want_y;
+                gl::ref::dot_rows(t, hd, head0, stride, n, q.data(), 0.125f, want_s.data());
+                gl::ref::axpy_rows(t, hd, head0, stride, n, w.data(), want_y.data());
+                // Bounds: float rounding of sums of |terms| (dot: hd terms; axpy: n terms per
+                // element).
+                std::vector<float> rowf(static_cast<size_t>(hd));
+                std::vector<double> mag_s(static_cast<size_t>(n)), mag_y(y0.begin(), y0.end());
+                for (auto& m : mag_y) m = std::fabs(m);
+                for (int64_t i = 0; i < n; i++) {
+                    gl::ref::dequantize_row(t, head0 + i * stride, rowf.data(), hd);
+                    for (int64_t d = 0; d < hd; d++) {
+                        mag_s[i] += std::fabs(rowf[d] * q[d]) * 0.125;
+                        mag_y[d] += std::fabs(rowf[d] * w[i]);
+                    }
+                }
+                for_each_table([&](const gl::KernelTable& k) {
+                    std::vector<float> s(static_cast<size_t>(n) + 1, 123.0f), y(y0);
+                    y.push_back(123.0f);
+                    const auto id_t = id(t);
+                    k.dot_rows[id_t]
+                        ? k.dot_rows[id_t](hd, head0, stride, n, q.data(), 0.125f, s.data())
+                        : gl::ref::dot_rows(t, hd, head0, stride, n, q.data(), 0.125f, s.data());
+                    k.axpy_rows[id_t]
+                        ? k.axpy_rows[id_t](hd, head0, stride, n, w.data(), y.data())
+                        : gl::ref::axpy_rows(t, hd, head0, stride, n, w.data(), y.data());
+                    int bad = 0;
+                    for (int64_t i = 0; i < n; i++)
+                        bad +=
+                            std::fabs(s[i] - want_s[i]) > 1e-6 * mag_s[i] * static_cast<double>(hd);
+                    for (int64_t d = 0; d < hd; d++)
+                        bad += std::fabs(y[d] - want_y[d]) >
+                               1e-6 * mag_y[d] * static_cast<double>(n + 1);
+                    CHECK(bad == 0);
+                    CHECK(s[n] == 123.0f);
+                    CHECK(y[hd] == 123.0f);
+                });
+            }
+    }
+    // exp_sum: scores from far below the max to the max, with -inf holes.
+    for (int64_t n : {1, 15, 16, 17, 100, 4099}) {
+        INFO("exp_sum n ", n);
+        std::vector<float> x = random_floats(n, seed++);
+        for (int64_t i = 0; i < n; i++) x[i] = i % 7 == 3 ? -INFINITY : x[i] * 40.0f;
+        const float mx = *std::max_element(x.begin(), x.end());
+        std::vector<float> want = x;
+        const float want_sum = gl::ref::exp_sum(want.data(), n, mx);
+        for_each_table([&](const gl::KernelTable& k) {
+            std::vector<float> got = x;
+            got.push_back(123.0f);
+            const float sum =
+                k.exp_sum ? k.exp_sum(got.data(), n, mx) : gl::ref::exp_sum(got.data(), n, mx);
+            int bad = 0;
+            // Relative 1e-6, plus an absolute floor for results that are
+            // denormal (exp below -87, where only the order of magnitude counts).
+            for (int64_t i = 0; i < n; i++) {
+                if (x[i] == -INFINITY)
+                    bad += got[i] != 0.0f; // exactly 0, not tiny
+                else
+                    bad += std::fabs(got[i] - want[i]) > 1e-6 * want[i] + 1e-37;
+            }
+            CHECK(bad == 0);
+            CHECK(std::fabs(sum - want_sum) <= 1e-5 * want_sum);
+            CHECK(got.back() == 123.0f);
+        });
+    }
+}
+
 // ---- dispatch -----------------------------------------------------------------------
 
 TEST_CASE("dispatch: tables, cpu:: routing and force_scalar") {

@@ -31,7 +31,7 @@ extern const KernelTable kNeonTable; // arm_neon.cpp
 namespace {
 
 // All members null: every entry falls back to gl::ref.
-constexpr KernelTable kScalarTable = {"scalar", {}, {}, {}, {}};
+constexpr KernelTable kScalarTable = {"scalar", {}, {}, {}, {}, {}, {}, nullptr};
 
 #if defined(__x86_64__)
 // Asked through cpuid because older clang's __builtin_cpu_supports does not
@@ -179,6 +179,29 @@ void axpy(Type x_type, int64_t n, float alpha, const void* x, float* y) {
         if (auto f = active().axpy[id]) return f(n, alpha, x, y);
     }
     ref::axpy(x_type, n, alpha, x, y);
+}
+
+void dot_rows(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, const float* q,
+              float scale, float* out) {
+    const uint32_t id = static_cast<uint32_t>(t);
+    if (id < kTypeIdLimit) {
+        if (auto f = active().dot_rows[id]) return f(hd, rows, stride, n, q, scale, out);
+    }
+    ref::dot_rows(t, hd, rows, stride, n, q, scale, out);
+}
+
+void axpy_rows(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, const float* w,
+               float* y) {
+    const uint32_t id = static_cast<uint32_t>(t);
+    if (id < kTypeIdLimit) {
+        if (auto f = active().axpy_rows[id]) return f(hd, rows, stride, n, w, y);
+    }
+    ref::axpy_rows(t, hd, rows, stride, n, w, y);
+}
+
+float exp_sum(float* x, int64_t n, float mx) {
+    if (auto f = active().exp_sum) return f(x, n, mx);
+    return ref::exp_sum(x, n, mx);
 }
 
 void force_scalar(bool on) {

@@ -24,6 +24,7 @@
 #endif
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstring>
 
 namespace gl {
@@ -133,7 +134,8 @@ float vec_dot_q4_0(int64_t n, const void* w, const void* a) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 2 <= nb; i += 2) {
-        _mm_prefetch(reinterpret_cast<const char*>(x + i) + kPrefetchBytes, _MM_HINT_T0); // 36 bytes per step
+        _mm_prefetch(reinterpret_cast<const char*>(x + i) + kPrefetchBytes,
+                     _MM_HINT_T0); // 36 bytes per step
         acc0 = block_q4_0(x[i], y[i], acc0);
         acc1 = block_q4_0(x[i + 1], y[i + 1], acc1);
     }
@@ -214,6 +216,114 @@ void axpy_float(int64_t n, float alpha, const Elem* x, float* y) {
 
 template <typename Load> void axpy(int64_t n, float alpha, const void* x, float* y) {
     axpy_float<Load>(n, alpha, static_cast<const typename Load::Elem*>(x), y);
+}
+
+// ---- attention over cached rows --------------------------------------------------
+
+// A head of up to kMaxChunks * 16 elements is held in registers (q for the
+// scores, the output for the values) while the rows stream past; longer
+// heads take the row-at-a-time kernels.
+constexpr int kMaxChunks = 8;
+
+__mmask16 tail_mask(int64_t hd, int c) {
+    const int64_t left = hd - 16 * c;
+    return left >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << left) - 1);
+}
+
+template <typename Load>
+void dot_rows(int64_t hd, const void* rows, size_t stride, int64_t n, const float* q, float scale,
+              float* out) {
+    using Elem = typename Load::Elem;
+    const auto* base = static_cast<const uint8_t*>(rows);
+    const int nc = static_cast<int>((hd + 15) / 16);
+    if (nc > kMaxChunks) {
+        for (int64_t i = 0; i < n; i++)
+            out[i] =
+                dot_float<Load>(hd, reinterpret_cast<const Elem*>(base + i * stride), q) * scale;
+        return;
+    }
+    __m512 qv[kMaxChunks];
+    __mmask16 mk[kMaxChunks];
+    for (int c = 0; c < nc; c++) {
+        mk[c] = tail_mask(hd, c);
+        qv[c] = _mm512_maskz_loadu_ps(mk[c], q + 16 * c);
+    }
+    for (int64_t i = 0; i < n; i++) {
+        const auto* r = reinterpret_cast<const Elem*>(base + i * stride);
+        _mm_prefetch(reinterpret_cast<const char*>(base + (i + 8) * stride), _MM_HINT_T0);
+        __m512 a0 = _mm512_mul_ps(Load::masked(mk[0], r), qv[0]);
+        __m512 a1 = _mm512_setzero_ps();
+        for (int c = 1; c < nc; c++) {
+            const __m512 p = Load::masked(mk[c], r + 16 * c);
+            if (c & 1)
+                a1 = _mm512_fmadd_ps(p, qv[c], a1);
+            else
+                a0 = _mm512_fmadd_ps(p, qv[c], a0);
+        }
+        out[i] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) * scale;
+    }
+}
+
+template <typename Load>
+void axpy_rows(int64_t hd, const void* rows, size_t stride, int64_t n, const float* w, float* y) {
+    using Elem = typename Load::Elem;
+    const auto* base = static_cast<const uint8_t*>(rows);
+    const int nc = static_cast<int>((hd + 15) / 16);
+    if (nc > kMaxChunks) {
+        for (int64_t i = 0; i < n; i++)
+            axpy_float<Load>(hd, w[i], reinterpret_cast<const Elem*>(base + i * stride), y);
+        return;
+    }
+    __m512 acc[kMaxChunks];
+    __mmask16 mk[kMaxChunks];
+    for (int c = 0; c < nc; c++) {
+        mk[c] = tail_mask(hd, c);
+        acc[c] = _mm512_maskz_loadu_ps(mk[c], y + 16 * c);
+    }
+    for (int64_t i = 0; i < n; i++) {
+        const auto* r = reinterpret_cast<const Elem*>(base + i * stride);
+        _mm_prefetch(reinterpret_cast<const char*>(base + (i + 8) * stride), _MM_HINT_T0);
+        const __m512 wv = _mm512_set1_ps(w[i]);
+        for (int c = 0; c < nc; c++)
+            acc[c] = _mm512_fmadd_ps(wv, Load::masked(mk[c], r + 16 * c), acc[c]);
+    }
+    for (int c = 0; c < nc; c++) _mm512_mask_storeu_ps(y + 16 * c, mk[c], acc[c]);
+}
+
+// exp(x) = 2^n * e^r with n = round(x / ln 2) and r = x - n ln 2 taken in
+// two steps (ln 2 split in a high part exact in float and a low part, so r is
+// exact to float precision even for |x| ~ 100), |r| <= ln2 / 2, e^r by its
+// degree-6 Taylor polynomial (relative error < 2e-7). _mm512_scalef_ps
+// applies 2^n and flushes to 0 below x = -104.
+__m512 exp512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723e-6f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 720);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+float exp_sum(float* x, int64_t n, float mx) {
+    const __m512 vmx = _mm512_set1_ps(mx), ninf = _mm512_set1_ps(-INFINITY);
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xffff)
+                                        : static_cast<__mmask16>((1u << (n - i)) - 1);
+        const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+        const __mmask16 live = _mm512_mask_cmp_ps_mask(m, v, ninf, _CMP_NEQ_OQ);
+        const __m512 e = _mm512_maskz_mov_ps(live, exp512(_mm512_sub_ps(v, vmx)));
+        _mm512_mask_storeu_ps(x + i, m, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    return _mm512_reduce_add_ps(sum);
 }
 
 // ---- quantize -------------------------------------------------------------------
@@ -323,7 +433,7 @@ constexpr uint32_t id(Type t) {
 }
 
 constexpr KernelTable make_table() {
-    KernelTable t = {"avx512", {}, {}, {}, {}};
+    KernelTable t = {"avx512", {}, {}, {}, {}, {}, {}, nullptr};
     t.vec_dot[id(Type::F32)] = vec_dot_float<F32>;
     t.vec_dot[id(Type::F16)] = vec_dot_float<F16>;
     t.vec_dot[id(Type::BF16)] = vec_dot_float<BF16>;
@@ -338,6 +448,13 @@ constexpr KernelTable make_table() {
     t.axpy[id(Type::F32)] = axpy<F32>;
     t.axpy[id(Type::F16)] = axpy<F16>;
     t.axpy[id(Type::BF16)] = axpy<BF16>;
+    t.dot_rows[id(Type::F32)] = dot_rows<F32>;
+    t.dot_rows[id(Type::F16)] = dot_rows<F16>;
+    t.dot_rows[id(Type::BF16)] = dot_rows<BF16>;
+    t.axpy_rows[id(Type::F32)] = axpy_rows<F32>;
+    t.axpy_rows[id(Type::F16)] = axpy_rows<F16>;
+    t.axpy_rows[id(Type::BF16)] = axpy_rows<BF16>;
+    t.exp_sum = exp_sum;
     add_kernels_k(t, kAvx512KernelsK); // x86_avx512_k.cpp
     return t;
 }
