@@ -28,9 +28,15 @@ void softmax(float* x, int64_t n) {
 }
 
 void silu_mul(float* gate, const float* up, int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        float g = gate[i];
-        gate[i] = g / (1.0f + std::exp(-g)) * up[i];
+    // exp(-g) a chunk at a time through the vectorised kernel (cpu::exp_sum
+    // with max 0 computes exp in place; its sum is not needed).
+    constexpr int64_t kChunk = 256;
+    float e[kChunk];
+    for (int64_t b = 0; b < n; b += kChunk) {
+        const int64_t m = std::min(kChunk, n - b);
+        for (int64_t i = 0; i < m; i++) e[i] = -gate[b + i];
+        cpu::exp_sum(e, m, 0.0f);
+        for (int64_t i = 0; i < m; i++) gate[b + i] = gate[b + i] / (1.0f + e[i]) * up[b + i];
     }
 }
 

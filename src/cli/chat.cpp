@@ -16,6 +16,9 @@
 #include <unistd.h>
 
 #include <editline/readline.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 
 #include "chat_session.h"
 #include "cli/common.h"
@@ -65,11 +68,31 @@ void out(std::string_view s) {
 bool g_prompt_ctrl_c = false;
 
 int read_key(FILE*) {
-    unsigned char c;
+    // SIGINT stays blocked between the flag check and the wait, and ppoll
+    // unblocks it atomically: a Ctrl-C that the terminal turned into SIGINT
+    // just before this wait (the prompt can be on screen before libedit
+    // switches the terminal to raw mode) ends the wait instead of being lost.
+    sigset_t block, orig;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
     while (true) {
+        pthread_sigmask(SIG_BLOCK, &block, &orig);
+        if (interrupted()) {
+            pthread_sigmask(SIG_SETMASK, &orig, nullptr);
+            g_prompt_ctrl_c = true;
+            return EOF;
+        }
+        pollfd p{0, POLLIN, 0};
+        const int r = ppoll(&p, 1, nullptr, &orig);
+        pthread_sigmask(SIG_SETMASK, &orig, nullptr);
+        if (r < 0) {
+            if (errno == EINTR) continue; // the flag check above decides
+            return EOF;
+        }
+        unsigned char c;
         const ssize_t n = ::read(0, &c, 1);
         if (n == 1 && c != 3) return c;
-        if (n == 1 || (n < 0 && errno == EINTR && interrupted())) {
+        if (n == 1) { // Ctrl-C as a byte (raw mode)
             g_prompt_ctrl_c = true;
             return EOF;
         }
