@@ -29,6 +29,8 @@ class Backend {
     virtual ~Backend() = default;
     virtual std::string name() const = 0;
     virtual int n_threads() const = 0;
+    // Thread-pool hand-offs so far (CPU backend); 0 where that means nothing.
+    virtual uint64_t handoffs() const { return 0; }
 
     // Scratch for the largest operation planned (called once, before eval).
     virtual void reserve(size_t matmul_scratch_bytes, int64_t attention_scratch_floats) = 0;

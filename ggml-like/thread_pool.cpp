@@ -38,6 +38,7 @@ void ThreadPool::run(Task fn, void* ctx) {
         fn(ctx, 0, 1);
         return;
     }
+    handoffs_++;
     task_ = fn;
     ctx_ = ctx;
     pending_.store(n_threads_ - 1, std::memory_order_relaxed);

@@ -17,6 +17,7 @@ class CpuBackend final : public Backend {
 
     std::string name() const override { return std::string("cpu/") + cpu::isa_name(); }
     int n_threads() const override { return pool_.size(); }
+    uint64_t handoffs() const override { return pool_.handoffs(); }
 
     void reserve(size_t matmul_bytes, int64_t att_floats) override {
         if (matmul_bytes > matmul_scratch_.size()) matmul_scratch_.resize(matmul_bytes);

@@ -108,6 +108,20 @@ double measure_read_bandwidth(gl::ThreadPool& pool) {
     return best;
 }
 
+// One hand-off to the pool's workers and back (an empty parallel region),
+// microseconds: the synchronisation each parallel loop of a token pays.
+double measure_handoff_us(gl::ThreadPool& pool) {
+    if (pool.size() == 1) return 0;
+    constexpr int kRounds = 20000;
+    double best = 1e30;
+    for (int rep = 0; rep < 3; rep++) {
+        const auto t0 = Clock::now();
+        for (int i = 0; i < kRounds; i++) pool.run([](void*, int, int) {}, nullptr);
+        best = std::min(best, std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / kRounds);
+    }
+    return best;
+}
+
 struct Row {
     std::string model;
     std::string test; // "pp512", "tg128", "tg128@d4096"
@@ -115,6 +129,7 @@ struct Row {
     Stat tps;
     double bytes_per_token = 0; // tg only
     double bw_fraction = 0;     // tg with --roofline
+    double handoffs_per_token = 0; // tg on the CPU: thread-pool hand-offs per token
 };
 
 } // namespace
@@ -138,7 +153,7 @@ int run_bench(int argc, char** argv) {
     app.add_option("--ctv", ctv, "V cache type")->capture_default_str();
     app.add_option("--device", device, "cpu, cuda or cuda:N (default: cpu, or cuda with -ngl)");
     add_offload_options(app, offload);
-    app.add_flag("--roofline", roofline, "measure read bandwidth; report tg bytes/token and its fraction");
+    app.add_flag("--roofline", roofline, "measure read bandwidth and thread hand-off cost; report tg bytes/token, its bandwidth fraction and hand-offs per token");
     app.add_flag("--json", json, "print JSON instead of a markdown table");
     try {
         app.parse(argc, argv);
@@ -151,7 +166,8 @@ int run_bench(int argc, char** argv) {
     install_interrupt_handler();
 
     std::vector<Row> rows;
-    std::map<int, double> bandwidth; // per thread count
+    std::map<int, double> bandwidth;  // per thread count
+    std::map<int, double> handoff_us; // per thread count
     for (const std::string& path : models) {
         auto lm = LoadedModel::load(path);
         const Hparams& hp = lm->model.hp;
@@ -191,6 +207,7 @@ int run_bench(int argc, char** argv) {
             if (roofline && !bandwidth.count(threads)) {
                 gl::ThreadPool pool(threads);
                 bandwidth[threads] = measure_read_bandwidth(pool);
+                handoff_us[threads] = measure_handoff_us(pool);
             }
             for (int pp : pps) {
                 if (pp == 0) continue;
@@ -207,12 +224,15 @@ int run_bench(int argc, char** argv) {
                 for (int tg : tgs) {
                     if (tg == 0) continue;
                     std::vector<double> v;
+                    double handoffs = 0;
                     for (int r = 0; r < reps && !interrupted(); r++) {
                         kv.clear();
                         eval_all(toks.data(), depth);
+                        const uint64_t h0 = be.cpu ? be.cpu->handoffs() : 0;
                         const auto t0 = Clock::now();
                         for (int i = 0; i < tg; i++) fwd.eval(&toks[depth + i], 1, false);
                         v.push_back(tg / std::chrono::duration<double>(Clock::now() - t0).count());
+                        handoffs = static_cast<double>((be.cpu ? be.cpu->handoffs() : 0) - h0) / tg;
                     }
                     Row row{name, "tg" + std::to_string(tg) + (depth ? "@d" + std::to_string(depth) : ""), threads,
                             stat_of(v), 0, 0};
@@ -221,6 +241,7 @@ int run_bench(int argc, char** argv) {
                                             (gl::row_size(tk, hp.kv_dim()) + gl::row_size(tv, hp.kv_dim()));
                     row.bytes_per_token = weight_bytes_per_token + kv_bytes;
                     if (roofline) row.bw_fraction = row.tps.mean * row.bytes_per_token / bandwidth[threads];
+                    row.handoffs_per_token = handoffs;
                     rows.push_back(row);
                 }
         }
@@ -235,22 +256,27 @@ int run_bench(int argc, char** argv) {
             if (roofline && r.bytes_per_token > 0) {
                 o["bandwidth_fraction"] = r.bw_fraction;
                 o["read_bandwidth_bytes_per_second"] = bandwidth[r.threads];
+                o["handoffs_per_token"] = r.handoffs_per_token;
+                o["handoff_seconds"] = handoff_us[r.threads] * 1e-6;
             }
             j.push_back(o);
         }
         fmt::print("{}\n", j.dump(2));
         return 0;
     }
-    fmt::print("| model | test | threads | tok/s | {}\n", roofline ? "MB/token | GB/s read | of bandwidth |" : "");
-    fmt::print("| --- | --- | ---: | ---: | {}\n", roofline ? "---: | ---: | ---: |" : "");
+    fmt::print("| model | test | threads | tok/s | {}\n",
+               roofline ? "MB/token | GB/s read | of bandwidth | thread sync per token |" : "");
+    fmt::print("| --- | --- | ---: | ---: | {}\n", roofline ? "---: | ---: | ---: | ---: |" : "");
     for (const Row& r : rows) {
         std::string extra;
         if (roofline)
             extra = r.bytes_per_token > 0
-                        ? fmt::format("{:.1f} | {:.1f} | {:.0f}% of {:.1f} GB/s |", r.bytes_per_token / 1e6,
-                                      r.tps.mean * r.bytes_per_token / 1e9, 100 * r.bw_fraction,
-                                      bandwidth[r.threads] / 1e9)
-                        : "| | |";
+                        ? fmt::format("{:.1f} | {:.1f} | {:.0f}% of {:.1f} GB/s | {:.0f} x {:.2f} us = {:.1f}% |",
+                                      r.bytes_per_token / 1e6, r.tps.mean * r.bytes_per_token / 1e9,
+                                      100 * r.bw_fraction, bandwidth[r.threads] / 1e9, r.handoffs_per_token,
+                                      handoff_us[r.threads],
+                                      100 * r.handoffs_per_token * handoff_us[r.threads] * 1e-6 * r.tps.mean)
+                        : "| | | |";
         fmt::print("| {} | {} | {} | {:.2f} ± {:.2f} | {}\n", r.model, r.test, r.threads, r.tps.mean, r.tps.sd, extra);
     }
     return 0;
