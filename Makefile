@@ -11,7 +11,7 @@ CUDA_ARCH ?= 87;90
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEPS := build-essential cmake pkg-config libcli11-dev libfmt-dev doctest-dev nlohmann-json3-dev \
         libutf8proc-dev libedit-dev libopenblas-dev clang libclang-rt-dev \
-        g++-aarch64-linux-gnu qemu-user
+        g++-aarch64-linux-gnu qemu-user libutf8proc-dev:arm64
 MODEL ?= $(firstword $(wildcard models/stories260K.gguf ../shared/models/stories260K.gguf) models/stories260K.gguf)
 
 .PHONY: all build cuda deps run test test-unit test-asan test-aarch64 fuzz fuzz-smoke clean format
@@ -27,7 +27,10 @@ cuda:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DKVRUN_CUDA=ON -DCUDA_ARCH="$(CUDA_ARCH)" $(CMAKE_FLAGS)
 	cmake --build $(BUILD) -j$(JOBS)
 
+# arm64 as a foreign architecture (Debian multiarch) for libutf8proc-dev:arm64,
+# which the aarch64 cross build of the tokenizer links (make test-aarch64).
 deps:
+	[ "$$(dpkg --print-architecture)" = arm64 ] || $(SUDO) dpkg --add-architecture arm64
 	$(SUDO) apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $(DEPS)
 
@@ -37,7 +40,7 @@ run: build
 	./kvrun -m $(MODEL) -p "Once upon a time" -n 200 --temp 0
 
 # Everything: unit + conformance tests, the same tests under ASan/UBSan, the
-# aarch64 kernels under qemu, and a short run of each fuzzer.
+# aarch64 kernels and goldens under qemu, and a short run of each fuzzer.
 test: test-unit test-asan test-aarch64 fuzz-smoke
 
 test-unit: build
@@ -48,9 +51,10 @@ test-asan:
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure
 
-# NEON kernels vs the scalar reference, cross-built and run under qemu-aarch64.
+# NEON kernels vs the scalar reference and the goldens on the NEON path,
+# cross-built and run under qemu-aarch64.
 test-aarch64:
-	scripts/test-aarch64.sh
+	JOBS=$(JOBS) scripts/test-aarch64.sh
 
 fuzz-smoke:
 	scripts/fuzz.sh $(FUZZ_SECONDS)
