@@ -15,6 +15,7 @@
 //     dotted with the *unrotated* query (RoPE scores depend on distance only).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 
@@ -78,13 +79,14 @@ void attention_partial(ThreadPool& pool, const AttentionArgs& a, const KeySubset
 // out rows are [n_tok][n_head][head_dim].
 void attention_merge(int64_t n_tok, int n_head, int head_dim, float* out, float* lse,
                      const float* out2, const float* lse2);
-// Scratch floats attention needs: per thread, the scores, room to
-// dequantize one head's K or V (and the blocks around it), and the runs of
-// visible keys (at most one per key, three ints each).
+// Scratch floats attention needs: per thread, the scores (of all keys for
+// one head, or of a chunk of 64 keys for up to 8 heads), room to dequantize
+// one head's K or V (and the blocks around it), and the runs of visible keys
+// (at most one per key, three ints each).
 constexpr int64_t kAttentionRunFloats = 3;
 inline int64_t attention_scratch_per_thread(int n_ctx, int n_tok, int kv_dim) {
-    return static_cast<int64_t>(n_ctx) + n_tok + 2 * (kv_dim + 256) +
-           kAttentionRunFloats * (n_ctx + n_tok);
+    const int64_t scores = std::max<int64_t>(static_cast<int64_t>(n_ctx) + n_tok, 8 * 64);
+    return scores + 2 * (kv_dim + 256) + kAttentionRunFloats * (n_ctx + n_tok);
 }
 inline int64_t attention_scratch_floats(int n_threads, int n_ctx, int n_tok, int kv_dim) {
     return n_threads * attention_scratch_per_thread(n_ctx, n_tok, kv_dim);
