@@ -67,13 +67,7 @@ constexpr Type kMatmulTypes[] = {Type::F32,  Type::F16,  Type::BF16, Type::Q8_0,
                                  Type::Q3_K, Type::Q4_K, Type::Q5_K, Type::Q6_K};
 constexpr Type kKvTypes[] = {Type::F32, Type::F16, Type::BF16, Type::Q8_0, Type::Q4_0};
 
-std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1.0f) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> d(0.0f, scale);
-    std::vector<float> v(n);
-    for (float& x : v) x = d(rng);
-    return v;
-}
+using kvtest::random_floats;
 
 std::vector<uint8_t> quantize(Type t, const std::vector<float>& x, int64_t n, int64_t rows) {
     const size_t rb = gl::row_size(t, n);

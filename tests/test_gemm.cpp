@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ggml-like/gemm.h"
+#include "test_util.h"
 #include "ggml-like/ops.h"
 #include "ggml-like/quants.h"
 #include "ggml-like/thread_pool.h"
@@ -18,13 +19,7 @@ namespace {
 
 using gl::Type;
 
-std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1.0f) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> d(0.0f, scale);
-    std::vector<float> v(n);
-    for (float& x : v) x = d(rng);
-    return v;
-}
+using kvtest::random_floats;
 
 // The largest |got - want| relative to sum |w x| over every output.
 double worst_relative(const gl::Tensor& w, const std::vector<float>& x, int64_t n_tok,

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <random>
 #include <signal.h>
 #include <sstream>
 #include <sys/wait.h>
@@ -9,7 +10,9 @@
 
 namespace kvtest {
 
-std::string shared(const std::string& rel) { return std::string(KVRUN_SHARED_DIR) + "/" + rel; }
+std::string shared(const std::string& rel) {
+    return std::string(KVRUN_SHARED_DIR) + "/" + rel;
+}
 
 RunResult run_kvrun(const std::vector<std::string>& args, const std::string* input) {
     int in_p[2], out_p[2], err_p[2];
@@ -63,8 +66,10 @@ RunResult run_kvrun(const std::vector<std::string>& args, const std::string* inp
         }
         if (fds[2].fd >= 0 && (fds[2].revents & (POLLOUT | POLLERR | POLLHUP))) {
             ssize_t n = write(fds[2].fd, input->data() + written, input->size() - written);
-            if (n <= 0) written = input->size();
-            else written += n;
+            if (n <= 0)
+                written = input->size();
+            else
+                written += n;
         }
     }
     int st = 0;
@@ -79,6 +84,14 @@ std::vector<std::string> lines(const std::string& s) {
     std::string l;
     while (std::getline(ss, l))
         if (!l.empty()) v.push_back(l);
+    return v;
+}
+
+std::vector<float> random_floats(size_t n, uint32_t seed, float scale) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> d(0.0f, scale);
+    std::vector<float> v(n);
+    for (float& x : v) x = d(rng);
     return v;
 }
 

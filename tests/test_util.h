@@ -1,6 +1,8 @@
 // Shared helpers for tests: where ../shared is, and running the kvrun binary.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -10,9 +12,9 @@ namespace kvtest {
 std::string shared(const std::string& rel);
 
 struct RunResult {
-    int status = -1;  // exit status, or 128 + signal
-    std::string out;  // stdout
-    std::string err;  // stderr
+    int status = -1; // exit status, or 128 + signal
+    std::string out; // stdout
+    std::string err; // stderr
 };
 // Run the kvrun binary built alongside the tests with these arguments,
 // feeding `input` on stdin (closed afterwards; no stdin at all if null).
@@ -20,5 +22,8 @@ RunResult run_kvrun(const std::vector<std::string>& args, const std::string* inp
 
 // Non-empty lines of s.
 std::vector<std::string> lines(const std::string& s);
+
+// n normal floats (mean 0, sd `scale`) from a seeded generator.
+std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1.0f);
 
 } // namespace kvtest
