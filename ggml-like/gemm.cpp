@@ -55,6 +55,14 @@ bool amx_present() {
 #endif
 }
 
+#if GL_HAVE_AMX
+// Per-thread scratch of matmul_tiles: one bf16 panel, one float row, alignment slack.
+size_t per_thread_bytes(int64_t n_in) {
+    return sizeof(uint16_t) * amx::kPanelRows * n_in + sizeof(float) * static_cast<size_t>(n_in) +
+           64;
+}
+#endif
+
 } // namespace
 
 bool amx_enabled() {
@@ -79,9 +87,7 @@ size_t scratch_bytes(int64_t n_in, int64_t n_tok, int n_threads) {
 #if GL_HAVE_AMX
     const int64_t n_tt = (n_tok + amx::kTileTokens - 1) / amx::kTileTokens;
     const size_t tokens = sizeof(uint16_t) * static_cast<size_t>(n_tt * amx::kTileTokens * n_in);
-    const size_t per_thread =
-        sizeof(uint16_t) * amx::kPanelRows * n_in + sizeof(float) * static_cast<size_t>(n_in) + 64;
-    return tokens + 64 + per_thread * static_cast<size_t>(n_threads);
+    return tokens + 64 + per_thread_bytes(n_in) * static_cast<size_t>(n_threads);
 #else
     (void)n_in, (void)n_tok, (void)n_threads;
     return 0;
@@ -96,8 +102,7 @@ void matmul_tiles(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_t
     auto align = [](uint8_t* p) { return p + ((64 - reinterpret_cast<uintptr_t>(p) % 64) % 64); };
     uint16_t* xv = reinterpret_cast<uint16_t*>(align(static_cast<uint8_t*>(scratch)));
     uint8_t* thread_base = reinterpret_cast<uint8_t*>(xv + n_tt * amx::kTileTokens * n_in);
-    const size_t per_thread =
-        sizeof(uint16_t) * amx::kPanelRows * n_in + sizeof(float) * static_cast<size_t>(n_in) + 64;
+    const size_t per_thread = per_thread_bytes(n_in);
 
     pool.parallel_for(
         n_tt, [&](int64_t b, int64_t e, int) { amx::pack_tokens(x, n_in, n_tok, b, e, xv); },

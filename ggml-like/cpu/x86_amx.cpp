@@ -52,12 +52,6 @@ void scatter(const float* c, float* y, int64_t y_stride, int rows, int tokens) {
         for (int r = 0; r < rows; r++) y[t * y_stride + r] = c[r * 16 + t];
 }
 
-void panel_row_impl(const float* src, int64_t n_in, int r, uint16_t* panel) {
-    uint16_t* dst = panel + (r / 16) * 512 + (r % 16) * 32;
-    for (int64_t kb = 0; kb < n_in / kTileK; kb++)
-        _mm512_store_si512(dst + kb * 1024, bf16_pairs(src + kb * kTileK));
-}
-
 // out[k][i] = in[i][k] for a 16x16 block of 32-bit elements (here: bf16
 // pairs of 16 tokens -> 16 k-pair rows of a B tile), in three shuffle stages.
 void transpose16(const __m512i in[16], __m512i out[16]) {
@@ -74,7 +68,8 @@ void transpose16(const __m512i in[16], __m512i out[16]) {
     }
     // u[4j + m], lane L = element 4L + m of rows 4j..4j+3: gather the lanes.
     for (int m = 0; m < 4; m++) {
-        const __m512i v0 = _mm512_shuffle_i32x4(u[m], u[4 + m], 0x88), v1 = _mm512_shuffle_i32x4(u[m], u[4 + m], 0xDD);
+        const __m512i v0 = _mm512_shuffle_i32x4(u[m], u[4 + m], 0x88),
+                      v1 = _mm512_shuffle_i32x4(u[m], u[4 + m], 0xDD);
         const __m512i w0 = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0x88),
                       w1 = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0xDD);
         out[m] = _mm512_shuffle_i32x4(v0, w0, 0x88);
@@ -87,10 +82,13 @@ void transpose16(const __m512i in[16], __m512i out[16]) {
 } // namespace
 
 void panel_row(const float* src, int64_t n_in, int r, uint16_t* panel) {
-    panel_row_impl(src, n_in, r, panel);
+    uint16_t* dst = panel + (r / 16) * 512 + (r % 16) * 32;
+    for (int64_t kb = 0; kb < n_in / kTileK; kb++)
+        _mm512_store_si512(dst + kb * 1024, bf16_pairs(src + kb * kTileK));
 }
 
-void pack_tokens(const float* x, int64_t n_in, int64_t n_tok, int64_t tt0, int64_t tt1, uint16_t* xv) {
+void pack_tokens(const float* x, int64_t n_in, int64_t n_tok, int64_t tt0, int64_t tt1,
+                 uint16_t* xv) {
     const int64_t n_kb = n_in / kTileK;
     for (int64_t tt = tt0; tt < tt1; tt++) {
         const int64_t t0 = tt * kTileTokens;
@@ -98,7 +96,8 @@ void pack_tokens(const float* x, int64_t n_in, int64_t n_tok, int64_t tt0, int64
         for (int64_t kb = 0; kb < n_kb; kb++) {
             __m512i rows[16], cols[16];
             for (int t = 0; t < 16; t++)
-                rows[t] = t < live ? bf16_pairs(x + (t0 + t) * n_in + kb * kTileK) : _mm512_setzero_si512();
+                rows[t] = t < live ? bf16_pairs(x + (t0 + t) * n_in + kb * kTileK)
+                                   : _mm512_setzero_si512();
             transpose16(rows, cols);
             uint16_t* tile = xv + (tt * n_kb + kb) * 512;
             for (int kk = 0; kk < 16; kk++) _mm512_storeu_si512(tile + kk * 32, cols[kk]);

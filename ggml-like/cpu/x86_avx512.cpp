@@ -26,6 +26,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 namespace gl {
 
@@ -316,61 +317,64 @@ void axpy_rows_n(int64_t hd, const uint8_t* base, size_t stride, int64_t n, cons
     }
 }
 
+// Calls f(std::integral_constant<int, NC>) for nc = NC in 1..8 and returns
+// true; false for longer heads (the row-at-a-time kernels take those).
+template <typename F> bool with_chunks(int nc, F&& f) {
+    switch (nc) {
+    case 1:
+        f(std::integral_constant<int, 1>{});
+        return true;
+    case 2:
+        f(std::integral_constant<int, 2>{});
+        return true;
+    case 3:
+        f(std::integral_constant<int, 3>{});
+        return true;
+    case 4:
+        f(std::integral_constant<int, 4>{});
+        return true;
+    case 5:
+        f(std::integral_constant<int, 5>{});
+        return true;
+    case 6:
+        f(std::integral_constant<int, 6>{});
+        return true;
+    case 7:
+        f(std::integral_constant<int, 7>{});
+        return true;
+    case 8:
+        f(std::integral_constant<int, 8>{});
+        return true;
+    default:
+        return false;
+    }
+}
+
 // Callers prefetch (attention streams a chunk of rows through several heads).
 template <typename Load>
 void dot_rows(int64_t hd, const void* rows, size_t stride, int64_t n, const float* q, float scale,
               float* out) {
     const auto* base = static_cast<const uint8_t*>(rows);
-    switch ((hd + 15) / 16) {
-    case 1:
-        return dot_rows_n<Load, 1>(hd, base, stride, n, q, scale, out);
-    case 2:
-        return dot_rows_n<Load, 2>(hd, base, stride, n, q, scale, out);
-    case 3:
-        return dot_rows_n<Load, 3>(hd, base, stride, n, q, scale, out);
-    case 4:
-        return dot_rows_n<Load, 4>(hd, base, stride, n, q, scale, out);
-    case 5:
-        return dot_rows_n<Load, 5>(hd, base, stride, n, q, scale, out);
-    case 6:
-        return dot_rows_n<Load, 6>(hd, base, stride, n, q, scale, out);
-    case 7:
-        return dot_rows_n<Load, 7>(hd, base, stride, n, q, scale, out);
-    case 8:
-        return dot_rows_n<Load, 8>(hd, base, stride, n, q, scale, out);
-    default:
-        for (int64_t i = 0; i < n; i++)
-            out[i] = dot_float<Load>(
-                         hd, reinterpret_cast<const typename Load::Elem*>(base + i * stride), q) *
-                     scale;
-    }
+    if (with_chunks(static_cast<int>((hd + 15) / 16), [&](auto nc) {
+            dot_rows_n<Load, decltype(nc)::value>(hd, base, stride, n, q, scale, out);
+        }))
+        return;
+    for (int64_t i = 0; i < n; i++)
+        out[i] = dot_float<Load>(
+                     hd, reinterpret_cast<const typename Load::Elem*>(base + i * stride), q) *
+                 scale;
 }
 
 template <typename Load>
 void axpy_rows(int64_t hd, const void* rows, size_t stride, int64_t n, const float* w, float* y) {
     const auto* base = static_cast<const uint8_t*>(rows);
-    switch ((hd + 15) / 16) {
-    case 1:
-        return axpy_rows_n<Load, 1>(hd, base, stride, n, w, y);
-    case 2:
-        return axpy_rows_n<Load, 2>(hd, base, stride, n, w, y);
-    case 3:
-        return axpy_rows_n<Load, 3>(hd, base, stride, n, w, y);
-    case 4:
-        return axpy_rows_n<Load, 4>(hd, base, stride, n, w, y);
-    case 5:
-        return axpy_rows_n<Load, 5>(hd, base, stride, n, w, y);
-    case 6:
-        return axpy_rows_n<Load, 6>(hd, base, stride, n, w, y);
-    case 7:
-        return axpy_rows_n<Load, 7>(hd, base, stride, n, w, y);
-    case 8:
-        return axpy_rows_n<Load, 8>(hd, base, stride, n, w, y);
-    default:
-        for (int64_t i = 0; i < n; i++)
-            axpy_float<Load>(hd, w[i],
-                             reinterpret_cast<const typename Load::Elem*>(base + i * stride), y);
-    }
+    if (with_chunks(static_cast<int>((hd + 15) / 16), [&](auto nc) {
+            axpy_rows_n<Load, decltype(nc)::value>(hd, base, stride, n, w, y);
+        }))
+        return;
+    for (int64_t i = 0; i < n; i++)
+        axpy_float<Load>(hd, w[i], reinterpret_cast<const typename Load::Elem*>(base + i * stride),
+                         y);
 }
 
 // exp(x) = 2^n * e^r with n = round(x / ln 2) and r = x - n ln 2 taken in
