@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -50,6 +51,42 @@ class Backend {
     virtual void attention(const AttentionArgs& a) = 0;
 
     virtual MemoryUse memory_use() const { return {}; }
+
+    // ---- device-resident buffers (no-ops on the CPU) ------------------------------------
+    // A device backend may keep a tracked host buffer's contents on the device
+    // between operations (ggml-like/coherence.h): an op's output there is not
+    // copied back until the host asks. The contract for a tracked buffer:
+    //   * the host tells the backend after writing it (host_wrote) and before
+    //     reading it (host_read: downloads what is newer on the device and
+    //     waits for it);
+    //   * copy_to_host(src, dst) copies bytes of a tracked buffer to untracked
+    //     host memory (the KV ring) by the next host_read or end_step, without
+    //     waiting now;
+    //   * a step (one Forward::eval) is bracketed by begin_step/end_step. A
+    //     backend may record the step's work and launch it later (CUDA
+    //     graphs); end_step returns false when that failed and the work was
+    //     lost: the caller must redo the step from its host inputs (the
+    //     backend then runs it eagerly).
+    // Pointers in no tracked buffer keep the plain contract: read and written
+    // on the host by the op itself.
+    virtual void track(void* host, size_t bytes) {
+        (void)host;
+        (void)bytes;
+    }
+    virtual void untrack(void* host) { (void)host; }
+    virtual void host_wrote(const void* p, size_t bytes) {
+        (void)p;
+        (void)bytes;
+    }
+    virtual void host_read(const void* p, size_t bytes) {
+        (void)p;
+        (void)bytes;
+    }
+    virtual void copy_to_host(const void* src, void* dst, size_t bytes) {
+        std::memcpy(dst, src, bytes);
+    }
+    virtual void begin_step(int n_tok) { (void)n_tok; }
+    virtual bool end_step() { return true; }
 };
 
 // "cpu" or "cuda". Throws std::runtime_error for a device this build lacks.

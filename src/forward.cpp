@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
 
 #include "error.h"
 #include "ggml-like/ops.h"
@@ -80,6 +81,53 @@ Forward::Forward(const Model& m, KvCache& kv, Placement placement, int max_batch
                                                                max_batch, hp.kv_dim())
                                 : 0);
     }
+    backends_ = place_.distinct();
+    track_all();
+}
+
+Forward::~Forward() {
+    untrack_all();
+}
+
+std::vector<std::pair<void*, size_t>> Forward::buffers() {
+    auto f = [](std::vector<float>& v) {
+        return std::pair<void*, size_t>(v.data(), sizeof(float) * v.size());
+    };
+    return {f(x_),
+            f(xb_),
+            f(q_),
+            f(q_unrot_),
+            f(k_),
+            f(v_),
+            {kc_.data(), kc_.size()},
+            {vc_.data(), vc_.size()},
+            f(att_),
+            f(hb_),
+            f(hb2_),
+            f(cos_),
+            f(sin_),
+            {pos_.data(), sizeof(int64_t) * pos_.size()},
+            f(logits_)};
+}
+
+void Forward::track_all() {
+    for (gl::Backend* be : backends_)
+        for (auto [p, bytes] : buffers()) be->track(p, bytes);
+}
+
+void Forward::untrack_all() {
+    for (gl::Backend* be : backends_)
+        for (auto [p, bytes] : buffers()) be->untrack(p);
+}
+
+void Forward::wrote(const void* p, size_t bytes) {
+    for (gl::Backend* be : backends_) be->host_wrote(p, bytes);
+}
+
+void Forward::cross(gl::Backend* from, gl::Backend* to, int n) {
+    const size_t bytes = sizeof(float) * static_cast<size_t>(n) * m_.hp.n_embd;
+    from->host_read(x_.data(), bytes);
+    to->host_wrote(x_.data(), bytes);
 }
 
 const float* Forward::eval(const int32_t* tokens, int n, bool all_logits) {
@@ -89,28 +137,63 @@ const float* Forward::eval(const int32_t* tokens, int n, bool all_logits) {
     // A batch holding sink positions must end before the window slides, so
     // that no query in it needs the sinks' shifted form (attention.h).
     KV_ASSERT(pos0 >= kv_.keep() || pos0 + n <= kv_.n_ctx());
-    for (int i = 0; i < n; i++) {
-        const int32_t id = tokens[i];
-        KV_ASSERT(id >= 0 && id < hp.n_vocab);
-        gl::cpu::dequantize_row(m_.token_embd.type, m_.token_embd.row(id), x_.data() + static_cast<size_t>(i) * hp.n_embd,
-                                hp.n_embd);
-        pos_[i] = pos0 + i;
-        gl::ops::rope_angles(static_cast<double>(pos0 + i), hp.rope_dims / 2, m_.rope_inv_freq.data(),
-                             cos_.data() + static_cast<size_t>(i) * hp.rope_dims / 2,
-                             sin_.data() + static_cast<size_t>(i) * hp.rope_dims / 2);
-    }
-    for (int l = 0; l < hp.n_layer; l++) layer(l, n, pos0);
-    kv_.commit(pos0, n);
-
+    for (int i = 0; i < n; i++) KV_ASSERT(tokens[i] >= 0 && tokens[i] < hp.n_vocab);
     const int first = all_logits ? 0 : n - 1;
     const int rows = n - first;
-    if (logits_.size() < static_cast<size_t>(rows) * hp.n_vocab) logits_.resize(static_cast<size_t>(rows) * hp.n_vocab);
+    if (logits_.size() < static_cast<size_t>(rows) * hp.n_vocab) {
+        for (gl::Backend* be : backends_) be->untrack(logits_.data());
+        logits_.resize(static_cast<size_t>(rows) * hp.n_vocab);
+        for (gl::Backend* be : backends_) be->track(logits_.data(), sizeof(float) * logits_.size());
+    }
+    // A device backend may record the step and launch it at its end; if that
+    // fails the step's work is lost and is done again, eagerly. Nothing the
+    // step writes on the host is read before it is rewritten (the KV rows
+    // land in the same slots), and the positions are committed only after.
+    for (int attempt = 0;; attempt++) {
+        for (gl::Backend* be : backends_) be->begin_step(n);
+        step(tokens, n, first, pos0);
+        bool ok = true;
+        for (gl::Backend* be : backends_) ok = be->end_step() && ok;
+        if (ok) break;
+        if (attempt > 0) throw std::runtime_error("backend: a step was lost twice");
+    }
+    kv_.commit(pos0, n);
+    return logits_.data();
+}
+
+void Forward::step(const int32_t* tokens, int n, int first, int64_t pos0) {
+    const Hparams& hp = m_.hp;
+    const int half = hp.rope_dims / 2;
+    for (int i = 0; i < n; i++) {
+        gl::cpu::dequantize_row(m_.token_embd.type, m_.token_embd.row(tokens[i]),
+                                x_.data() + static_cast<size_t>(i) * hp.n_embd, hp.n_embd);
+        pos_[i] = pos0 + i;
+        gl::ops::rope_angles(static_cast<double>(pos0 + i), half, m_.rope_inv_freq.data(),
+                             cos_.data() + static_cast<size_t>(i) * half,
+                             sin_.data() + static_cast<size_t>(i) * half);
+    }
+    wrote(x_.data(), sizeof(float) * static_cast<size_t>(n) * hp.n_embd);
+    wrote(cos_.data(), sizeof(float) * static_cast<size_t>(n) * half);
+    wrote(sin_.data(), sizeof(float) * static_cast<size_t>(n) * half);
+    wrote(pos_.data(), sizeof(int64_t) * static_cast<size_t>(n));
+
+    gl::Backend* cur = place_.layers.empty() ? place_.head : place_.layers[0];
+    for (int l = 0; l < hp.n_layer; l++) {
+        if (place_.layers[l] != cur) {
+            cross(cur, place_.layers[l], n);
+            cur = place_.layers[l];
+        }
+        layer(l, n, pos0);
+    }
+    if (place_.head != cur) cross(cur, place_.head, n);
+
+    const int rows = n - first;
     float* xn = xb_.data();
     gl::Backend& be = *place_.head;
     be.rmsnorm(x_.data() + static_cast<size_t>(first) * hp.n_embd, m_.output_norm.data(), hp.n_embd,
                rows, hp.rms_eps, xn);
     be.matmul(m_.output, xn, rows, logits_.data());
-    return logits_.data();
+    be.host_read(logits_.data(), sizeof(float) * static_cast<size_t>(rows) * hp.n_vocab);
 }
 
 void Forward::layer(int l, int n, int64_t pos0) {
@@ -135,6 +218,7 @@ void Forward::layer(int l, int n, int64_t pos0) {
     // past the window (see kv_cache.h). Computed from the unrotated key, in
     // double-precision angles, once per sink: nothing accumulates.
     const int half = hp.rope_dims / 2;
+    if (pos0 < kv_.keep()) be.host_read(k_.data(), sizeof(float) * static_cast<size_t>(n) * kvd);
     for (int i = 0; i < n && pos0 + i < kv_.keep(); i++) {
         const int64_t j = pos0 + i;
         float* dst = kv_.sink_k(l) + j * kvd;
@@ -144,7 +228,8 @@ void Forward::layer(int l, int n, int64_t pos0) {
         gl::ops::rope(dst, hp.n_head_kv, hp.head_dim, hp.rope_dims, sink_cos_.data(), sin_sink_.data(), hp.rope_neox);
     }
     const bool any_slid = pos0 + n - 1 >= kv_.n_ctx();
-    if (any_slid) std::memcpy(q_unrot_.data(), q_.data(), sizeof(float) * static_cast<size_t>(n) * qd);
+    // A copy (F32 "conversion"), so that it stays on the backend's device.
+    if (any_slid) be.convert_rows(gl::Type::F32, q_.data(), qd, n, q_unrot_.data());
 
     be.rope(q_.data(), n, hp.n_head, hp.head_dim, hp.rope_dims, cos_.data(), sin_.data(),
             hp.rope_neox);
@@ -177,7 +262,9 @@ void Forward::layer(int l, int n, int64_t pos0) {
     a.sink_k = kv_.sink_k(l);
     a.out = att_.data();
     be.attention(a);
-    kv_.write(l, pos0, n, kc_.data(), vc_.data());
+    kv_.write(l, pos0, n, kc_.data(), vc_.data(), [&be](void* dst, const void* src, size_t bytes) {
+        be.copy_to_host(src, dst, bytes);
+    });
 
     be.matmul(L.wo, att_.data(), n, xb_.data());
     be.add(x_.data(), xb_.data(), static_cast<int64_t>(n) * hp.n_embd);

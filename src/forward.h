@@ -3,7 +3,9 @@
 // evaluating a token allocates nothing.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "ggml-like/backend.h"
@@ -13,10 +15,12 @@
 namespace kvrun {
 
 // Which backend runs each layer and the output head (final norm + output
-// matrix). Every backend takes host pointers (backend.h), so consecutive
-// layers may run on different backends with no copies: the residual stream
-// flows one way, layer 0 .. n_layer - 1, then the head. The token embedding
-// lookup and the sinks' pre-rotation run on the host.
+// matrix). Every backend takes host pointers (backend.h); a device backend
+// may keep the activation buffers on its device between ops (Backend::track),
+// so where the residual stream passes from one backend to the next, Forward
+// has the first download it (host_read) and tells the next (host_wrote). The
+// token embedding lookup, the RoPE angles and the sinks' pre-rotation run on
+// the host.
 struct Placement {
     std::vector<gl::Backend*> layers; // [n_layer]
     gl::Backend* head = nullptr;
@@ -34,6 +38,9 @@ class Forward {
   public:
     Forward(const Model& m, KvCache& kv, gl::Backend& be, int max_batch);
     Forward(const Model& m, KvCache& kv, Placement placement, int max_batch);
+    ~Forward();
+    Forward(const Forward&) = delete;
+    Forward& operator=(const Forward&) = delete;
 
     int max_batch() const { return max_batch_; }
     const Placement& placement() const { return place_; }
@@ -42,11 +49,23 @@ class Forward {
     const float* eval(const int32_t* tokens, int n, bool all_logits);
 
   private:
+    // Embedding, layers and head of one batch (no commit): may run twice
+    // when a backend lost a recorded step (Backend::end_step).
+    void step(const int32_t* tokens, int n, int first, int64_t pos0);
     void layer(int l, int n, int64_t pos0);
+    // The residual stream x_ (n rows) moves from backend `from` to `to`.
+    void cross(gl::Backend* from, gl::Backend* to, int n);
+    // The activation buffers, registered with every backend (Backend::track).
+    std::vector<std::pair<void*, size_t>> buffers();
+    void track_all();
+    void untrack_all();
+    // Tell every backend the host wrote [p, p + bytes).
+    void wrote(const void* p, size_t bytes);
 
     const Model& m_;
     KvCache& kv_;
     Placement place_;
+    std::vector<gl::Backend*> backends_; // place_.distinct()
     int max_batch_;
     // Activations, row-major per token:
     std::vector<float> x_;        // [B][n_embd] residual stream

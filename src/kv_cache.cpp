@@ -67,6 +67,12 @@ size_t KvCache::ring_bytes() const { return ring_bytes_for(cfg_); }
 size_t KvCache::sink_bytes() const { return sink_k_.size() * sizeof(float); }
 
 void KvCache::write(int layer, int64_t pos0, int n, const void* k_rows, const void* v_rows) {
+    write(layer, pos0, n, k_rows, v_rows,
+          [](void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); });
+}
+
+void KvCache::write(int layer, int64_t pos0, int n, const void* k_rows, const void* v_rows,
+                    const RowCopy& copy) {
     KV_ASSERT(layer >= 0 && layer < cfg_.n_layer && pos0 == n_past_);
     // When the batch is longer than the window only its newest tokens survive;
     // skip the ones that would be overwritten within the same batch.
@@ -77,8 +83,8 @@ void KvCache::write(int layer, int64_t pos0, int n, const void* k_rows, const vo
         const int64_t p = pos0 + i;
         if (i < first && p >= cfg_.keep) continue;
         const int s = slot_of(p);
-        std::memcpy(kb + s * row_k_, static_cast<const uint8_t*>(k_rows) + i * row_k_, row_k_);
-        std::memcpy(vb + s * row_v_, static_cast<const uint8_t*>(v_rows) + i * row_v_, row_v_);
+        copy(kb + s * row_k_, static_cast<const uint8_t*>(k_rows) + i * row_k_, row_k_);
+        copy(vb + s * row_v_, static_cast<const uint8_t*>(v_rows) + i * row_v_, row_v_);
     }
 }
 

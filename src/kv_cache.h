@@ -12,7 +12,9 @@
 // token, so no query-key distance ever exceeds n_ctx - 1 (see gl::AttentionArgs).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -63,6 +65,11 @@ class KvCache {
     // Copy a batch's K/V rows (already in the cache types) for one layer into
     // the slots of positions pos0 .. pos0 + n - 1.
     void write(int layer, int64_t pos0, int n, const void* k_rows, const void* v_rows);
+    // The same, each row copied by copy(dst, src, bytes): Forward passes its
+    // backend's copy_to_host, so rows a GPU computed land without a wait.
+    using RowCopy = std::function<void(void* dst, const void* src, size_t bytes)>;
+    void write(int layer, int64_t pos0, int n, const void* k_rows, const void* v_rows,
+               const RowCopy& copy);
     // After all layers are written: record the positions the slots now hold.
     void commit(int64_t pos0, int n);
 
