@@ -9,7 +9,9 @@
 // otherwise: every CUDA op against the CPU reference on odd sizes and every
 // supported type, the KV mirror, zero-copy weights, the goldens
 // (../shared/golden, or $KVRUN_SHARED_DIR) through the CUDA backend, the
-// hot/cold KV split (--kv-gpu-window) against all-GPU, and -ngl splits.
+// hot/cold KV split (--kv-gpu-window) against all-GPU, -ngl splits, and the
+// device-resident decode step recorded as a CUDA graph against eager launches
+// (bit for bit) and against the CPU, with a forced graph failure redone.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -818,4 +820,112 @@ TEST_CASE("cuda -ngl: layers split between the GPU and the CPU match the CPU") {
         MESSAGE("-ngl ", k, " of ", n_layer, ": max |split - cpu| ", worst);
         CHECK(worst < 0.05);
     }
+}
+
+// ---- device-resident activations and CUDA graphs ----
+
+namespace {
+
+// Sets an environment variable for a scope (the backend reads it when made).
+class ScopedEnv {
+  public:
+    ScopedEnv(const char* name, const char* value) : name_(name) {
+        if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+        if (value)
+            setenv(name, value, 1);
+        else
+            unsetenv(name);
+    }
+    ~ScopedEnv() {
+        if (had_)
+            setenv(name_, old_.c_str(), 1);
+        else
+            unsetenv(name_);
+    }
+
+  private:
+    const char* name_;
+    std::string old_;
+    bool had_ = false;
+};
+
+std::unique_ptr<gl::Backend> cuda_with_graphs(const char* graphs, const char* fail_at = nullptr) {
+    ScopedEnv g("KVRUN_CUDA_GRAPHS", graphs), f("KVRUN_CUDA_GRAPHS_TEST_FAIL", fail_at);
+    return gl::make_cuda_backend(0);
+}
+
+} // namespace
+
+TEST_CASE("cuda graphs: recorded decode steps equal eager ones bit for bit, and a lost graph is "
+          "redone") {
+    if (!gpu_or_skip()) return;
+    for (const char* name : {"stories260K.gguf", "synthetic/tiny-f16.gguf"}) {
+        const fs::path mp = fs::path(shared_dir()) / "models" / name;
+        if (!fs::exists(mp)) {
+            MESSAGE("skipped: no ", mp.string());
+            continue;
+        }
+        auto lm = kvrun::LoadedModel::load(mp.string());
+        const int n_layer = lm->model.hp.n_layer;
+        auto eager = cuda_with_graphs("0");
+        CHECK(eager->name().find(", graphs") == std::string::npos);
+        // 200 steps over a 96-slot ring: prompt batches, then single tokens
+        // that wrap the ring twice (sinks slid, position tags changing).
+        const auto want = wrap_logits(*lm, kvrun::Placement::all(*eager, n_layer), Type::F16, 200);
+        auto graphs = cuda_with_graphs(nullptr);
+        CHECK(graphs->name().find(", graphs") != std::string::npos);
+        const auto got = wrap_logits(*lm, kvrun::Placement::all(*graphs, n_layer), Type::F16, 200);
+        CHECK(graphs->name().find(", graphs") != std::string::npos); // never fell back
+        MESSAGE(name, ": max |graphs - eager| ", worst_diff(got, want));
+        CHECK(worst_diff(got, want) == 0.0);
+        // Both against the CPU, as the other forward tests.
+        auto cpu = gl::make_cpu_backend(2);
+        const auto ref = wrap_logits(*lm, kvrun::Placement::all(*cpu, n_layer), Type::F16, 200);
+        MESSAGE(name, ": max |graphs - cpu| ", worst_diff(got, ref));
+        CHECK(worst_diff(got, ref) < 0.05);
+
+        // The 5th recorded step fails: it is redone eagerly, graphs stay off,
+        // the logits do not change.
+        auto failing = cuda_with_graphs(nullptr, "5");
+        const auto redone =
+            wrap_logits(*lm, kvrun::Placement::all(*failing, n_layer), Type::F16, 200);
+        CHECK(failing->name().find(", graphs") == std::string::npos);
+        CHECK(worst_diff(redone, want) == 0.0);
+
+        // -ngl: the GPU's part recorded, the crossing downloads the residual stream.
+        for (int k : {1, n_layer - 1}) {
+            auto part = cuda_with_graphs(nullptr);
+            const auto split =
+                wrap_logits(*lm, kvrun::Placement::split(*part, *cpu, k, n_layer), Type::F16, 200);
+            MESSAGE(name, " -ngl ", k, ": max |split with graphs - cpu| ", worst_diff(split, ref));
+            CHECK(worst_diff(split, ref) < 0.05);
+        }
+    }
+}
+
+TEST_CASE("cuda resident: direct op calls on untracked memory still read and write the host") {
+    if (!gpu_or_skip()) return;
+    auto be = gl::make_cuda_backend(0);
+    // A Forward tracks buffers, then goes; a later direct call at a reused
+    // address must not be mistaken for a twin.
+    auto lm =
+        kvrun::LoadedModel::load((fs::path(shared_dir()) / "models" / "stories260K.gguf").string());
+    const kvrun::Hparams& hp = lm->model.hp;
+    {
+        kvrun::KvCache kv({hp.n_layer, hp.n_head_kv, hp.head_dim, 32, 4, Type::F16, Type::F16});
+        kvrun::Forward f(lm->model, kv, *be, 4);
+        const int32_t t[2] = {1, 2};
+        f.eval(t, 2, false);
+        f.eval(t, 1, false);
+    }
+    std::vector<float> x = kvtest::random_floats(4096, 1), y(4096, 0.0f);
+    be->add(y.data(), x.data(), 4096);
+    CHECK(y == x);
+    be->silu_mul(y.data(), x.data(), 4096);
+    CHECK(std::isfinite(y[17]));
+    // And memory_use counts the twins while a Forward lives.
+    kvrun::KvCache kv({hp.n_layer, hp.n_head_kv, hp.head_dim, 32, 4, Type::F16, Type::F16});
+    const uint64_t before = be->memory_use().scratch;
+    kvrun::Forward f(lm->model, kv, *be, 4);
+    CHECK(be->memory_use().scratch > before);
 }
