@@ -110,6 +110,7 @@ class ChatSession {
     size_t first_live_turn() const { return first_live_; } // older turns were evicted
     int64_t cached_tokens() const { return static_cast<int64_t>(cached_.size()); }
     int n_ctx() const { return kv_.n_ctx(); }
+    size_t kv_bytes() const { return kv_.ring_bytes(); } // the host ring
     const std::vector<int32_t>& cached() const { return cached_; }
 
   private:

@@ -127,6 +127,8 @@ TEST_CASE("chat repl: later turns evaluate only new tokens; /undo equals a fresh
     const auto s1 = a.stats();
     CHECK(s1.reused == 0);
     CHECK(s1.generated == 16);
+    // On the CPU /stats has no GPU memory line (with -ngl it has one: gpu-check).
+    CHECK(a.say("/stats").find("GPU") == std::string::npos);
     // Turn 2: everything cached is reused; evaluated are the last reply
     // token, the end-of-turn glue and the new message with its glue only.
     const std::string a2 = a.say("Tell me a story");

@@ -201,3 +201,19 @@ TEST_CASE("offload: kvrun -ngl on the command line") {
     CHECK(r.status == 2);
     CHECK(r.err.find("--kv-gpu-window") != std::string::npos);
 }
+
+TEST_CASE("offload: the GPU memory summary of the stats line and chat's /stats") {
+    gl::MemoryUse u; // a CPU run: no device
+    CHECK(cli::gpu_memory_summary(u, 0, 22, 1 << 20).empty());
+    u.device = true;
+    u.weights = 600ull << 20;
+    u.kv = 44ull << 20;
+    u.scratch = 3ull << 19;
+    CHECK(cli::gpu_memory_summary(u, 22, 22, 88ull << 20) ==
+          "GPU 22/22 layers: weights 600.00 MiB, KV 44.00 MiB (host 88.00 MiB), scratch 1.50 MiB");
+    u.weights = 0;
+    u.weights_mapped = 2ull << 30; // Jetson: read in place
+    CHECK(cli::gpu_memory_summary(u, 11, 22, 1024) ==
+          "GPU 11/22 layers: weights 0 B + 2.00 GiB mapped, KV 44.00 MiB (host 1.0 KiB), scratch "
+          "1.50 MiB");
+}

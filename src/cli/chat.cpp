@@ -40,7 +40,7 @@ struct ChatOptions {
 
 constexpr const char* kHelp =
     "commands:\n"
-    "  /stats         tokens reused vs evaluated, cache fill, speed\n"
+    "  /stats         tokens reused vs evaluated, cache fill, speed, GPU memory\n"
     "  /undo          drop the last exchange (the cache keeps what stays)\n"
     "  /retry         generate the last answer again\n"
     "  /reset         forget the conversation (the system prompt stays)\n"
@@ -143,7 +143,9 @@ struct Totals {
     int64_t reused = 0, evaluated = 0, generated = 0;
 };
 
-void print_stats(const ChatSession& s, const TurnStats& t, const Totals& all) {
+// `gpu`: gpu_memory_summary(), printed as a second line when not empty.
+void print_stats(const ChatSession& s, const TurnStats& t, const Totals& all,
+                 const std::string& gpu) {
     const double fill = 100.0 * s.cached_tokens() / s.n_ctx();
     out(fmt::format(
         "[stats] last turn: reused {} tokens, evaluated {}, generated {} | cache {}/{} ({:.0f}%) | "
@@ -153,6 +155,7 @@ void print_stats(const ChatSession& s, const TurnStats& t, const Totals& all) {
         t.reused, t.evaluated, t.generated, s.cached_tokens(), s.n_ctx(), fill,
         t.prompt_s > 0 ? t.evaluated / t.prompt_s : 0.0, t.gen_s > 0 ? t.generated / t.gen_s : 0.0,
         s.turns().size(), s.first_live_turn(), all.reused, all.evaluated, all.generated));
+    if (!gpu.empty()) out("[stats] " + gpu + "\n");
 }
 
 int pick_context(const ChatOptions& o, const LoadedModel& lm, gl::Type tk, gl::Type tv,
@@ -346,7 +349,11 @@ int run_chat(int argc, char** argv) {
         else if (cmd == "/help")
             out(kHelp);
         else if (cmd == "/stats")
-            print_stats(session, last, all);
+            print_stats(session, last, all,
+                        backends.gpu
+                            ? gpu_memory_summary(backends.gpu->memory_use(), backends.n_gpu_layers,
+                                                 lm->model.hp.n_layer, session.kv_bytes())
+                            : std::string());
         else if (cmd == "/undo")
             out(session.undo() ? "[undone]\n" : "[nothing to undo]\n");
         else if (cmd == "/reset")

@@ -267,4 +267,13 @@ std::string human_bytes(uint64_t b) {
     return fmt::format("{} B", b);
 }
 
+std::string gpu_memory_summary(const gl::MemoryUse& u, int n_gpu_layers, int n_layer,
+                               uint64_t kv_host_bytes) {
+    if (!u.device) return {};
+    return fmt::format("GPU {}/{} layers: weights {}{}, KV {} (host {}), scratch {}", n_gpu_layers,
+                       n_layer, human_bytes(u.weights),
+                       u.weights_mapped ? " + " + human_bytes(u.weights_mapped) + " mapped" : "",
+                       human_bytes(u.kv), human_bytes(kv_host_bytes), human_bytes(u.scratch));
+}
+
 } // namespace kvrun::cli

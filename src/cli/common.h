@@ -83,6 +83,12 @@ void show_progress(int64_t done, int64_t total);
 void clear_progress();
 
 std::string human_bytes(uint64_t b);
+// "GPU 22/22 layers: weights 600.00 MiB, KV 44.00 MiB (host 44.00 MiB), scratch
+// 9.50 MiB" from a backend's memory_use (weights mapped in place, if any,
+// after the weights); "" when u.device is false (no GPU in the run). For the
+// run's stats line and chat's /stats.
+std::string gpu_memory_summary(const gl::MemoryUse& u, int n_gpu_layers, int n_layer,
+                               uint64_t kv_host_bytes);
 
 int run_generate(int argc, char** argv);
 int run_tokenize(int argc, char** argv);

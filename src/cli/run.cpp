@@ -341,13 +341,9 @@ int run_generate(int argc, char** argv) {
             n_prompt, prompt_s > 0 ? n_prompt / prompt_s : 0.0, n_gen,
             gen_s > 0 && n_gen > 0 ? n_gen / gen_s : 0.0, ttft * 1000, n_ctx,
             ctx_auto ? " (auto)" : "", human_bytes(kv.ring_bytes()), gl::type_name(tk),
-            !gpu.device
-                ? std::string()
-                : fmt::format(
-                      " | GPU {}/{} layers: weights {}{}, KV {} (host {}), scratch {}",
-                      backends.n_gpu_layers, hp.n_layer, human_bytes(gpu.weights),
-                      gpu.weights_mapped ? " + " + human_bytes(gpu.weights_mapped) + " mapped" : "",
-                      human_bytes(gpu.kv), human_bytes(kv.ring_bytes()), human_bytes(gpu.scratch)),
+            !gpu.device ? std::string()
+                        : " | " + gpu_memory_summary(gpu, backends.n_gpu_layers, hp.n_layer,
+                                                     kv.ring_bytes()),
             human_bytes(peak_rss_bytes()), stop);
     }
     return interrupted() ? static_cast<int>(Exit::interrupted) : 0;
