@@ -17,13 +17,17 @@
 #        DATA_DIR=.gpudata scripts/gpu-check.sh
 #      a. configures and builds with -DKVRUN_CUDA=ON for this GPU's compute
 #         capability only (CUDA_ARCH=... overrides), in build-gpu/;
-#      b. runs the CUDA tests (kvrun_tests -tc='cuda*'; goldens read from
-#         DATA_DIR through KVRUN_SHARED_DIR);
+#      b. runs the CUDA tests (kvrun_tests -tc='cuda*,coherence*'; goldens
+#         read from DATA_DIR through KVRUN_SHARED_DIR), among them CUDA-graph
+#         decode vs eager launches (bit for bit) and a forced graph failure;
 #      c. synthesizes tinyllama-1.1b in q4_0, q8_0 and (via kvrun quantize)
 #         Q4_K_M and prints kvrun bench pp256/tg64 on cuda and cpu, a -ngl 11
 #         split, and tg32 at depth 4096 with the whole KV ring on the GPU vs
-#         --kv-gpu-window 512 (hot/cold);
-#      d. prints kvrun info's GPU plan and a hot/cold run's stats line.
+#         --kv-gpu-window 512 (hot/cold); tg64 with CUDA graphs
+#         (default) vs KVRUN_CUDA_GRAPHS=0 for Q4_0 1.1B and stories260K;
+#      d. prints kvrun info's GPU plan, a hot/cold run's stats line, a run's
+#         transfer and graph counts (KVRUN_CUDA_DEBUG=1: a decode step should
+#         download only the logits) and chat's /stats GPU line.
 #      Any failure stops the script with a non-zero status and a FAILED line.
 #      GPU_CHECK_SANITIZE=1 also runs the attention/matmul tests under
 #      compute-sanitizer memcheck (slow; not available on every machine).
@@ -104,8 +108,8 @@ echo "built in $(($(date +%s) - t_start)) s"
 say "CUDA tests"
 export KVRUN_SHARED_DIR=$DATA_DIR
 rc=0
-timeout 240 "$BUILD/kvrun_tests" -tc='cuda*' >"$BUILD.cuda-tests.log" 2>&1 || rc=$?
-grep -E "MESSAGE|skipped|max \||worst|ERROR|FAILED|test cases|assertions|Status|backend" "$BUILD.cuda-tests.log" |
+timeout 240 "$BUILD/kvrun_tests" -tc='cuda*,coherence*' >"$BUILD.cuda-tests.log" 2>&1 || rc=$?
+grep -E "MESSAGE|skipped|max \||worst|ERROR|FAILED|test cases|assertions|Status|backend|graphs" "$BUILD.cuda-tests.log" |
     grep -v "^=*$" | head -120 || true
 if [[ $rc != 0 ]]; then
     tail -80 "$BUILD.cuda-tests.log"
@@ -168,6 +172,14 @@ bench_rows "q4_0 -ngl 11" -m "$q4" -p 256 -n 64 -r 2 -ngl 11
 # there and the older ~3.5k tokens attended on the CPU.
 bench_rows "q4_0 cuda" -m "$q4" -p 0 -n 32 -d 4096 -r 2 --device cuda
 bench_rows "q4_0 cuda, --kv-gpu-window 512" -m "$q4" -p 0 -n 32 -d 4096 -r 2 --device cuda --kv-gpu-window 512
+# CUDA graphs: decode steps recorded and replayed (default) vs eager launches.
+# The small model is where launch overhead dominates.
+stories=$DATA_DIR/models/stories260K.gguf
+for m in "$q4" "$stories"; do
+    label=$(basename "$m" .gguf)
+    bench_rows "$label cuda, graphs" -m "$m" -p 0 -n 64 -r 3 --device cuda
+    KVRUN_CUDA_GRAPHS=0 bench_rows "$label cuda, KVRUN_CUDA_GRAPHS=0" -m "$m" -p 0 -n 64 -r 3 --device cuda
+done
 echo
 echo "| weights, device | test | tok/s |"
 echo "| --- | --- | ---: |"
@@ -183,5 +195,48 @@ timeout 120 ./kvrun -m "$q4" -p "$prompt" -n 16 -c 1024 --temp 0 --ignore-eos -v
 }
 grep -E "backend|\[kvrun\]" /tmp/kvrun-hotcold.err
 grep -q "backend cuda" /tmp/kvrun-hotcold.err || die "the run did not use the CUDA backend"
+
+say "device-resident decode: transfers and graphs of a 64-token run (KVRUN_CUDA_DEBUG=1)"
+KVRUN_CUDA_DEBUG=1 timeout 120 ./kvrun -m "$q4" -p "$prompt" -n 64 -c 1024 --temp 0 --ignore-eos \
+    --device cuda -t "$nt" 2>/tmp/kvrun-graphs.err >/dev/null || {
+    cat /tmp/kvrun-graphs.err
+    die "kvrun run with CUDA graphs"
+}
+grep -E "kvrun: CUDA|\[kvrun\]" /tmp/kvrun-graphs.err
+grep -q "CUDA graphs off" /tmp/kvrun-graphs.err && die "CUDA graphs fell back to eager launches"
+grep -qE "[1-9][0-9]* graph launches" /tmp/kvrun-graphs.err || die "no CUDA graph was launched"
+
+say "chat /stats with the model on the GPU"
+python3 - "$stories" <<'PY' || die "chat /stats"
+import os, pty, select, signal, sys, time
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv("./kvrun", ["kvrun", "chat", "-m", sys.argv[1], "-ngl", "all", "-n", "8", "--temp", "0"])
+out, pos = b"", 0
+def read_until(needle, t=30):
+    global out, pos
+    end = time.time() + t
+    while out.find(needle, pos) < 0 and time.time() < end:
+        if select.select([fd], [], [], 0.5)[0]:
+            try:
+                out += os.read(fd, 4096)
+            except OSError:
+                break
+    i = out.find(needle, pos)
+    if i >= 0:
+        pos = i + len(needle)
+read_until(b"> ")
+for line in (b"Hello\n", b"/stats\n"):
+    os.write(fd, line)
+    read_until(b"\n> ")
+os.write(fd, b"/exit\n")
+time.sleep(1)
+if os.waitpid(pid, os.WNOHANG) == (0, 0):
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+lines = [l.strip() for l in out.decode(errors="replace").splitlines() if "[stats]" in l]
+print("\n".join(lines))
+sys.exit(0 if any("[stats] GPU" in l for l in lines) else 1)
+PY
 echo
 echo "gpu-check: OK in $(($(date +%s) - t_start)) s"
