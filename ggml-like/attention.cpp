@@ -172,22 +172,53 @@ void attend_one(const AttentionArgs& a, int t, int h, const KeyRun* runs, int n_
     for (int i = 0; i < hd; i++) out[i] *= inv;
 }
 
-// Heads of one GQA group that share a work item, and keys per chunk: the
-// chunk's K and V rows (a few KiB) stay in L1 while every head of the
-// sub-group uses them, so each row comes from memory once per group instead
-// of once per head (measured: at depth 4096 the per-head order re-read 1 MiB
-// of K/V per head from L3/DRAM).
+// Heads of one GQA group that share a work item, and keys per chunk: each
+// chunk's K and V rows are read from the cache once per group, converted to
+// F32 once (an F16 row converted per head cost more than the products), and
+// stay in L1 while every head of the sub-group uses them.
 constexpr int kSubGroup = 8;
 constexpr int kChunkKeys = 64;
+
+// Largest of x[0..n), or -inf. Eight independent lanes: one running max is a
+// chain of dependent compares (4 cycles a key, per head), which measured as
+// the largest cost of the grouped path; eight lanes vectorise.
+float max_of(const float* x, int n) {
+    float lane[8];
+    for (float& v : lane) v = -INFINITY;
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) lane[k] = x[i + k] > lane[k] ? x[i + k] : lane[k];
+    for (; i < n; i++) lane[0] = x[i] > lane[0] ? x[i] : lane[0];
+    float mx = lane[0];
+    for (int k = 1; k < 8; k++) mx = lane[k] > mx ? lane[k] : mx;
+    return mx;
+}
+
+// A chunk of K or V head slices as F32 rows the float kernels read: F32
+// caches in place, others converted into `tile`.
+struct RowsF32 {
+    const float* p;
+    size_t stride;
+};
+RowsF32 rows_f32(Type t, int64_t hd, const uint8_t* rows, size_t stride, int n, float* tile) {
+    if (t == Type::F32) return {reinterpret_cast<const float*>(rows), stride};
+    cpu::rows_to_f32(t, hd, rows, stride, n, tile);
+    return {tile, sizeof(float) * static_cast<size_t>(hd)};
+}
 
 // Heads [h0, h0 + nh) of one KV head, float K and V: an online softmax over
 // key chunks (running max m and sum l per head; the output is rescaled when
 // the max grows), then normalised. Same results as attend_one up to rounding.
+// `work` holds attention_work_floats() floats for the two converted chunks.
 void attend_heads(const AttentionArgs& a, int t, int h0, int nh, const KeyRun* runs, int n_runs,
-                  float* sc, float* lse) {
+                  float* sc, float* work, float* lse) {
     const int hd = a.head_dim;
     const int kvh = h0 / (a.n_head / a.n_head_kv);
     const size_t ke = type_info(a.k_type).type_size, ve = type_info(a.v_type).type_size;
+    const int chunk_keys = static_cast<int>(
+        std::clamp<int64_t>(kAttentionTileFloats / (2 * static_cast<int64_t>(hd)), 1, kChunkKeys));
+    float* k_tile = work;
+    float* v_tile = work + static_cast<int64_t>(chunk_keys) * hd;
     float m[kSubGroup], l[kSubGroup];
     float* out[kSubGroup];
     const float* q[kSubGroup];
@@ -201,13 +232,17 @@ void attend_heads(const AttentionArgs& a, int t, int h0, int nh, const KeyRun* r
         qu[j] = a.q_unrot ? a.q_unrot + qi : nullptr;
         std::memset(out[j], 0, sizeof(float) * hd);
     }
-    // Scores sc[j * kChunkKeys + i] of keys [b, e) are in place; fold them in.
-    auto fold = [&](const uint8_t* v_rows, int n) {
+    // Scores sc[j * kChunkKeys + i] of n keys are in place; turn them into
+    // softmax weights against each head's running max, then add the chunk's
+    // V rows for all heads in one pass.
+    auto fold = [&](RowsF32 v, int n) {
         for (int j = 0; j < nh; j++) {
             float* s = sc + j * kChunkKeys;
-            float cm = m[j];
-            for (int i = 0; i < n; i++) cm = s[i] > cm ? s[i] : cm;
-            if (cm == -INFINITY) continue;
+            const float cm = std::max(m[j], max_of(s, n));
+            if (cm == -INFINITY) { // nothing visible yet: weights 0
+                std::fill(s, s + n, 0.0f);
+                continue;
+            }
             if (cm > m[j]) {
                 const float f = m[j] == -INFINITY ? 0.0f : std::exp(m[j] - cm);
                 for (int d = 0; d < hd; d++) out[j][d] *= f;
@@ -215,8 +250,8 @@ void attend_heads(const AttentionArgs& a, int t, int h0, int nh, const KeyRun* r
                 m[j] = cm;
             }
             l[j] += cpu::exp_sum(s, n, m[j]);
-            cpu::axpy_rows(a.v_type, hd, v_rows, a.v_row_bytes, n, s, out[j]);
         }
+        cpu::axpy_heads(hd, v.p, v.stride, n, sc, kChunkKeys, nh, out);
     };
     for (int r = 0; r < n_runs; r++) {
         const KeyRun& run = runs[r];
@@ -229,23 +264,36 @@ void attend_heads(const AttentionArgs& a, int t, int h0, int nh, const KeyRun* r
             const float* k = a.sink_k + a.slot_pos[run.b] * a.n_head_kv * hd + kvh * hd;
             for (int j = 0; j < nh; j++)
                 sc[j * kChunkKeys] = cpu::vec_dot(Type::F32, hd, k, qu[j]) * a.scale;
-            fold(v_base + run.b * a.v_row_bytes, 1);
+            fold(rows_f32(a.v_type, hd, v_base + run.b * a.v_row_bytes, a.v_row_bytes, 1, v_tile),
+                 1);
             continue;
         }
-        for (int c0 = run.b; c0 < run.e; c0 += kChunkKeys) {
-            const int n = std::min(kChunkKeys, run.e - c0);
-            // The next chunk's K and V head slices, while this one is computed
-            // (rows are a whole cache row apart: a stride the hardware
-            // prefetchers follow poorly).
-            for (int i = c0 + kChunkKeys; i < std::min(run.e, c0 + 2 * kChunkKeys); i++)
-                for (int bb = 0; bb < hd * static_cast<int>(ke); bb += 64) {
-                    __builtin_prefetch(k_base + i * a.k_row_bytes + bb);
-                    __builtin_prefetch(v_base + i * a.v_row_bytes + bb);
-                }
-            for (int j = 0; j < nh; j++)
-                cpu::dot_rows(a.k_type, hd, k_base + c0 * a.k_row_bytes, a.k_row_bytes, n, q[j],
-                              a.scale, sc + j * kChunkKeys);
-            fold(v_base + c0 * a.v_row_bytes, n);
+        for (int c0 = run.b; c0 < run.e; c0 += chunk_keys) {
+            const int n = std::min(chunk_keys, run.e - c0);
+            // The next chunk's K and V head slices are fetched while this one
+            // is computed (rows are a whole cache row apart: a stride the
+            // hardware prefetchers follow poorly), a few rows between each
+            // step: issued all at once they fill the line-fill buffers and the
+            // loop waits on them.
+            const int next_end = std::min(run.e, c0 + 2 * chunk_keys);
+            int next = c0 + chunk_keys;
+            const int per_step = (chunk_keys + nh) / (nh + 1);
+            auto prefetch_some = [&] {
+                for (int stop = std::min(next_end, next + per_step); next < stop; next++)
+                    for (int bb = 0; bb < hd * static_cast<int>(ke); bb += 64) {
+                        __builtin_prefetch(k_base + next * a.k_row_bytes + bb);
+                        __builtin_prefetch(v_base + next * a.v_row_bytes + bb);
+                    }
+            };
+            prefetch_some();
+            const RowsF32 k =
+                rows_f32(a.k_type, hd, k_base + c0 * a.k_row_bytes, a.k_row_bytes, n, k_tile);
+            for (int j = 0; j < nh; j++) {
+                prefetch_some();
+                cpu::dot_rows(Type::F32, hd, k.p, k.stride, n, q[j], a.scale, sc + j * kChunkKeys);
+            }
+            prefetch_some();
+            fold(rows_f32(a.v_type, hd, v_base + c0 * a.v_row_bytes, a.v_row_bytes, n, v_tile), n);
         }
     }
     for (int j = 0; j < nh; j++) {
@@ -273,7 +321,10 @@ void attend_all(ThreadPool& pool, const AttentionArgs& a, const KeySubset& keys,
     pool.parallel_for(
         n_work,
         [&](int64_t b, int64_t e, int ith) {
-            float* sc = a.scratch + ith * per_thread;
+            // 64-byte aligned (see attention_scratch_per_thread)
+            const auto at = reinterpret_cast<uintptr_t>(a.scratch + ith * per_thread);
+            float* sc = reinterpret_cast<float*>((at + 63) & ~uintptr_t{63});
+            float* work = sc + attention_scores_floats(a.n_ctx, a.n_tok);
             auto* runs = reinterpret_cast<KeyRun*>(sc + per_thread -
                                                    kAttentionRunFloats * (a.n_ctx + a.n_tok));
             int runs_of = -1, n_runs = 0;
@@ -287,7 +338,7 @@ void attend_all(ThreadPool& pool, const AttentionArgs& a, const KeySubset& keys,
                     const int g = i / subs, sub = i % subs;
                     const int h0 = g * n_rep + sub * kSubGroup;
                     attend_heads(a, t, h0, std::min(kSubGroup, n_rep - sub * kSubGroup), runs,
-                                 n_runs, sc, lse);
+                                 n_runs, sc, work, lse);
                 } else {
                     attend_one(a, t, i, runs, n_runs, sc, lse);
                 }

@@ -79,14 +79,30 @@ void attention_partial(ThreadPool& pool, const AttentionArgs& a, const KeySubset
 // out rows are [n_tok][n_head][head_dim].
 void attention_merge(int64_t n_tok, int n_head, int head_dim, float* out, float* lse,
                      const float* out2, const float* lse2);
-// Scratch floats attention needs: per thread, the scores (of all keys for
-// one head, or of a chunk of 64 keys for up to 8 heads), room to dequantize
-// one head's K or V (and the blocks around it), and the runs of visible keys
-// (at most one per key, three ints each).
+// Scratch floats attention needs, per thread, in this order:
+//  - scores: of all keys for one head, or of a chunk of keys for up to 8 heads;
+//  - a work area: room to dequantize one head's K and V (and the blocks
+//    around it), or the grouped path's K and V chunks converted to F32
+//    (2 x 64 keys x a head of up to 256 elements; longer heads take shorter
+//    chunks);
+//  - the runs of visible keys (at most one per key, three ints each).
+// Scores and work area start on 64-byte boundaries (16 floats of slack):
+// 512-bit loads and stores that straddle two cache lines cost twice.
 constexpr int64_t kAttentionRunFloats = 3;
+constexpr int64_t kAttentionTileFloats = 2 * 64 * 256;
+constexpr int64_t kAttentionAlignFloats = 16;
+inline int64_t attention_scores_floats(int n_ctx, int n_tok) {
+    const int64_t n = std::max<int64_t>(static_cast<int64_t>(n_ctx) + n_tok, 8 * 64);
+    return (n + kAttentionAlignFloats - 1) / kAttentionAlignFloats * kAttentionAlignFloats;
+}
+inline int64_t attention_work_floats(int kv_dim) {
+    return std::max<int64_t>(
+        2 * (static_cast<int64_t>(kv_dim) + 256),
+        std::min<int64_t>(kAttentionTileFloats, 2 * 64 * static_cast<int64_t>(kv_dim)));
+}
 inline int64_t attention_scratch_per_thread(int n_ctx, int n_tok, int kv_dim) {
-    const int64_t scores = std::max<int64_t>(static_cast<int64_t>(n_ctx) + n_tok, 8 * 64);
-    return scores + 2 * (kv_dim + 256) + kAttentionRunFloats * (n_ctx + n_tok);
+    return kAttentionAlignFloats + attention_scores_floats(n_ctx, n_tok) +
+           attention_work_floats(kv_dim) + kAttentionRunFloats * (n_ctx + n_tok);
 }
 inline int64_t attention_scratch_floats(int n_threads, int n_ctx, int n_tok, int kv_dim) {
     return n_threads * attention_scratch_per_thread(n_ctx, n_tok, kv_dim);

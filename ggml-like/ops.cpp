@@ -113,8 +113,7 @@ void matmul(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, fl
                 for (int64_t t = 0; t < n_tok; t++) {
                     const uint8_t* a = static_cast<const uint8_t*>(act) + t * act_row;
                     float* yt = y + t * n_out;
-                    for (int64_t r = r0; r < r1; r++)
-                        yt[r] = cpu::vec_dot(w.type, n_in, w.row(r), a);
+                    cpu::matvec(w.type, n_in, w.row(r0), w.row_bytes, r1 - r0, a, yt + r0);
                 }
             }
         },

@@ -21,6 +21,10 @@ void dequantize_row(Type t, const void* src, float* dst, int64_t n);
 void quantize_row(Type t, const float* src, void* dst, int64_t n); // F32, F16, BF16, Q8_0, Q4_0
 // sum_i w[i] * a[i], with w of type `weight` and a of type vec_dot_type(weight)
 float vec_dot(Type weight, int64_t n, const void* w, const void* a);
+// y[r] = vec_dot(weight, n, w + r * row_bytes, a) for r in [0, n_rows): a
+// matrix-vector product over consecutive rows sharing one activation row.
+void matvec(Type weight, int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
+            float* y);
 // y[i] += alpha * x[i] for x of type F32, F16 or BF16 (used to accumulate V rows)
 void axpy(Type x_type, int64_t n, float alpha, const void* x, float* y);
 
@@ -32,6 +36,13 @@ void dot_rows(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, co
               float scale, float* out);
 void axpy_rows(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, const float* w,
                float* y);
+// For each of nh heads j: y[j][0..hd) += sum_i w[j * w_stride + i] * row i,
+// n F32 rows `stride` bytes apart (the rows are read once for all heads).
+void axpy_heads(int64_t hd, const float* rows, size_t stride, int64_t n, const float* w,
+                size_t w_stride, int nh, float* const* y);
+// dst[i * hd + k] = element k of row i, as float: n rows of a float type
+// (F32, F16, BF16) made one contiguous F32 tile.
+void rows_to_f32(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, float* dst);
 // x[i] = exp(x[i] - mx) (exactly 0 where x[i] is -inf); returns the sum.
 float exp_sum(float* x, int64_t n, float mx);
 } // namespace ref
@@ -48,7 +59,15 @@ struct KernelTable {
                                    const float* q, float scale, float* out);
     void (*axpy_rows[kTypeIdLimit])(int64_t hd, const void* rows, size_t stride, int64_t n,
                                     const float* w, float* y);
+    void (*rows_to_f32[kTypeIdLimit])(int64_t hd, const void* rows, size_t stride, int64_t n,
+                                      float* dst);
+    void (*axpy_heads)(int64_t hd, const float* rows, size_t stride, int64_t n, const float* w,
+                       size_t w_stride, int nh, float* const* y);
     float (*exp_sum)(float* x, int64_t n, float mx);
+    // Several rows at once (see ref::matvec), where sharing the activation
+    // between rows pays; null means a vec_dot per row.
+    void (*matvec[kTypeIdLimit])(int64_t n, const void* w, size_t row_bytes, int64_t n_rows,
+                                 const void* a, float* y);
 };
 
 // Kernel tables compiled into this binary and usable on this CPU, best first;
@@ -60,6 +79,8 @@ namespace cpu {
 // Dispatched to the best table (kernel_table(0)); falls back to ref per entry.
 const char* isa_name();
 float vec_dot(Type weight, int64_t n, const void* w, const void* a);
+void matvec(Type weight, int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
+            float* y);
 void quantize_row(Type t, const float* src, void* dst, int64_t n);
 void dequantize_row(Type t, const void* src, float* dst, int64_t n);
 void axpy(Type x_type, int64_t n, float alpha, const void* x, float* y);
@@ -67,6 +88,9 @@ void dot_rows(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, co
               float scale, float* out);
 void axpy_rows(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, const float* w,
                float* y);
+void rows_to_f32(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, float* dst);
+void axpy_heads(int64_t hd, const float* rows, size_t stride, int64_t n, const float* w,
+                size_t w_stride, int nh, float* const* y);
 float exp_sum(float* x, int64_t n, float mx);
 // Force the scalar table (KVRUN_ISA=scalar in the environment does the same).
 void force_scalar(bool on);

@@ -256,6 +256,12 @@ float vec_dot(Type weight, int64_t n, const void* w, const void* a) {
     }
 }
 
+void matvec(Type weight, int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
+            float* y) {
+    const auto* row = static_cast<const uint8_t*>(w);
+    for (int64_t r = 0; r < n_rows; r++) y[r] = vec_dot(weight, n, row + r * row_bytes, a);
+}
+
 void axpy(Type x_type, int64_t n, float alpha, const void* x, float* y) {
     switch (x_type) {
     case Type::F32:
@@ -283,6 +289,32 @@ void axpy_rows(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, c
     const auto* r = static_cast<const uint8_t*>(rows);
     for (int64_t i = 0; i < n; i++)
         if (w[i] != 0.0f) axpy(t, hd, w[i], r + i * stride, y);
+}
+
+void axpy_heads(int64_t hd, const float* rows, size_t stride, int64_t n, const float* w,
+                size_t w_stride, int nh, float* const* y) {
+    for (int j = 0; j < nh; j++) axpy_rows(Type::F32, hd, rows, stride, n, w + j * w_stride, y[j]);
+}
+
+void rows_to_f32(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, float* dst) {
+    const auto* r = static_cast<const uint8_t*>(rows);
+    for (int64_t i = 0; i < n; i++) {
+        const uint8_t* row = r + i * stride;
+        float* d = dst + i * hd;
+        switch (t) {
+        case Type::F32:
+            for (int64_t k = 0; k < hd; k++) d[k] = load_f32(row, k);
+            break;
+        case Type::F16:
+            for (int64_t k = 0; k < hd; k++) d[k] = load_f16(row, k);
+            break;
+        case Type::BF16:
+            for (int64_t k = 0; k < hd; k++) d[k] = load_bf16(row, k);
+            break;
+        default:
+            unsupported("rows_to_f32", t);
+        }
+    }
 }
 
 float exp_sum(float* x, int64_t n, float mx) {

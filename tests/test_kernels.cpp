@@ -499,6 +499,62 @@ TEST_CASE("vec_dot: random rows agree with ref within the float rounding bound")
     }
 }
 
+TEST_CASE("matvec: row groups of every table give each row's ref vec_dot") {
+    // Multi-row kernels handle rows in groups (4 for Q4_0 on AVX-512) plus a
+    // tail: every row count 1..9 and 13 hits full groups and each tail
+    // length. Exact-arithmetic rows must match ref bit for bit (a row or
+    // block taken from the wrong place cannot hide in rounding); random rows
+    // must stay within the rounding bound of the vec_dot test above. The
+    // rows start 2 bytes off alignment with a padded stride, as a mapped
+    // file's rows may.
+    uint32_t seed = 7000;
+    for (Type w : kSupported) {
+        const bool quant = gl::type_info(w).block_size > 1;
+        for (int64_t n : quant ? std::vector<int64_t>{32, 96, 224, 4064}
+                               : std::vector<int64_t>{1, 17, 33, 1001}) {
+            for (int64_t rows : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13}) {
+                for (bool exact : {true, false}) {
+                    INFO("type ", gl::type_name(w), " n ", n, " rows ", rows, " exact ", exact);
+                    const size_t rb = gl::row_size(w, n), stride = rb + 6;
+                    Buffer wb(stride * static_cast<size_t>(rows), 2);
+                    std::vector<double> tol(static_cast<size_t>(rows));
+                    const auto av =
+                        exact ? exact_activations(w, n, seed++) : random_activations(w, n, seed++);
+                    Buffer ab(av.size(), quant ? 2 : 4);
+                    std::memcpy(ab.p, av.data(), av.size());
+                    std::vector<float> want(static_cast<size_t>(rows));
+                    for (int64_t r = 0; r < rows; r++) {
+                        const auto wv =
+                            exact ? exact_weights(w, n, seed++) : random_weights(w, n, seed++);
+                        uint8_t* row = wb.p + static_cast<size_t>(r) * stride;
+                        std::memcpy(row, wv.data(), rb);
+                        want[r] = gl::ref::vec_dot(w, n, row, ab.p);
+                        tol[r] = exact ? 0.0
+                                       : (static_cast<double>(n) + 4) * std::ldexp(1.0, -24) *
+                                                 abs_dot(w, n, row, ab.p) +
+                                             std::fabs(want[r]) * std::ldexp(1.0, -24);
+                    }
+                    std::vector<float> ref_out(static_cast<size_t>(rows));
+                    gl::ref::matvec(w, n, wb.p, stride, rows, ab.p, ref_out.data());
+                    CHECK(ref_out == want);
+                    for_each_table([&](const gl::KernelTable& k) {
+                        std::vector<float> got(static_cast<size_t>(rows) + 1, -7.0f);
+                        if (auto f = k.matvec[id(w)])
+                            f(n, wb.p, stride, rows, ab.p, got.data());
+                        else
+                            gl::ref::matvec(w, n, wb.p, stride, rows, ab.p, got.data());
+                        CHECK(got[rows] == -7.0f); // nothing written past the last row
+                        for (int64_t r = 0; r < rows; r++) {
+                            INFO("row ", r, " got ", got[r], " want ", want[r]);
+                            CHECK(std::fabs(static_cast<double>(got[r]) - want[r]) <= tol[r]);
+                        }
+                    });
+                }
+            }
+        }
+    }
+}
+
 TEST_CASE("dequantize_row: every table is bit-identical to ref") {
     uint32_t seed = 200;
     for (Type t : kSupported) {
@@ -771,6 +827,82 @@ TEST_CASE("attention rows: dot_rows, axpy_rows and exp_sum of every table match 
 }
 
 // ---- dispatch -----------------------------------------------------------------------
+
+TEST_CASE("attention tiles: rows_to_f32 is exact and axpy_heads matches ref in every table") {
+    uint32_t seed = 900;
+    // rows_to_f32: every float type widens exactly, so bit-identical to ref;
+    // heads of every tail length, rows of a wider cache row at an offset.
+    for (Type t : kFloatTypes) {
+        const size_t eb = gl::type_info(t).type_size;
+        for (int64_t hd : {1, 7, 16, 33, 64, 80, 128, 200})
+            for (int64_t n : {1, 5, 17}) {
+                INFO("rows_to_f32 ", gl::type_name(t), " head_dim ", hd, " rows ", n);
+                const int64_t row_elems = hd + 19, off = 3;
+                const auto cache = random_weights(t, row_elems * n, seed++);
+                const size_t stride = static_cast<size_t>(row_elems) * eb;
+                const uint8_t* head0 = cache.data() + off * eb;
+                std::vector<float> want(static_cast<size_t>(hd * n));
+                gl::ref::rows_to_f32(t, hd, head0, stride, n, want.data());
+                for (int64_t i = 0; i < n; i++) { // against the plain row conversion too
+                    std::vector<float> row(static_cast<size_t>(row_elems));
+                    gl::ref::dequantize_row(t, cache.data() + i * stride, row.data(), row_elems);
+                    CHECK(std::equal(row.begin() + off, row.begin() + off + hd,
+                                     want.begin() + i * hd));
+                }
+                for_each_table([&](const gl::KernelTable& k) {
+                    std::vector<float> got(want.size() + 1, 123.0f);
+                    auto f = k.rows_to_f32[id(t)];
+                    f ? f(hd, head0, stride, n, got.data())
+                      : gl::ref::rows_to_f32(t, hd, head0, stride, n, got.data());
+                    CHECK(first_diff(got.data(), want.data(), want.size() * sizeof(float)) == -1);
+                    CHECK(got.back() == 123.0f);
+                });
+            }
+    }
+    // axpy_heads: 1..9 heads (groups of four and every remainder), heads of
+    // 64 multiples and tails, weights with zeros; each head's output within
+    // float rounding of n + 1 terms of the reference.
+    for (int nh : {1, 2, 3, 4, 5, 7, 8, 9})
+        for (int64_t hd : {7, 64, 80, 128, 200})
+            for (int64_t n : {1, 13, 64}) {
+                INFO("axpy_heads heads ", nh, " head_dim ", hd, " rows ", n);
+                const int64_t row_elems = hd + 5;
+                const auto rows = random_floats(row_elems * n, seed++);
+                const size_t stride = static_cast<size_t>(row_elems) * sizeof(float);
+                const size_t ws = static_cast<size_t>(n) + 3;
+                auto w = random_floats(static_cast<int64_t>(ws) * nh, seed++);
+                for (size_t i = 0; i < w.size(); i += 5) w[i] = 0.0f;
+                std::vector<std::vector<float>> want(static_cast<size_t>(nh));
+                std::vector<float*> want_p;
+                for (auto& v : want) {
+                    v = random_floats(hd + 1, seed++);
+                    want_p.push_back(v.data());
+                }
+                const auto start = want;
+                gl::ref::axpy_heads(hd, rows.data(), stride, n, w.data(), ws, nh, want_p.data());
+                for_each_table([&](const gl::KernelTable& k) {
+                    auto got = start;
+                    std::vector<float*> got_p;
+                    for (auto& v : got) got_p.push_back(v.data());
+                    k.axpy_heads
+                        ? k.axpy_heads(hd, rows.data(), stride, n, w.data(), ws, nh, got_p.data())
+                        : gl::ref::axpy_heads(hd, rows.data(), stride, n, w.data(), ws, nh,
+                                              got_p.data());
+                    int bad = 0;
+                    for (int j = 0; j < nh; j++) {
+                        for (int64_t d = 0; d < hd; d++) {
+                            double mag = std::fabs(start[j][d]);
+                            for (int64_t i = 0; i < n; i++)
+                                mag += std::fabs(rows[i * row_elems + d] * w[j * ws + i]);
+                            bad += std::fabs(got[j][d] - want[j][d]) >
+                                   1e-6 * mag * static_cast<double>(n + 1);
+                        }
+                        bad += got[j][hd] != start[j][hd]; // nothing written past the head
+                    }
+                    CHECK(bad == 0);
+                });
+            }
+}
 
 TEST_CASE("dispatch: tables, cpu:: routing and force_scalar") {
     const int count = gl::kernel_table_count();

@@ -28,28 +28,35 @@ class CpuBackend final : public Backend {
         ops::matmul(pool_, w, x, n_tok, y, matmul_scratch_.data());
     }
 
-    void rmsnorm(const float* x, const float* w, int64_t n, int64_t rows, float eps, float* out) override {
-        pool_.parallel_for(rows, [&](int64_t b, int64_t e, int) {
-            for (int64_t r = b; r < e; r++) ops::rmsnorm(x + r * n, w, n, eps, out + r * n);
-        }, rows * n);
+    void rmsnorm(const float* x, const float* w, int64_t n, int64_t rows, float eps,
+                 float* out) override {
+        pool_.parallel_for(
+            rows,
+            [&](int64_t b, int64_t e, int) {
+                for (int64_t r = b; r < e; r++) ops::rmsnorm(x + r * n, w, n, eps, out + r * n);
+            },
+            rows * n);
     }
 
-    void rope(float* x, int64_t rows, int n_heads, int head_dim, int rope_dims, const float* cos, const float* sin,
-              bool neox) override {
+    void rope(float* x, int64_t rows, int n_heads, int head_dim, int rope_dims, const float* cos,
+              const float* sin, bool neox) override {
         const int64_t half = rope_dims / 2, stride = static_cast<int64_t>(n_heads) * head_dim;
         for (int64_t r = 0; r < rows; r++)
-            ops::rope(x + r * stride, n_heads, head_dim, rope_dims, cos + r * half, sin + r * half, neox);
+            ops::rope(x + r * stride, n_heads, head_dim, rope_dims, cos + r * half, sin + r * half,
+                      neox);
     }
 
     void silu_mul(float* gate, const float* up, int64_t n) override {
-        pool_.parallel_for(n, [&](int64_t b, int64_t e, int) { ops::silu_mul(gate + b, up + b, e - b); }, n * 8);
+        pool_.parallel_for(
+            n, [&](int64_t b, int64_t e, int) { ops::silu_mul(gate + b, up + b, e - b); }, n * 8);
     }
 
     void add(float* y, const float* x, int64_t n) override { ops::add(y, x, n); }
 
     void convert_rows(Type t, const float* x, int64_t n, int64_t rows, void* dst) override {
         const size_t rb = row_size(t, n);
-        for (int64_t r = 0; r < rows; r++) cpu::quantize_row(t, x + r * n, static_cast<uint8_t*>(dst) + r * rb, n);
+        for (int64_t r = 0; r < rows; r++)
+            cpu::quantize_row(t, x + r * n, static_cast<uint8_t*>(dst) + r * rb, n);
     }
 
     void attention(const AttentionArgs& a) override {
@@ -66,6 +73,8 @@ class CpuBackend final : public Backend {
 
 } // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(int n_threads) { return std::make_unique<CpuBackend>(n_threads); }
+std::unique_ptr<Backend> make_cpu_backend(int n_threads) {
+    return std::make_unique<CpuBackend>(n_threads);
+}
 
 } // namespace gl

@@ -31,7 +31,7 @@ extern const KernelTable kNeonTable; // arm_neon.cpp
 namespace {
 
 // All members null: every entry falls back to gl::ref.
-constexpr KernelTable kScalarTable = {"scalar", {}, {}, {}, {}, {}, {}, nullptr};
+constexpr KernelTable kScalarTable = {"scalar", {}, {}, {}, {}, {}, {}, {}, nullptr, nullptr, {}};
 
 #if defined(__x86_64__)
 // Asked through cpuid because older clang's __builtin_cpu_supports does not
@@ -157,6 +157,16 @@ float vec_dot(Type weight, int64_t n, const void* w, const void* a) {
     return ref::vec_dot(weight, n, w, a);
 }
 
+void matvec(Type weight, int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
+            float* y) {
+    const uint32_t id = static_cast<uint32_t>(weight);
+    if (id < kTypeIdLimit) {
+        if (auto f = active().matvec[id]) return f(n, w, row_bytes, n_rows, a, y);
+    }
+    const auto* row = static_cast<const uint8_t*>(w);
+    for (int64_t r = 0; r < n_rows; r++) y[r] = vec_dot(weight, n, row + r * row_bytes, a);
+}
+
 void quantize_row(Type t, const float* src, void* dst, int64_t n) {
     const uint32_t id = static_cast<uint32_t>(t);
     if (id < kTypeIdLimit) {
@@ -197,6 +207,20 @@ void axpy_rows(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, c
         if (auto f = active().axpy_rows[id]) return f(hd, rows, stride, n, w, y);
     }
     ref::axpy_rows(t, hd, rows, stride, n, w, y);
+}
+
+void rows_to_f32(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, float* dst) {
+    const uint32_t id = static_cast<uint32_t>(t);
+    if (id < kTypeIdLimit) {
+        if (auto f = active().rows_to_f32[id]) return f(hd, rows, stride, n, dst);
+    }
+    ref::rows_to_f32(t, hd, rows, stride, n, dst);
+}
+
+void axpy_heads(int64_t hd, const float* rows, size_t stride, int64_t n, const float* w,
+                size_t w_stride, int nh, float* const* y) {
+    if (auto f = active().axpy_heads) return f(hd, rows, stride, n, w, w_stride, nh, y);
+    ref::axpy_heads(hd, rows, stride, n, w, w_stride, nh, y);
 }
 
 float exp_sum(float* x, int64_t n, float mx) {

@@ -116,7 +116,8 @@ float vec_dot_q4_0(int64_t n, const void* w, const void* a) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 2 <= nb; i += 2) {
-        _mm_prefetch(reinterpret_cast<const char*>(x + i) + kPrefetchBytes, _MM_HINT_T0); // 36 bytes per step
+        _mm_prefetch(reinterpret_cast<const char*>(x + i) + kPrefetchBytes,
+                     _MM_HINT_T0); // 36 bytes per step
         acc0 = block_q4_0(x[i], y[i], acc0);
         acc1 = block_q4_0(x[i + 1], y[i + 1], acc1);
     }
@@ -305,7 +306,7 @@ constexpr uint32_t id(Type t) {
 }
 
 constexpr KernelTable make_table() {
-    KernelTable t = {"avx2", {}, {}, {}, {}, {}, {}, nullptr};
+    KernelTable t = {"avx2", {}, {}, {}, {}, {}, {}, {}, nullptr, nullptr, {}};
     t.vec_dot[id(Type::F32)] = vec_dot_float<F32>;
     t.vec_dot[id(Type::F16)] = vec_dot_float<F16>;
     t.vec_dot[id(Type::BF16)] = vec_dot_float<BF16>;

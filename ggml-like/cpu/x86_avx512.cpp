@@ -146,6 +146,60 @@ float vec_dot_q4_0(int64_t n, const void* w, const void* a) {
     return hsum(_mm256_mul_ps(_mm256_add_ps(acc0, acc1), unscale));
 }
 
+// Q4_0 matrix-vector product, four rows at a time. One row's block costs 7
+// vector uops in vec_dot_q4_0 and the loop is bound by them (about 15 GB/s
+// from L2 on one core, below what two cores can stream from DRAM). Four rows
+// share the activation block, its scale and its offset term, and the offset
+// is folded into vpdpbusd's accumulator input (it starts from -offset), so a
+// row's block costs 5 uops: and, vpdpbusd, convert, scale multiply, FMA.
+// Named accumulators, not an array: GCC 12 keeps arrays of vectors on the
+// stack, which puts a store-load round trip on every FMA chain.
+__attribute__((always_inline)) inline void q4_0_row_block(const BlockQ4_0& x, __m256i neg_offset,
+                                                          __m256i a, __m256 da, __m256& acc) {
+    const __m256i s = _mm256_dpbusd_epi32(neg_offset, q4_masked(x.qs), a);
+    acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_broadcast_ss(&kFp16ToFp32[x.d]), da),
+                          _mm256_cvtepi32_ps(s), acc);
+}
+
+void matvec_q4_0(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
+                 float* y) {
+    const auto* y8 = static_cast<const BlockQ8_0*>(a);
+    const int64_t nb = n / QK4_0;
+    const __m256 unscale = _mm256_setr_ps(1, 1, 1, 1, 1.0f / 16, 1.0f / 16, 1.0f / 16, 1.0f / 16);
+    const auto* base = static_cast<const uint8_t*>(w);
+    int64_t r = 0;
+    for (; r + 4 <= n_rows; r += 4) {
+        const uint8_t* g = base + r * row_bytes;
+        const auto* x0 = reinterpret_cast<const BlockQ4_0*>(g);
+        const auto* x1 = reinterpret_cast<const BlockQ4_0*>(g + row_bytes);
+        const auto* x2 = reinterpret_cast<const BlockQ4_0*>(g + 2 * row_bytes);
+        const auto* x3 = reinterpret_cast<const BlockQ4_0*>(g + 3 * row_bytes);
+        __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
+        for (int64_t i = 0; i < nb; i++) {
+            // The four rows are one contiguous span, read at the rate of 4
+            // blocks (72 bytes) a step: prefetch it linearly, two lines a step.
+            const char* p =
+                reinterpret_cast<const char*>(g) + kPrefetchBytes + i * 4 * sizeof(BlockQ4_0);
+            _mm_prefetch(p, _MM_HINT_T0);
+            _mm_prefetch(p + 64, _MM_HINT_T0);
+            const __m256i av = load256(y8[i].qs);
+            const __m256i neg_offset =
+                _mm256_sub_epi32(_mm256_setzero_si256(),
+                                 _mm256_dpbusd_epi32(_mm256_setzero_si256(), q4_offset(), av));
+            const __m256 da = _mm256_broadcast_ss(&kFp16ToFp32[y8[i].d]);
+            q4_0_row_block(x0[i], neg_offset, av, da, c0);
+            q4_0_row_block(x1[i], neg_offset, av, da, c1);
+            q4_0_row_block(x2[i], neg_offset, av, da, c2);
+            q4_0_row_block(x3[i], neg_offset, av, da, c3);
+        }
+        y[r] = hsum(_mm256_mul_ps(c0, unscale));
+        y[r + 1] = hsum(_mm256_mul_ps(c1, unscale));
+        y[r + 2] = hsum(_mm256_mul_ps(c2, unscale));
+        y[r + 3] = hsum(_mm256_mul_ps(c3, unscale));
+    }
+    for (; r < n_rows; r++) y[r] = vec_dot_q4_0(n, base + r * row_bytes, a);
+}
+
 // Float weights: `Load::get` gives 16 weights as floats, `Load::masked` the
 // first m of them (rest zero); types, not function pointers, so they inline.
 // Four accumulators cover the FMA latency; the last 0..15 elements go through
@@ -285,35 +339,36 @@ void dot_rows_n(int64_t hd, const uint8_t* base, size_t stride, int64_t n, const
 
 // Chunk-outer: one 16-float slice of y at a time, in named registers (GCC
 // keeps arrays of vectors indexed in a loop on the stack, storing them every
-// row), with four accumulators for rows i mod 4 so that no row's FMA waits
-// on the previous row's.
+// row), with eight accumulators for rows i mod 8: an FMA takes 4 cycles and
+// two issue per cycle, so fewer leave the FMA ports idle (four measured at
+// half the throughput).
 template <typename Load, int NC>
 void axpy_rows_n(int64_t hd, const uint8_t* base, size_t stride, int64_t n, const float* w,
                  float* y) {
     using Elem = typename Load::Elem;
     for (int c = 0; c < NC; c++) {
         const __mmask16 mk = tail_mask(hd, c);
-        __m512 a0 = _mm512_maskz_loadu_ps(mk, y + 16 * c), a1 = _mm512_setzero_ps(), a2 = a1,
-               a3 = a1;
         const uint8_t* p = base + 16 * c * sizeof(Elem);
+        auto row = [&](int64_t i) {
+            return Load::masked(mk, reinterpret_cast<const Elem*>(p + i * stride));
+        };
+        __m512 a0 = _mm512_maskz_loadu_ps(mk, y + 16 * c), a1 = _mm512_setzero_ps(), a2 = a1,
+               a3 = a1, a4 = a1, a5 = a1, a6 = a1, a7 = a1;
         int64_t i = 0;
-        for (; i + 4 <= n; i += 4, p += 4 * stride) {
-            a0 = _mm512_fmadd_ps(_mm512_set1_ps(w[i]),
-                                 Load::masked(mk, reinterpret_cast<const Elem*>(p)), a0);
-            a1 = _mm512_fmadd_ps(_mm512_set1_ps(w[i + 1]),
-                                 Load::masked(mk, reinterpret_cast<const Elem*>(p + stride)), a1);
-            a2 = _mm512_fmadd_ps(_mm512_set1_ps(w[i + 2]),
-                                 Load::masked(mk, reinterpret_cast<const Elem*>(p + 2 * stride)),
-                                 a2);
-            a3 = _mm512_fmadd_ps(_mm512_set1_ps(w[i + 3]),
-                                 Load::masked(mk, reinterpret_cast<const Elem*>(p + 3 * stride)),
-                                 a3);
+        for (; i + 8 <= n; i += 8) {
+            a0 = _mm512_fmadd_ps(_mm512_set1_ps(w[i]), row(i), a0);
+            a1 = _mm512_fmadd_ps(_mm512_set1_ps(w[i + 1]), row(i + 1), a1);
+            a2 = _mm512_fmadd_ps(_mm512_set1_ps(w[i + 2]), row(i + 2), a2);
+            a3 = _mm512_fmadd_ps(_mm512_set1_ps(w[i + 3]), row(i + 3), a3);
+            a4 = _mm512_fmadd_ps(_mm512_set1_ps(w[i + 4]), row(i + 4), a4);
+            a5 = _mm512_fmadd_ps(_mm512_set1_ps(w[i + 5]), row(i + 5), a5);
+            a6 = _mm512_fmadd_ps(_mm512_set1_ps(w[i + 6]), row(i + 6), a6);
+            a7 = _mm512_fmadd_ps(_mm512_set1_ps(w[i + 7]), row(i + 7), a7);
         }
-        for (; i < n; i++, p += stride)
-            a0 = _mm512_fmadd_ps(_mm512_set1_ps(w[i]),
-                                 Load::masked(mk, reinterpret_cast<const Elem*>(p)), a0);
-        _mm512_mask_storeu_ps(y + 16 * c, mk,
-                              _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+        for (; i < n; i++) a0 = _mm512_fmadd_ps(_mm512_set1_ps(w[i]), row(i), a0);
+        const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                                       _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
+        _mm512_mask_storeu_ps(y + 16 * c, mk, s);
     }
 }
 
@@ -348,6 +403,109 @@ template <typename F> bool with_chunks(int nc, F&& f) {
     default:
         return false;
     }
+}
+
+// NC chunks of 16 per row, unrolled (a run-time chunk loop measured ~2x
+// slower: short inner loops of four).
+template <typename Load, int NC>
+void rows_to_f32_n(int64_t hd, const uint8_t* base, size_t stride, int64_t n, float* dst) {
+    using Elem = typename Load::Elem;
+    __mmask16 mk[NC];
+    for (int c = 0; c < NC; c++) mk[c] = tail_mask(hd, c);
+    for (int64_t i = 0; i < n; i++, dst += hd) {
+        const auto* r = reinterpret_cast<const Elem*>(base + i * stride);
+        for (int c = 0; c < NC; c++)
+            _mm512_mask_storeu_ps(dst + 16 * c, mk[c], Load::masked(mk[c], r + 16 * c));
+    }
+}
+
+template <typename Load>
+void rows_to_f32(int64_t hd, const void* rows, size_t stride, int64_t n, float* dst) {
+    const auto* base = static_cast<const uint8_t*>(rows);
+    if (with_chunks(static_cast<int>((hd + 15) / 16), [&](auto nc) {
+            rows_to_f32_n<Load, decltype(nc)::value>(hd, base, stride, n, dst);
+        }))
+        return;
+    for (int64_t i = 0; i < n; i++, dst += hd) {
+        const auto* r = reinterpret_cast<const typename Load::Elem*>(base + i * stride);
+        for (int64_t k = 0; k < hd; k += 16) {
+            const __mmask16 m = tail_mask(hd - k, 0);
+            _mm512_mask_storeu_ps(dst + k, m, Load::masked(m, r + k));
+        }
+    }
+}
+
+// Several heads' weighted sums over the same F32 rows (attention's values
+// for the heads of a GQA group). One head at a time needs two loads per FMA
+// (row and weight), more than the load ports give while two FMAs issue per
+// cycle; here four heads x 64 elements of accumulators stay in registers and
+// each row's 64 elements are loaded once for the four heads. Sixteen named
+// accumulators: GCC 12 stores an array of vectors back to the stack on
+// every iteration (measured: slower than one head at a time).
+void axpy_heads4_64(const float* rows, size_t stride, int64_t n, const float* w, size_t ws,
+                    float* const* y, int64_t k0) {
+    float* y0 = y[0] + k0;
+    float* y1 = y[1] + k0;
+    float* y2 = y[2] + k0;
+    float* y3 = y[3] + k0;
+#define KV_LOAD4(h)                                                                                \
+    __m512 a##h##_0 = _mm512_loadu_ps(y##h), a##h##_1 = _mm512_loadu_ps(y##h + 16),                \
+           a##h##_2 = _mm512_loadu_ps(y##h + 32), a##h##_3 = _mm512_loadu_ps(y##h + 48)
+    KV_LOAD4(0);
+    KV_LOAD4(1);
+    KV_LOAD4(2);
+    KV_LOAD4(3);
+#undef KV_LOAD4
+    const auto* base = reinterpret_cast<const uint8_t*>(rows);
+    for (int64_t i = 0; i < n; i++) {
+        const float* r = reinterpret_cast<const float*>(base + i * stride) + k0;
+        const __m512 v0 = _mm512_loadu_ps(r), v1 = _mm512_loadu_ps(r + 16),
+                     v2 = _mm512_loadu_ps(r + 32), v3 = _mm512_loadu_ps(r + 48);
+#define KV_FMA4(h)                                                                                 \
+    {                                                                                              \
+        const __m512 p = _mm512_set1_ps(w[h * ws + i]);                                            \
+        a##h##_0 = _mm512_fmadd_ps(p, v0, a##h##_0);                                               \
+        a##h##_1 = _mm512_fmadd_ps(p, v1, a##h##_1);                                               \
+        a##h##_2 = _mm512_fmadd_ps(p, v2, a##h##_2);                                               \
+        a##h##_3 = _mm512_fmadd_ps(p, v3, a##h##_3);                                               \
+    }
+        KV_FMA4(0);
+        KV_FMA4(1);
+        KV_FMA4(2);
+        KV_FMA4(3);
+#undef KV_FMA4
+    }
+#define KV_STORE4(h)                                                                               \
+    _mm512_storeu_ps(y##h, a##h##_0);                                                              \
+    _mm512_storeu_ps(y##h + 16, a##h##_1);                                                         \
+    _mm512_storeu_ps(y##h + 32, a##h##_2);                                                         \
+    _mm512_storeu_ps(y##h + 48, a##h##_3)
+    KV_STORE4(0);
+    KV_STORE4(1);
+    KV_STORE4(2);
+    KV_STORE4(3);
+#undef KV_STORE4
+}
+
+template <typename Load>
+void axpy_rows(int64_t hd, const void* rows, size_t stride, int64_t n, const float* w, float* y);
+
+// Groups of four heads over whole 64-element slices; the rest (other head
+// counts, other head sizes' tails) one head at a time.
+void axpy_heads(int64_t hd, const float* rows, size_t stride, int64_t n, const float* w,
+                size_t w_stride, int nh, float* const* y) {
+    int j = 0;
+    const int64_t whole = hd / 64 * 64;
+    for (; j + 4 <= nh && whole > 0; j += 4) {
+        for (int64_t k0 = 0; k0 < whole; k0 += 64)
+            axpy_heads4_64(rows, stride, n, w + j * w_stride, w_stride, y + j, k0);
+        if (whole < hd)
+            for (int h = j; h < j + 4; h++) {
+                float* tail = y[h] + whole;
+                axpy_rows<F32>(hd - whole, rows + whole, stride, n, w + h * w_stride, tail);
+            }
+    }
+    for (; j < nh; j++) axpy_rows<F32>(hd, rows, stride, n, w + j * w_stride, y[j]);
 }
 
 // Callers prefetch (attention streams a chunk of rows through several heads).
@@ -520,12 +678,13 @@ constexpr uint32_t id(Type t) {
 }
 
 constexpr KernelTable make_table() {
-    KernelTable t = {"avx512", {}, {}, {}, {}, {}, {}, nullptr};
+    KernelTable t = {"avx512", {}, {}, {}, {}, {}, {}, {}, nullptr, nullptr, {}};
     t.vec_dot[id(Type::F32)] = vec_dot_float<F32>;
     t.vec_dot[id(Type::F16)] = vec_dot_float<F16>;
     t.vec_dot[id(Type::BF16)] = vec_dot_float<BF16>;
     t.vec_dot[id(Type::Q8_0)] = vec_dot_q8_0;
     t.vec_dot[id(Type::Q4_0)] = vec_dot_q4_0;
+    t.matvec[id(Type::Q4_0)] = matvec_q4_0;
     t.quantize_row[id(Type::Q8_0)] = quantize_row_q8_0;
     t.quantize_row[id(Type::F16)] = quantize_row_f16;
     t.dequantize_row[id(Type::F16)] = dequantize_row_f16;
@@ -541,6 +700,9 @@ constexpr KernelTable make_table() {
     t.axpy_rows[id(Type::F32)] = axpy_rows<F32>;
     t.axpy_rows[id(Type::F16)] = axpy_rows<F16>;
     t.axpy_rows[id(Type::BF16)] = axpy_rows<BF16>;
+    t.rows_to_f32[id(Type::F16)] = rows_to_f32<F16>;
+    t.rows_to_f32[id(Type::BF16)] = rows_to_f32<BF16>;
+    t.axpy_heads = axpy_heads;
     t.exp_sum = exp_sum;
     add_kernels_k(t, kAvx512KernelsK); // x86_avx512_k.cpp
     return t;
