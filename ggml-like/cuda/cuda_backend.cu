@@ -57,6 +57,8 @@
 //     gl::attention_merge. Device KV memory is then (n_sink + W) rows per
 //     layer whatever n_ctx is; each step costs a CPU pass over the cold part
 //     and a wait for the queries in each layer (so no graphs with a window).
+//     The host ring itself is not pinned: the GPU never reads the cold part,
+//     and the hot rows it does upload go through the pinned staging buffer.
 //   * -ngl N (partial offload): Forward's Placement sends the first N layers
 //     here and the others to a CPU backend; at the crossing Forward asks for
 //     the residual stream (host_read) and the CPU layers work on the host.
@@ -179,7 +181,8 @@ class CudaBackend final : public Backend {
         graphs_ = graphs_enabled(std::getenv("KVRUN_CUDA_GRAPHS")) && window_ == 0;
         if (const char* d = std::getenv("KVRUN_CUDA_DEBUG")) debug_ = d[0] == '1';
         // Tests: treat the N-th recorded graph as failed (the fallback path).
-        if (const char* f = std::getenv("KVRUN_CUDA_GRAPHS_TEST_FAIL")) fail_at_ = std::strtoull(f, nullptr, 10);
+        if (const char* f = std::getenv("KVRUN_CUDA_GRAPHS_TEST_FAIL"))
+            fail_at_ = std::strtoull(f, nullptr, 10);
         coh_ = std::make_unique<Coherence>(twins_);
     }
 
@@ -350,8 +353,8 @@ class CudaBackend final : public Backend {
         if (step_lost_ || bytes == 0) return;
         begin_op();
         if (coh_->device_dirty(src, bytes)) {
-            // On the device only: into the pinned staging buffer now, to dst
-            // at the next synchronization (flush_pending).
+            // On the device only: into the pinned staging buffer now, on to
+            // dst at the next sync().
             if (const void* d = coh_->device_in(src, bytes)) {
                 if (uint8_t* st = stage(bytes)) {
                     GL_CUDA(cudaMemcpyAsync(st, d, bytes, cudaMemcpyDeviceToHost, s_));
