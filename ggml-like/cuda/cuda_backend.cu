@@ -350,27 +350,28 @@ class CudaBackend final : public Backend {
     }
 
     void copy_to_host(const void* src, void* dst, size_t bytes) override {
-        if (step_lost_ || bytes == 0) return;
-        begin_op();
-        if (coh_->device_dirty(src, bytes)) {
-            // On the device only: into the pinned staging buffer now, on to
-            // dst at the next sync().
-            if (const void* d = coh_->device_in(src, bytes)) {
-                if (uint8_t* st = stage(bytes)) {
-                    GL_CUDA(cudaMemcpyAsync(st, d, bytes, cudaMemcpyDeviceToHost, s_));
-                    pending_.push_back({st, dst, bytes});
-                    note_download(bytes);
-                    return;
+        if (bytes == 0) return;
+        op([&] {
+            if (coh_->device_dirty(src, bytes)) {
+                // On the device only: into the pinned staging buffer now, on
+                // to dst at the next sync().
+                if (const void* d = coh_->device_in(src, bytes)) {
+                    if (uint8_t* st = stage(bytes)) {
+                        GL_CUDA(cudaMemcpyAsync(st, d, bytes, cudaMemcpyDeviceToHost, s_));
+                        pending_.push_back({st, dst, bytes});
+                        note_download(bytes);
+                        return;
+                    }
                 }
+                end_capture(true);
+                if (step_lost_) return;
+                coh_->host_read(src, bytes);
+                sync();
+            } else if (!pending_.empty()) {
+                sync(); // an earlier pending copy must not land over this one
             }
-            end_capture(true);
-            if (step_lost_) return;
-            coh_->host_read(src, bytes);
-            sync();
-        } else if (!pending_.empty()) {
-            sync(); // an earlier pending copy must not land over this one
-        }
-        std::memcpy(dst, src, bytes);
+            std::memcpy(dst, src, bytes);
+        });
     }
 
     void begin_step(int n_tok) override {
