@@ -8,6 +8,9 @@ namespace gl {
 
 void IntervalSet::add(size_t a, size_t b) {
     if (a >= b) return;
+    // Already covered (the steady state of a decode step): no allocation.
+    for (const auto& [x, y] : iv_)
+        if (x <= a && b <= y) return;
     std::vector<std::pair<size_t, size_t>> out;
     out.reserve(iv_.size() + 1);
     bool placed = false;
@@ -27,7 +30,7 @@ void IntervalSet::add(size_t a, size_t b) {
 }
 
 void IntervalSet::remove(size_t a, size_t b) {
-    if (a >= b || iv_.empty()) return;
+    if (a >= b || !intersects(a, b)) return;
     std::vector<std::pair<size_t, size_t>> out;
     out.reserve(iv_.size() + 1);
     for (const auto& [x, y] : iv_) {
