@@ -90,17 +90,23 @@ GpuPlan plan_gpu(const GgufFile& f, const Hparams& hp, int64_t n_ctx, int64_t ke
     g.kv_host = static_cast<uint64_t>(hp.n_layer) * n_ctx * row;
     g.kv_cold = static_cast<uint64_t>(g.n_gpu_layers) * (n_ctx - g.gpu_slots) * row;
     if (g.n_gpu_layers > 0) {
-        // The backend's buffers (cuda_backend.cu), each grown to its largest
-        // use plus a quarter: matmul/op input and output, the new K/V rows,
-        // the attention partials (one per 256 keys per query head).
+        // The backend's device memory besides weights and KV (cuda_backend.cu):
+        // twins of Forward's activation buffers (forward.h: residual, norm
+        // out, q, unrotated q, k, v, attention out, two FFN rows, cos/sin,
+        // positions, the K/V rows in the cache types, one logits row), the
+        // attention partials (one per 256 keys per query head, grown with a
+        // quarter of headroom), the position tags of each offloaded layer's
+        // device ring, and small op buffers (biases, sink keys).
         const uint64_t b = static_cast<uint64_t>(std::max(1, std::min<int>(batch, n_ctx)));
-        const uint64_t width = std::max({hp.n_embd, hp.n_ff, hp.q_dim()});
-        const uint64_t out = std::max<uint64_t>(b * width, g.head_on_gpu ? hp.n_vocab : 0);
+        const uint64_t twins = 4 * (b * (2ull * hp.n_embd + 3ull * hp.q_dim() + 2ull * hp.kv_dim() +
+                                         2ull * hp.n_ff + hp.rope_dims) +
+                                    hp.n_vocab) +
+                               8 * b + b * row;
         const uint64_t splits = (g.gpu_slots + b + 255) / 256;
-        const uint64_t partial = b * hp.n_head * splits * (hp.head_dim + 2);
-        const uint64_t bytes = 4 * (b * width + out + b * hp.q_dim() + partial + b * hp.n_head) +
-                               b * row + 8 * (g.gpu_slots + b) + 4 * g.keep * hp.kv_dim();
-        g.scratch_gpu = bytes + bytes / 4;
+        const uint64_t partial = 4 * (b * hp.n_head * splits * (hp.head_dim + 2) + b * hp.n_head);
+        const uint64_t small = 4 * (static_cast<uint64_t>(hp.q_dim()) + g.keep * hp.kv_dim());
+        g.scratch_gpu = twins + partial + partial / 4 + small +
+                        8 * static_cast<uint64_t>(g.n_gpu_layers) * g.gpu_slots;
     }
     return g;
 }

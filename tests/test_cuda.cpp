@@ -37,6 +37,7 @@
 #include "ggml-like/quants.h"
 #include "ggml-like/quants_k.h"
 #include "kv_cache.h"
+#include "memory_plan.h"
 #include "session.h"
 #include "test_util.h"
 
@@ -932,4 +933,21 @@ TEST_CASE("cuda resident: direct op calls on untracked memory still read and wri
     const uint64_t before = be->memory_use().scratch;
     kvrun::Forward f(lm->model, kv, *be, 4);
     CHECK(be->memory_use().scratch > before);
+
+    // kvrun info's estimate of the GPU scratch (memory_plan.cpp) is of the
+    // order of what a fresh backend holds after a prompt and a few tokens.
+    auto fresh = gl::make_cuda_backend(0);
+    {
+        kvrun::KvCache kv2({hp.n_layer, hp.n_head_kv, hp.head_dim, 96, 4, Type::F16, Type::F16});
+        kvrun::Forward f2(lm->model, kv2, *fresh, 16);
+        std::vector<int32_t> toks(16, 1);
+        f2.eval(toks.data(), 16, false);
+        for (int i = 0; i < 4; i++) f2.eval(toks.data(), 1, false);
+        const kvrun::GpuPlan plan =
+            kvrun::plan_gpu(lm->file, hp, 96, 4, Type::F16, Type::F16, hp.n_layer, 0, 16);
+        const uint64_t used = fresh->memory_use().scratch;
+        MESSAGE("GPU scratch: estimate ", plan.scratch_gpu, " bytes, used ", used);
+        CHECK(used <= 2 * plan.scratch_gpu + 65536);
+        CHECK(plan.scratch_gpu <= 2 * used + 65536);
+    }
 }
