@@ -2,7 +2,8 @@
 # The standard CPU benchmark table: random-weight models with TinyLlama-1.1B
 # shapes (made on demand with `kvrun synth`, never committed) in Q4_0, Q8_0
 # and Q4_K_M, prompt 256 and generate 64, with the roofline (bytes read per
-# generated token, fraction of this machine's read bandwidth) and peak RSS.
+# generated token, fraction of this machine's read bandwidth), generation at
+# depth 4096 against depth 0, and peak RSS.
 # Usage: scripts/bench.sh [THREADS] [REPS]   (models cached in $KVRUN_BENCH_DIR, default /tmp/kvrun-bench)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +27,14 @@ for t in q4_0 q8_0 q4_k_m; do
   models+=(-m "$f")
 done
 ./kvrun bench "${models[@]}" -p 256 -n 64 -t "$threads" -r "$reps" --roofline
+echo
+echo "generation with 4096 tokens already in the (F16) cache, against an empty cache:"
+./kvrun bench "${models[@]}" -p 0 -n 32 -d 0,4096 -t "$threads" -r "$reps" |
+  awk -F'|' '
+    { print }
+    $3 ~ /tg[0-9]+ *$/ { gsub(/ /, "", $2); split($5, v, " "); d0[$2] = v[1] }
+    $3 ~ /@d4096/ { gsub(/ /, "", $2); split($5, v, " "); d4[$2] = v[1] }
+    END { for (m in d4) if (d0[m] > 0) printf "  %s: tg@d4096 / tg@d0 = %.0f%%\n", m, 100 * d4[m] / d0[m] }'
 echo
 echo "peak RSS (generate 64 after a 256-token prompt):"
 for t in q4_0 q8_0 q4_k_m; do
