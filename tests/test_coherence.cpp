@@ -25,6 +25,7 @@
 #include "ggml-like/coherence.h"
 #include "kv_cache.h"
 #include "session.h"
+#include "forward_util.h"
 #include "test_util.h"
 
 using namespace kvrun;
@@ -399,25 +400,6 @@ class FakeDeviceBackend final : public gl::Backend {
     std::vector<Pending> pending_;
 };
 
-// Logits of every position of `toks`: batches of 7 (sinks included), then
-// single tokens on a ring of 40 slots that slides. `each` runs after each eval.
-template <class F>
-std::vector<float> run(const LoadedModel& lm, Placement p, const std::vector<int32_t>& toks,
-                       F&& each) {
-    const Hparams& hp = lm.model.hp;
-    KvCache kv({hp.n_layer, hp.n_head_kv, hp.head_dim, 40, 4, gl::Type::F16, gl::Type::F16});
-    Forward fwd(lm.model, kv, std::move(p), 7);
-    std::vector<float> all;
-    for (size_t i = 0; i < toks.size();) {
-        const int n = kv.n_past() + 7 <= kv.n_ctx() ? 7 : 1;
-        const float* rows = fwd.eval(&toks[i], n, true);
-        all.insert(all.end(), rows, rows + static_cast<size_t>(n) * hp.n_vocab);
-        each(n);
-        i += n;
-    }
-    return all;
-}
-
 size_t differences(const std::vector<float>& a, const std::vector<float>& b) {
     REQUIRE(a.size() == b.size());
     size_t d = 0;
@@ -437,25 +419,27 @@ TEST_CASE("coherence: Forward on device-resident activations equals the CPU, all
     auto none = [](int) {};
 
     auto cpu = gl::make_cpu_backend(2);
-    const std::vector<float> want = run(*lm, Placement::all(*cpu, n_layer), toks, none);
+    const std::vector<float> want =
+        kvtest::logits_of_all(*lm, Placement::all(*cpu, n_layer), toks, none);
 
     SUBCASE("every layer and the head on the device") {
         FakeDeviceBackend fake(2);
         int decode_steps = 0;
-        const std::vector<float> got = run(*lm, Placement::all(fake, n_layer), toks, [&](int n) {
-            // A decode step past the sinks moves one embedding row, its
-            // cos/sin and position up, and the logits down; the K/V rows
-            // go to the ring by copy_to_host, nothing else crosses.
-            if (n == 1) {
-                decode_steps++;
-                CHECK(fake.device().uploads == 4);
-                CHECK(fake.device().downloads == 1);
-                CHECK(fake.device().down_bytes == sizeof(float) * hp.n_vocab);
-                CHECK(fake.host_reads == 1);
-            }
-            fake.device().reset_counts();
-            fake.host_reads = 0;
-        });
+        const std::vector<float> got =
+            kvtest::logits_of_all(*lm, Placement::all(fake, n_layer), toks, [&](int n) {
+                // A decode step past the sinks moves one embedding row, its
+                // cos/sin and position up, and the logits down; the K/V rows
+                // go to the ring by copy_to_host, nothing else crosses.
+                if (n == 1) {
+                    decode_steps++;
+                    CHECK(fake.device().uploads == 4);
+                    CHECK(fake.device().downloads == 1);
+                    CHECK(fake.device().down_bytes == sizeof(float) * hp.n_vocab);
+                    CHECK(fake.host_reads == 1);
+                }
+                fake.device().reset_counts();
+                fake.host_reads = 0;
+            });
         CHECK(differences(got, want) == 0);
         CHECK(decode_steps == 25);
         CHECK(fake.table().n_tracked() == 0); // the Forward untracked its buffers
@@ -466,8 +450,8 @@ TEST_CASE("coherence: Forward on device-resident activations equals the CPU, all
             CAPTURE(k);
             FakeDeviceBackend fake(2);
             auto rest = gl::make_cpu_backend(2);
-            const std::vector<float> got =
-                run(*lm, Placement::split(fake, *rest, k, n_layer), toks, [&](int n) {
+            const std::vector<float> got = kvtest::logits_of_all(
+                *lm, Placement::split(fake, *rest, k, n_layer), toks, [&](int n) {
                     // The residual stream comes down once where the layers
                     // cross to the CPU (the head's logits are computed there).
                     if (n == 1 && k > 0 && k < n_layer) {
@@ -484,18 +468,19 @@ TEST_CASE("coherence: Forward on device-resident activations equals the CPU, all
         FakeDeviceBackend fake(2);
         auto first = gl::make_cpu_backend(2);
         const std::vector<float> got =
-            run(*lm, Placement::split(*first, fake, 2, n_layer), toks, none);
+            kvtest::logits_of_all(*lm, Placement::split(*first, fake, 2, n_layer), toks, none);
         CHECK(differences(got, want) == 0);
     }
 
     SUBCASE("a lost step is redone from the host and gives the same logits") {
         FakeDeviceBackend fake(2);
         int evals = 0;
-        const std::vector<float> got = run(*lm, Placement::all(fake, n_layer), toks, [&](int) {
-            evals++;
-            // Lose a prompt batch and a few decode steps (one past the slide).
-            fake.lose_next_step = evals == 2 || evals == 8 || evals == 29;
-        });
+        const std::vector<float> got =
+            kvtest::logits_of_all(*lm, Placement::all(fake, n_layer), toks, [&](int) {
+                evals++;
+                // Lose a prompt batch and a few decode steps (one past the slide).
+                fake.lose_next_step = evals == 2 || evals == 8 || evals == 29;
+            });
         CHECK(differences(got, want) == 0);
         CHECK(fake.steps == evals + 3);
     }

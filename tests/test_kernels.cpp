@@ -743,19 +743,29 @@ TEST_CASE("axpy: every table matches ref within one rounding") {
 
 // ---- attention row kernels ---------------------------------------------------------
 
+// n rows of `hd` elements of type t, each the head of a wider cache row (a
+// stride apart) starting at an offset: how attention sees one head of K or V.
+struct HeadRows {
+    static constexpr int64_t kOffset = 3;
+    int64_t row_elems;
+    size_t stride;
+    std::vector<uint8_t> cache;
+    HeadRows(Type t, int64_t hd, int64_t n, uint32_t seed)
+        : row_elems(hd + 19), stride(static_cast<size_t>(row_elems) * gl::type_info(t).type_size),
+          cache(random_weights(t, row_elems * n, seed)) {}
+    const uint8_t* head0() const { return cache.data() + stride / row_elems * kOffset; }
+};
+
 TEST_CASE("attention rows: dot_rows, axpy_rows and exp_sum of every table match ref") {
     uint32_t seed = 700;
     for (Type t : kFloatTypes) {
-        const size_t eb = gl::type_info(t).type_size;
         for (int64_t hd :
              {1, 7, 16, 33, 64, 80, 128, 200}) // 200: more than the register-held chunks
             for (int64_t n : {1, 5, 17}) {
                 INFO("type ", gl::type_name(t), " head_dim ", hd, " rows ", n);
-                // Rows of a wider cache row (stride), the head starting at an offset.
-                const int64_t row_elems = hd + 19, off = 3;
-                const auto cache = random_weights(t, row_elems * n, seed++);
-                const size_t stride = static_cast<size_t>(row_elems) * eb;
-                const uint8_t* head0 = cache.data() + off * eb;
+                const HeadRows rows(t, hd, n, seed++);
+                const size_t stride = rows.stride;
+                const uint8_t* head0 = rows.head0();
                 const auto q = random_floats(hd, seed++);
                 const auto w = random_floats(n, seed++);
                 std::vector<float> want_s(static_cast<size_t>(n)),
@@ -833,21 +843,20 @@ TEST_CASE("attention tiles: rows_to_f32 is exact and axpy_heads matches ref in e
     // rows_to_f32: every float type widens exactly, so bit-identical to ref;
     // heads of every tail length, rows of a wider cache row at an offset.
     for (Type t : kFloatTypes) {
-        const size_t eb = gl::type_info(t).type_size;
         for (int64_t hd : {1, 7, 16, 33, 64, 80, 128, 200})
             for (int64_t n : {1, 5, 17}) {
                 INFO("rows_to_f32 ", gl::type_name(t), " head_dim ", hd, " rows ", n);
-                const int64_t row_elems = hd + 19, off = 3;
-                const auto cache = random_weights(t, row_elems * n, seed++);
-                const size_t stride = static_cast<size_t>(row_elems) * eb;
-                const uint8_t* head0 = cache.data() + off * eb;
+                const HeadRows rows(t, hd, n, seed++);
+                const size_t stride = rows.stride;
+                const uint8_t* head0 = rows.head0();
                 std::vector<float> want(static_cast<size_t>(hd * n));
                 gl::ref::rows_to_f32(t, hd, head0, stride, n, want.data());
                 for (int64_t i = 0; i < n; i++) { // against the plain row conversion too
-                    std::vector<float> row(static_cast<size_t>(row_elems));
-                    gl::ref::dequantize_row(t, cache.data() + i * stride, row.data(), row_elems);
-                    CHECK(std::equal(row.begin() + off, row.begin() + off + hd,
-                                     want.begin() + i * hd));
+                    std::vector<float> row(static_cast<size_t>(rows.row_elems));
+                    gl::ref::dequantize_row(t, rows.cache.data() + i * stride, row.data(),
+                                            rows.row_elems);
+                    CHECK(std::equal(row.begin() + HeadRows::kOffset,
+                                     row.begin() + HeadRows::kOffset + hd, want.begin() + i * hd));
                 }
                 for_each_table([&](const gl::KernelTable& k) {
                     std::vector<float> got(want.size() + 1, 123.0f);

@@ -17,6 +17,7 @@
 #include "ggml-like/cuda_backend.h"
 #include "kv_cache.h"
 #include "session.h"
+#include "forward_util.h"
 #include "test_util.h"
 
 using namespace kvrun;
@@ -60,23 +61,6 @@ class CountingBackend final : public gl::Backend {
     std::unique_ptr<gl::Backend> be_;
 };
 
-// Logits of every position of `toks`, in batches of 7 then single tokens, on
-// a ring of 40 slots that slides (so attention over a wrapped ring with sinks
-// is exercised on both sides of the split).
-std::vector<float> run(const LoadedModel& lm, Placement p, const std::vector<int32_t>& toks) {
-    const Hparams& hp = lm.model.hp;
-    KvCache kv({hp.n_layer, hp.n_head_kv, hp.head_dim, 40, 4, gl::Type::F16, gl::Type::F16});
-    Forward fwd(lm.model, kv, std::move(p), 7);
-    std::vector<float> all;
-    for (size_t i = 0; i < toks.size();) {
-        const int n = kv.n_past() + 7 <= kv.n_ctx() ? 7 : 1;
-        const float* rows = fwd.eval(&toks[i], n, true);
-        all.insert(all.end(), rows, rows + static_cast<size_t>(n) * hp.n_vocab);
-        i += n;
-    }
-    return all;
-}
-
 } // namespace
 
 TEST_CASE("offload: layers split across two backends give the same logits as one") {
@@ -88,7 +72,7 @@ TEST_CASE("offload: layers split across two backends give the same logits as one
     for (auto& t : toks) t = static_cast<int32_t>(rng() % lm->model.hp.n_vocab);
 
     CountingBackend one(2);
-    const std::vector<float> want = run(*lm, Placement::all(one, n_layer), toks);
+    const std::vector<float> want = kvtest::logits_of_all(*lm, Placement::all(one, n_layer), toks);
     const int evals = 5 + (60 - 35); // 5 batches of 7 fill 35 slots, then 25 single tokens
     CHECK(one.matmuls == evals * (7 * n_layer + 1));
     CHECK(one.attentions == evals * n_layer);
@@ -96,7 +80,8 @@ TEST_CASE("offload: layers split across two backends give the same logits as one
     for (int k : {0, 1, n_layer - 1, n_layer}) {
         CAPTURE(k);
         CountingBackend a(2), b(2); // same thread count: bit-identical arithmetic
-        const std::vector<float> got = run(*lm, Placement::split(a, b, k, n_layer), toks);
+        const std::vector<float> got =
+            kvtest::logits_of_all(*lm, Placement::split(a, b, k, n_layer), toks);
         REQUIRE(got.size() == want.size());
         size_t differ = 0;
         for (size_t i = 0; i < got.size(); i++) differ += got[i] != want[i];
