@@ -119,6 +119,16 @@ std::string shared_dir() {
     return kvtest::shared("");
 }
 
+// A model under ../shared/models, or null (after saying so) when it is missing.
+auto shared_model(const char* name) -> decltype(kvrun::LoadedModel::load(std::string())) {
+    const fs::path mp = fs::path(shared_dir()) / "models" / name;
+    if (!fs::exists(mp)) {
+        MESSAGE("skipped: no ", mp.string());
+        return nullptr;
+    }
+    return kvrun::LoadedModel::load(mp.string());
+}
+
 bool gpu_or_skip() {
     std::string why;
     if (gl::cuda_available(&why)) return true;
@@ -677,12 +687,8 @@ TEST_CASE("cuda goldens: teacher-forced logits through the CUDA backend") {
 
 TEST_CASE("cuda forward: a wrapping ring with sinks matches the CPU backend") {
     if (!gpu_or_skip()) return;
-    fs::path mp = fs::path(shared_dir()) / "models" / "stories260K.gguf";
-    if (!fs::exists(mp)) {
-        MESSAGE("skipped: no ", mp.string());
-        return;
-    }
-    auto lm = kvrun::LoadedModel::load(mp.string());
+    auto lm = shared_model("stories260K.gguf");
+    if (!lm) return;
     const kvrun::Hparams& hp = lm->model.hp;
     auto cuda = gl::make_cuda_backend(0);
     auto cpu = gl::make_cpu_backend(2);
@@ -778,12 +784,8 @@ double worst_diff(const std::vector<std::vector<float>>& a,
 TEST_CASE("cuda hot/cold forward: --kv-gpu-window logits equal all-GPU logits") {
     if (!gpu_or_skip()) return;
     for (const char* name : {"stories260K.gguf", "synthetic/tiny-f16.gguf"}) {
-        const fs::path mp = fs::path(shared_dir()) / "models" / name;
-        if (!fs::exists(mp)) {
-            MESSAGE("skipped: no ", mp.string());
-            continue;
-        }
-        auto lm = kvrun::LoadedModel::load(mp.string());
+        auto lm = shared_model(name);
+        if (!lm) continue;
         const kvrun::Hparams& hp = lm->model.hp;
         auto all = gl::make_cuda_backend(0);
         const auto want = wrap_logits(*lm, kvrun::Placement::all(*all, hp.n_layer), Type::F16, 200);
@@ -804,12 +806,8 @@ TEST_CASE("cuda hot/cold forward: --kv-gpu-window logits equal all-GPU logits") 
 
 TEST_CASE("cuda -ngl: layers split between the GPU and the CPU match the CPU") {
     if (!gpu_or_skip()) return;
-    const fs::path mp = fs::path(shared_dir()) / "models" / "stories260K.gguf";
-    if (!fs::exists(mp)) {
-        MESSAGE("skipped: no ", mp.string());
-        return;
-    }
-    auto lm = kvrun::LoadedModel::load(mp.string());
+    auto lm = shared_model("stories260K.gguf");
+    if (!lm) return;
     const int n_layer = lm->model.hp.n_layer;
     auto cpu = gl::make_cpu_backend(2);
     const auto want = wrap_logits(*lm, kvrun::Placement::all(*cpu, n_layer), Type::F16, 120);
@@ -861,12 +859,8 @@ TEST_CASE("cuda graphs: recorded decode steps equal eager ones bit for bit, and 
           "redone") {
     if (!gpu_or_skip()) return;
     for (const char* name : {"stories260K.gguf", "synthetic/tiny-f16.gguf"}) {
-        const fs::path mp = fs::path(shared_dir()) / "models" / name;
-        if (!fs::exists(mp)) {
-            MESSAGE("skipped: no ", mp.string());
-            continue;
-        }
-        auto lm = kvrun::LoadedModel::load(mp.string());
+        auto lm = shared_model(name);
+        if (!lm) continue;
         const int n_layer = lm->model.hp.n_layer;
         auto eager = cuda_with_graphs("0");
         CHECK(eager->name().find(", graphs") == std::string::npos);
@@ -906,15 +900,11 @@ TEST_CASE("cuda graphs: recorded decode steps equal eager ones bit for bit, and 
 
 TEST_CASE("cuda resident: direct op calls on untracked memory still read and write the host") {
     if (!gpu_or_skip()) return;
-    const fs::path mp = fs::path(shared_dir()) / "models" / "stories260K.gguf";
-    if (!fs::exists(mp)) {
-        MESSAGE("skipped: no ", mp.string());
-        return;
-    }
+    auto lm = shared_model("stories260K.gguf");
+    if (!lm) return;
     auto be = gl::make_cuda_backend(0);
     // A Forward tracks buffers, then goes; a later direct call at a reused
     // address must not be mistaken for a twin.
-    auto lm = kvrun::LoadedModel::load(mp.string());
     const kvrun::Hparams& hp = lm->model.hp;
     {
         kvrun::KvCache kv({hp.n_layer, hp.n_head_kv, hp.head_dim, 32, 4, Type::F16, Type::F16});
