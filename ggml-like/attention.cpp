@@ -308,43 +308,91 @@ void attend_heads(const AttentionArgs& a, int t, int h0, int nh, const KeyRun* r
     }
 }
 
+// Decode steps on many threads: with fewer (token, group) work items than
+// threads, cores sit idle in attention (TinyLlama has 4 KV heads,
+// Qwen2.5-0.5B 2; a Jetson Orin has 12 cores). The ring's slots are then cut
+// into S ranges attended separately and merged by log-sum-exp (as
+// flash-decoding does on GPUs). Split s keeps its output and log-sum-exps in
+// thread slot s's scores area, past the chunk scores of the grouped path
+// (which uses the first kSubGroup * kChunkKeys floats); no split when that
+// does not fit (short rings), and at least 256 slots per split.
+constexpr int kMinSplitSlots = 256;
+
+int key_splits(const ThreadPool& pool, const AttentionArgs& a, bool grouped, int64_t items) {
+    if (!grouped || items >= pool.size()) return 1;
+    const int64_t by_threads = (pool.size() + items - 1) / items;
+    const int64_t s = std::min<int64_t>(by_threads, a.n_ctx / kMinSplitSlots);
+    const int64_t need = static_cast<int64_t>(a.n_tok) * a.n_head * (a.head_dim + 1);
+    const int64_t room = attention_scores_floats(a.n_ctx, a.n_tok) - kSubGroup * kChunkKeys;
+    return s > 1 && need <= room ? static_cast<int>(s) : 1;
+}
+
 void attend_all(ThreadPool& pool, const AttentionArgs& a, const KeySubset& keys, float* lse) {
     const int64_t per_thread =
         attention_scratch_per_thread(a.n_ctx, a.n_tok, a.n_head_kv * a.head_dim);
     const bool grouped = type_info(a.k_type).block_size == 1 && type_info(a.v_type).block_size == 1;
     // Work items: (token, sub-group of up to kSubGroup heads of one KV head)
-    // for float caches; (token, head) for block-type caches.
+    // for float caches; (token, head) for block-type caches; times the key
+    // splits.
     const int n_rep = a.n_head / a.n_head_kv;
     const int subs = grouped ? (n_rep + kSubGroup - 1) / kSubGroup : 0;
     const int per_tok = grouped ? a.n_head_kv * subs : a.n_head;
-    const int64_t n_work = static_cast<int64_t>(a.n_tok) * per_tok;
+    const int64_t items = static_cast<int64_t>(a.n_tok) * per_tok;
+    const int splits = key_splits(pool, a, grouped, items);
+    // 64-byte aligned (see attention_scratch_per_thread)
+    auto slot = [&](int ith) {
+        const auto at = reinterpret_cast<uintptr_t>(a.scratch + ith * per_thread);
+        return reinterpret_cast<float*>((at + 63) & ~uintptr_t{63});
+    };
+    // Split s's output (split 0 writes a.out) and log-sum-exps.
+    auto split_out = [&](int s) {
+        return s == 0 ? a.out : slot(s) + kSubGroup * kChunkKeys + a.n_tok * a.n_head;
+    };
+    auto split_lse = [&](int s) { return splits == 1 ? lse : slot(s) + kSubGroup * kChunkKeys; };
     pool.parallel_for(
-        n_work,
+        items * splits,
         [&](int64_t b, int64_t e, int ith) {
-            // 64-byte aligned (see attention_scratch_per_thread)
-            const auto at = reinterpret_cast<uintptr_t>(a.scratch + ith * per_thread);
-            float* sc = reinterpret_cast<float*>((at + 63) & ~uintptr_t{63});
+            float* sc = slot(ith);
             float* work = sc + attention_scores_floats(a.n_ctx, a.n_tok);
             auto* runs = reinterpret_cast<KeyRun*>(sc + per_thread -
                                                    kAttentionRunFloats * (a.n_ctx + a.n_tok));
-            int runs_of = -1, n_runs = 0;
+            int64_t runs_of = -1;
+            int n_runs = 0;
             for (int64_t w = b; w < e; w++) {
-                const int t = static_cast<int>(w / per_tok), i = static_cast<int>(w % per_tok);
-                if (t != runs_of) {
-                    n_runs = visible_runs(a, keys, t, runs);
-                    runs_of = t;
+                const int split = static_cast<int>(w / items);
+                const int64_t item = w % items;
+                const int t = static_cast<int>(item / per_tok),
+                          i = static_cast<int>(item % per_tok);
+                if (w / per_tok != runs_of) { // a new (split, token)
+                    KeySubset ks = keys;
+                    if (splits > 1) {
+                        const int lo = static_cast<int>(int64_t{a.n_ctx} * split / splits);
+                        const int hi = static_cast<int>(int64_t{a.n_ctx} * (split + 1) / splits);
+                        ks.slot_begin = std::max(keys.slot_begin, lo);
+                        ks.slot_end = std::min(keys.slot_end, hi);
+                        ks.with_new = keys.with_new && split == splits - 1;
+                    }
+                    n_runs = visible_runs(a, ks, t, runs);
+                    runs_of = w / per_tok;
                 }
                 if (grouped) {
+                    AttentionArgs as = a;
+                    as.out = split_out(split);
                     const int g = i / subs, sub = i % subs;
                     const int h0 = g * n_rep + sub * kSubGroup;
-                    attend_heads(a, t, h0, std::min(kSubGroup, n_rep - sub * kSubGroup), runs,
-                                 n_runs, sc, work, lse);
+                    attend_heads(as, t, h0, std::min(kSubGroup, n_rep - sub * kSubGroup), runs,
+                                 n_runs, sc, work, split_lse(split));
                 } else {
                     attend_one(a, t, i, runs, n_runs, sc, lse);
                 }
             }
         },
-        n_work * (a.n_ctx + a.n_tok) * a.head_dim * 2 * (a.n_head / per_tok));
+        items * (a.n_ctx + a.n_tok) * a.head_dim * 2 * (a.n_head / per_tok));
+    if (splits == 1) return;
+    float* lse0 = split_lse(0);
+    for (int s = 1; s < splits; s++)
+        attention_merge(a.n_tok, a.n_head, a.head_dim, a.out, lse0, split_out(s), split_lse(s));
+    if (lse) std::memcpy(lse, lse0, sizeof(float) * a.n_tok * a.n_head);
 }
 
 } // namespace

@@ -236,3 +236,53 @@ TEST_CASE("attention split: an empty subset gives -inf and zeros, and merges as 
     const Part none2 = partial(pool, p, later);
     for (float l : none2.lse) CHECK(l == -std::numeric_limits<float>::infinity());
 }
+
+TEST_CASE("attention: key splits over many threads equal one thread") {
+    // With fewer (token, head group) items than threads the ring is cut
+    // into slot ranges attended in parallel and merged (attend_all). Rings
+    // long enough to split, wrapped with sinks or not yet full, decode and
+    // small batches, GQA and MQA, every float cache type; also a partial
+    // call (a subset of keys with its log-sum-exp), which splits the subset.
+    const Case cases[] = {
+        {1, 32, 4, 64, 4096, 4, 9000, Type::F16, Type::F16},  // TinyLlama shape, wrapped
+        {1, 14, 2, 64, 2048, 4, 1500, Type::F32, Type::BF16}, // Qwen2.5-0.5B-like, not full
+        {2, 8, 1, 33, 2048, 0, 5000, Type::BF16, Type::F16},  // MQA, no sinks, 2 tokens
+        {1, 6, 2, 7, 300, 4, 100, Type::F16, Type::F16},      // too short to split
+    };
+    uint32_t seed = 4242;
+    gl::ThreadPool one(1), many(7);
+    for (const Case& c : cases) {
+        INFO("n_tok ", c.n_tok, " heads ", c.n_head, "/", c.n_head_kv, " hd ", c.head_dim,
+             " n_ctx ", c.n_ctx, " past ", c.past);
+        Problem p1(c, seed), p7(c, seed);
+        seed++;
+        p7.scratch.resize(
+            gl::attention_scratch_floats(7, c.n_ctx, c.n_tok, c.n_head_kv * c.head_dim));
+        p7.a.scratch = p7.scratch.data();
+        gl::attention(one, p1.a);
+        gl::attention(many, p7.a);
+        double worst = 0;
+        for (size_t i = 0; i < p1.out.size(); i++)
+            worst = std::max(worst, std::isnan(p7.out[i])
+                                        ? 1e30
+                                        : std::abs(static_cast<double>(p7.out[i]) - p1.out[i]));
+        CHECK(worst < 1e-5);
+        // A subset (positions from the middle on), with its lse.
+        gl::KeySubset keys;
+        keys.pos_begin = c.past / 3;
+        const Part w1 = partial(one, p1, keys), w7 = partial(many, p7, keys);
+        double worst_out = 0, worst_lse = 0;
+        for (size_t i = 0; i < w1.out.size(); i++)
+            worst_out =
+                std::max(worst_out, std::isnan(w7.out[i])
+                                        ? 1e30
+                                        : std::abs(static_cast<double>(w7.out[i]) - w1.out[i]));
+        for (size_t i = 0; i < w1.lse.size(); i++)
+            worst_lse =
+                std::max(worst_lse, std::isnan(w7.lse[i])
+                                        ? 1e30
+                                        : std::abs(static_cast<double>(w7.lse[i]) - w1.lse[i]));
+        CHECK(worst_out < 1e-5);
+        CHECK(worst_lse < 1e-4);
+    }
+}
