@@ -13,87 +13,15 @@
 
 #include "ggml-like/attention.h"
 #include "ggml-like/quants.h"
+#include "attention_problem.h"
 #include "ggml-like/thread_pool.h"
 
 using gl::Type;
 
 namespace {
 
-struct Case {
-    int n_tok, n_head, n_head_kv, head_dim, n_ctx, n_sink;
-    int64_t past; // tokens already in the ring
-    Type tk, tv;
-};
-
-// A ring of n_ctx slots after `past` tokens (position -> slot as in
-// kv_cache.h), random K/V rows in the cache types, random queries.
-struct Problem {
-    Case c;
-    std::vector<float> q, qu, sink_k, out;
-    std::vector<uint8_t> ks, vs, kn, vn;
-    std::vector<int64_t> slot_pos, pos;
-    gl::AttentionArgs a;
-    std::vector<float> scratch;
-
-    Problem(const Case& cs, uint32_t seed) : c(cs) {
-        std::mt19937 rng(seed);
-        std::normal_distribution<float> nd(0.0f, 1.0f);
-        auto floats = [&](size_t n) {
-            std::vector<float> v(n);
-            for (float& x : v) x = nd(rng);
-            return v;
-        };
-        const int kvd = c.n_head_kv * c.head_dim;
-        auto rows = [&](Type t, int n) {
-            const size_t rb = gl::row_size(t, kvd);
-            std::vector<uint8_t> r(rb * n);
-            const std::vector<float> f = floats(static_cast<size_t>(n) * kvd);
-            for (int i = 0; i < n; i++)
-                gl::ref::quantize_row(t, f.data() + static_cast<size_t>(i) * kvd, r.data() + i * rb,
-                                      kvd);
-            return r;
-        };
-        const size_t qn = static_cast<size_t>(c.n_tok) * c.n_head * c.head_dim;
-        q = floats(qn);
-        qu = floats(qn);
-        sink_k = floats(static_cast<size_t>(std::max(c.n_sink, 1)) * kvd);
-        out.assign(qn, NAN);
-        ks = rows(c.tk, c.n_ctx);
-        vs = rows(c.tv, c.n_ctx);
-        kn = rows(c.tk, c.n_tok);
-        vn = rows(c.tv, c.n_tok);
-        const int64_t window = c.n_ctx - c.n_sink;
-        slot_pos.assign(c.n_ctx, -1);
-        for (int64_t p = 0; p < c.past; p++)
-            slot_pos[p < c.n_sink ? p : c.n_sink + (p - c.n_sink) % window] = p;
-        for (int i = 0; i < c.n_tok; i++) pos.push_back(c.past + i);
-
-        a.n_tok = c.n_tok;
-        a.n_head = c.n_head;
-        a.n_head_kv = c.n_head_kv;
-        a.head_dim = c.head_dim;
-        a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-        a.q = q.data();
-        a.q_unrot = c.past + c.n_tok - 1 >= c.n_ctx ? qu.data() : nullptr;
-        a.pos = pos.data();
-        a.k_type = c.tk;
-        a.v_type = c.tv;
-        a.k_row_bytes = gl::row_size(c.tk, kvd);
-        a.v_row_bytes = gl::row_size(c.tv, kvd);
-        a.n_ctx = c.n_ctx;
-        a.k_slots = ks.data();
-        a.v_slots = vs.data();
-        a.slot_pos = slot_pos.data();
-        a.k_new = kn.data();
-        a.v_new = vn.data();
-        a.n_sink = c.n_sink;
-        a.window = window;
-        a.sink_k = sink_k.data();
-        a.out = out.data();
-        scratch.resize(gl::attention_scratch_floats(2, c.n_ctx, c.n_tok, kvd));
-        a.scratch = scratch.data();
-    }
-};
+using Case = kvtest::AttentionCase;
+using Problem = kvtest::AttentionProblem;
 
 struct Part {
     std::vector<float> out, lse;
@@ -118,12 +46,7 @@ double merged_error(const Problem& p, const std::vector<float>& want, std::vecto
         gl::attention_merge(p.c.n_tok, p.c.n_head, p.c.head_dim, acc.out.data(), acc.lse.data(),
                             o.out.data(), o.lse.data());
     }
-    double worst = 0;
-    for (size_t i = 0; i < want.size(); i++)
-        worst = std::max(worst, std::isnan(acc.out[i])
-                                    ? 1e30
-                                    : std::abs(static_cast<double>(acc.out[i]) - want[i]));
-    return worst;
+    return kvtest::max_abs_diff(acc.out, want);
 }
 
 const Case kCases[] = {
@@ -261,28 +184,12 @@ TEST_CASE("attention: key splits over many threads equal one thread") {
         p7.a.scratch = p7.scratch.data();
         gl::attention(one, p1.a);
         gl::attention(many, p7.a);
-        double worst = 0;
-        for (size_t i = 0; i < p1.out.size(); i++)
-            worst = std::max(worst, std::isnan(p7.out[i])
-                                        ? 1e30
-                                        : std::abs(static_cast<double>(p7.out[i]) - p1.out[i]));
-        CHECK(worst < 1e-5);
+        CHECK(kvtest::max_abs_diff(p7.out, p1.out) < 1e-5);
         // A subset (positions from the middle on), with its lse.
         gl::KeySubset keys;
         keys.pos_begin = c.past / 3;
         const Part w1 = partial(one, p1, keys), w7 = partial(many, p7, keys);
-        double worst_out = 0, worst_lse = 0;
-        for (size_t i = 0; i < w1.out.size(); i++)
-            worst_out =
-                std::max(worst_out, std::isnan(w7.out[i])
-                                        ? 1e30
-                                        : std::abs(static_cast<double>(w7.out[i]) - w1.out[i]));
-        for (size_t i = 0; i < w1.lse.size(); i++)
-            worst_lse =
-                std::max(worst_lse, std::isnan(w7.lse[i])
-                                        ? 1e30
-                                        : std::abs(static_cast<double>(w7.lse[i]) - w1.lse[i]));
-        CHECK(worst_out < 1e-5);
-        CHECK(worst_lse < 1e-4);
+        CHECK(kvtest::max_abs_diff(w7.out, w1.out) < 1e-5);
+        CHECK(kvtest::max_abs_diff(w7.lse, w1.lse) < 1e-4);
     }
 }

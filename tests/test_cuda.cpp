@@ -39,6 +39,7 @@
 #include "kv_cache.h"
 #include "memory_plan.h"
 #include "session.h"
+#include "attention_problem.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -219,67 +220,19 @@ void emulate_attention(const gl::AttentionArgs& a, float* out) {
         }
 }
 
-// A random attention problem with a ring of n_ctx slots after `past` tokens
-// (keep n_sink), the batch at positions past .. past + n_tok - 1.
-struct AttnCase {
-    int n_tok, n_head, n_head_kv, head_dim, n_ctx, n_sink;
-    int64_t past;
-    Type tk, tv;
-};
+using AttnCase = kvtest::AttentionCase;
+using AttnData = kvtest::AttentionProblem;
 
-struct AttnData {
-    AttnCase c;
-    std::vector<float> q, qu, sink, out;
-    std::vector<int64_t> pos, slot_pos;
-    std::vector<uint8_t> ks, vs, kn, vn;
-    gl::AttentionArgs args;
-
-    explicit AttnData(const AttnCase& cs, uint32_t seed) : c(cs) {
-        const int kvd = c.n_head_kv * c.head_dim, qd = c.n_head * c.head_dim;
-        const int64_t window = c.n_ctx - c.n_sink;
-        q = random_floats(static_cast<size_t>(c.n_tok) * qd, seed);
-        qu = random_floats(static_cast<size_t>(c.n_tok) * qd, seed + 1);
-        sink = random_floats(static_cast<size_t>(std::max(c.n_sink, 1)) * kvd, seed + 2);
-        out.assign(static_cast<size_t>(c.n_tok) * qd, 0.0f);
-        ks = quantize(c.tk, random_floats(static_cast<size_t>(c.n_ctx) * kvd, seed + 3), kvd,
-                      c.n_ctx);
-        vs = quantize(c.tv, random_floats(static_cast<size_t>(c.n_ctx) * kvd, seed + 4), kvd,
-                      c.n_ctx);
-        kn = quantize(c.tk, random_floats(static_cast<size_t>(c.n_tok) * kvd, seed + 5), kvd,
-                      c.n_tok);
-        vn = quantize(c.tv, random_floats(static_cast<size_t>(c.n_tok) * kvd, seed + 6), kvd,
-                      c.n_tok);
-        slot_pos.assign(c.n_ctx, -1);
-        for (int64_t p = 0; p < c.past; p++) {
-            const int64_t s = p < c.n_sink ? p : c.n_sink + (p - c.n_sink) % window;
-            slot_pos[s] = p;
-        }
-        for (int i = 0; i < c.n_tok; i++) pos.push_back(c.past + i);
-        gl::AttentionArgs& a = args;
-        a.n_tok = c.n_tok;
-        a.n_head = c.n_head;
-        a.n_head_kv = c.n_head_kv;
-        a.head_dim = c.head_dim;
-        a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-        a.q = q.data();
-        a.q_unrot = c.past + c.n_tok - 1 >= c.n_ctx ? qu.data() : nullptr;
-        a.pos = pos.data();
-        a.k_type = c.tk;
-        a.v_type = c.tv;
-        a.k_row_bytes = gl::row_size(c.tk, kvd);
-        a.v_row_bytes = gl::row_size(c.tv, kvd);
-        a.n_ctx = c.n_ctx;
-        a.k_slots = ks.data();
-        a.v_slots = vs.data();
-        a.slot_pos = slot_pos.data();
-        a.k_new = kn.data();
-        a.v_new = vn.data();
-        a.n_sink = c.n_sink;
-        a.window = window;
-        a.sink_k = sink.data();
-        a.out = out.data();
-    }
-};
+// Attention of problem d on `be` against the CPU backend: max |diff|.
+double backend_vs_cpu(gl::Backend& cpu, gl::Backend& be, AttnData& d) {
+    const AttnCase& c = d.c;
+    cpu.reserve(0, gl::attention_scratch_floats(1, c.n_ctx, c.n_tok, c.n_head_kv * c.head_dim));
+    cpu.attention(d.a);
+    const std::vector<float> want = d.out;
+    std::fill(d.out.begin(), d.out.end(), NAN);
+    be.attention(d.a);
+    return kvtest::max_abs_diff(d.out, want);
+}
 
 const AttnCase kAttnCases[] = {
     // n_tok n_head n_kv hd n_ctx sink past  K          V
@@ -401,9 +354,9 @@ TEST_CASE(
         const size_t qd = static_cast<size_t>(c.n_tok) * c.n_head * c.head_dim;
         cpu->reserve(0,
                      gl::attention_scratch_floats(1, c.n_ctx, c.n_tok, c.n_head_kv * c.head_dim));
-        cpu->attention(d.args);
+        cpu->attention(d.a);
         std::vector<float> got(qd);
-        emulate_attention(d.args, got.data());
+        emulate_attention(d.a, got.data());
         double worst = 0;
         for (size_t i = 0; i < qd; i++)
             worst = std::max(worst, static_cast<double>(std::abs(got[i] - d.out[i])));
@@ -564,17 +517,7 @@ TEST_CASE("cuda attention: against gl::attention, every KV type, GQA, long and s
              " n_ctx ", c.n_ctx, " past ", c.past, " types ", gl::type_name(c.tk), "/",
              gl::type_name(c.tv));
         AttnData d(c, seed++);
-        cpu->reserve(0,
-                     gl::attention_scratch_floats(1, c.n_ctx, c.n_tok, c.n_head_kv * c.head_dim));
-        cpu->attention(d.args);
-        const std::vector<float> want = d.out;
-        std::fill(d.out.begin(), d.out.end(), NAN);
-        be->attention(d.args);
-        double worst = 0;
-        for (size_t i = 0; i < want.size(); i++)
-            worst = std::max(worst, std::isnan(d.out[i])
-                                        ? 1e30
-                                        : std::abs(static_cast<double>(d.out[i]) - want[i]));
+        double worst = backend_vs_cpu(*cpu, *be, d);
         INFO("worst |diff| ", worst);
         CHECK(worst < 1e-4);
 
@@ -583,12 +526,7 @@ TEST_CASE("cuda attention: against gl::attention, every KV type, GQA, long and s
         const auto fresh = quantize(c.tk, random_floats(d.ks.size() * 4, seed + 1000),
                                     c.n_head_kv * c.head_dim, c.n_ctx);
         std::copy(fresh.begin(), fresh.begin() + d.ks.size(), d.ks.begin());
-        cpu->attention(d.args);
-        const std::vector<float> want2 = d.out;
-        be->attention(d.args);
-        worst = 0;
-        for (size_t i = 0; i < want2.size(); i++)
-            worst = std::max(worst, std::abs(static_cast<double>(d.out[i]) - want2[i]));
+        worst = backend_vs_cpu(*cpu, *be, d);
         INFO("after refill: worst |diff| ", worst);
         CHECK(worst < 1e-4);
     }
@@ -728,17 +666,7 @@ TEST_CASE(
                  c.head_dim, " n_ctx ", c.n_ctx, " past ", c.past, " types ", gl::type_name(c.tk),
                  "/", gl::type_name(c.tv));
             AttnData d(c, seed++);
-            cpu->reserve(
-                0, gl::attention_scratch_floats(1, c.n_ctx, c.n_tok, c.n_head_kv * c.head_dim));
-            cpu->attention(d.args);
-            const std::vector<float> want = d.out;
-            std::fill(d.out.begin(), d.out.end(), NAN);
-            be->attention(d.args);
-            double worst = 0;
-            for (size_t i = 0; i < want.size(); i++)
-                worst = std::max(worst, std::isnan(d.out[i])
-                                            ? 1e30
-                                            : std::abs(static_cast<double>(d.out[i]) - want[i]));
+            const double worst = backend_vs_cpu(*cpu, *be, d);
             INFO("worst |diff| ", worst);
             CHECK(worst < 1e-4);
         }
