@@ -8,7 +8,16 @@
 #include <csignal>
 #include <cstdlib>
 #include <pty.h>
+// GCC 12's <regex> trips a false -Wmaybe-uninitialized inside std::function
+// once inlined under -fsanitize (fixed in GCC 13).
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <regex>
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
+#pragma GCC diagnostic pop
+#endif
 #include <sys/wait.h>
 #include <poll.h>
 #include <unistd.h>
