@@ -7,6 +7,12 @@
 
 #include "ggml-like/quants.h"
 
+#if GL_USE_BLAS
+#include <cblas.h>
+
+#include <mutex>
+#endif
+
 #if defined(__x86_64__)
 #include <cpuid.h>
 #include <sys/syscall.h>
@@ -63,6 +69,31 @@ size_t per_thread_bytes(int64_t n_in) {
 }
 #endif
 
+#if GL_USE_BLAS
+// The OpenBLAS path: each thread of our pool dequantizes a panel of weight
+// rows to F32 and calls a single-threaded SGEMM for all tokens; OpenBLAS's own
+// threads would fight ours for the same cores.
+constexpr int64_t kBlasPanelRows =
+    128; // SGEMM at 64 rows ran ~8% slower (one core, K 2048, 256 tokens)
+
+size_t blas_per_thread_bytes(int64_t n_in) {
+    return sizeof(float) * static_cast<size_t>(kBlasPanelRows * n_in) + 64;
+}
+
+bool blas_allowed() {
+    static const bool ok = [] {
+        const char* e = std::getenv("KVRUN_BLAS");
+        return !(e && std::strcmp(e, "0") == 0);
+    }();
+    return ok;
+}
+
+void blas_single_threaded() {
+    static std::once_flag once;
+    std::call_once(once, [] { openblas_set_num_threads(1); });
+}
+#endif
+
 } // namespace
 
 bool amx_enabled() {
@@ -74,28 +105,103 @@ void force_off(bool off) {
     g_forced_off.store(off, std::memory_order_relaxed);
 }
 
-bool applies(Type weight, int64_t n_in, int64_t n_tok) {
-    // Float weights keep their exact path: F16 rounded to bf16 loses three
-    // mantissa bits (tiny-f16 goldens: max |diff| 0.0008 -> 0.016), while
-    // quantized weights and BF16 are either exact in bf16 or already paired
-    // with 8-bit activations on the dot-product path.
-    return n_tok >= kMinTokens && n_in % 32 == 0 && weight != Type::F32 && weight != Type::F16 &&
-           amx_enabled();
-}
-
-size_t scratch_bytes(int64_t n_in, int64_t n_tok, int n_threads) {
-#if GL_HAVE_AMX
-    const int64_t n_tt = (n_tok + amx::kTileTokens - 1) / amx::kTileTokens;
-    const size_t tokens = sizeof(uint16_t) * static_cast<size_t>(n_tt * amx::kTileTokens * n_in);
-    return tokens + 64 + per_thread_bytes(n_in) * static_cast<size_t>(n_threads);
+bool blas_enabled() {
+#if GL_USE_BLAS
+    // Not under KVRUN_ISA=scalar (or force_scalar): that mode is the plain
+    // reference path, which tests compare everything against.
+    return !g_forced_off.load(std::memory_order_relaxed) && blas_allowed() &&
+           std::strcmp(cpu::isa_name(), "scalar") != 0;
 #else
-    (void)n_in, (void)n_tok, (void)n_threads;
-    return 0;
+    return false;
 #endif
 }
 
-void matmul_tiles(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, float* y,
-                  void* scratch) {
+Path path_for(Type weight, int64_t n_in, int64_t n_tok) {
+    if (n_tok < kMinTokens) return Path::None;
+    // Float weights keep their exact path on AMX: F16 rounded to bf16 loses
+    // three mantissa bits (tiny-f16 goldens: max |diff| 0.0008 -> 0.016),
+    // while quantized weights and BF16 are either exact in bf16 or already
+    // paired with 8-bit activations on the dot-product path.
+    if (n_in % 32 == 0 && weight != Type::F32 && weight != Type::F16 && amx_enabled())
+        return Path::Amx;
+    // SGEMM on exactly dequantized weights and F32 activations: at least as
+    // accurate as the dot-product path for every type.
+    if (blas_enabled()) return Path::Blas;
+    return Path::None;
+}
+
+bool applies(Type weight, int64_t n_in, int64_t n_tok) {
+    return path_for(weight, n_in, n_tok) != Path::None;
+}
+
+const char* path_name(Path p) {
+    switch (p) {
+    case Path::Amx:
+        return "amx-bf16";
+    case Path::Blas:
+        return "openblas";
+    case Path::None:
+        break;
+    }
+    return "none";
+}
+
+size_t scratch_bytes(int64_t n_in, int64_t n_tok, int n_threads) {
+    size_t bytes = 0;
+#if GL_HAVE_AMX
+    const int64_t n_tt = (n_tok + amx::kTileTokens - 1) / amx::kTileTokens;
+    const size_t tokens = sizeof(uint16_t) * static_cast<size_t>(n_tt * amx::kTileTokens * n_in);
+    bytes = tokens + 64 + per_thread_bytes(n_in) * static_cast<size_t>(n_threads);
+#endif
+#if GL_USE_BLAS
+    bytes = std::max(bytes, blas_per_thread_bytes(n_in) * static_cast<size_t>(n_threads));
+#endif
+    (void)n_in, (void)n_tok, (void)n_threads;
+    return bytes;
+}
+
+namespace {
+
+#if GL_USE_BLAS
+// y[t][r] for a panel of rows at a time: the weight rows dequantized once per
+// batch (F32 weights used in place), then one SGEMM against all n_tok tokens.
+void matmul_blas(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, float* y,
+                 void* scratch) {
+    blas_single_threaded();
+    const int64_t n_in = w.ne0, n_out = w.ne1;
+    auto* base = static_cast<uint8_t*>(scratch);
+    const size_t per_thread = blas_per_thread_bytes(n_in);
+    const int64_t n_panels = (n_out + kBlasPanelRows - 1) / kBlasPanelRows;
+    pool.parallel_for(
+        n_panels,
+        [&](int64_t pb, int64_t pe, int ith) {
+            uint8_t* mine = base + per_thread * ith;
+            auto* panel =
+                reinterpret_cast<float*>(mine + (64 - reinterpret_cast<uintptr_t>(mine) % 64) % 64);
+            for (int64_t p = pb; p < pe; p++) {
+                const int64_t r0 = p * kBlasPanelRows;
+                const int64_t rows = std::min(kBlasPanelRows, n_out - r0);
+                const float* a = panel;
+                if (w.type == Type::F32 &&
+                    w.row_bytes == sizeof(float) * static_cast<size_t>(n_in)) {
+                    a = reinterpret_cast<const float*>(w.row(r0));
+                } else {
+                    for (int64_t r = 0; r < rows; r++)
+                        cpu::dequantize_row(w.type, w.row(r0 + r), panel + r * n_in, n_in);
+                }
+                // y[t][r0 + r] = sum_k x[t][k] * a[r][k]
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n_tok),
+                            static_cast<int>(rows), static_cast<int>(n_in), 1.0f, x,
+                            static_cast<int>(n_in), a, static_cast<int>(n_in), 0.0f, y + r0,
+                            static_cast<int>(n_out));
+            }
+        },
+        n_out * n_in * n_tok);
+}
+#endif
+
+void matmul_amx(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, float* y,
+                void* scratch) {
 #if GL_HAVE_AMX
     const int64_t n_in = w.ne0, n_out = w.ne1;
     const int64_t n_tt = (n_tok + amx::kTileTokens - 1) / amx::kTileTokens;
@@ -132,8 +238,25 @@ void matmul_tiles(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_t
         n_out * n_in * n_tok);
 #else
     (void)pool, (void)w, (void)x, (void)n_tok, (void)y, (void)scratch;
-    std::abort(); // applies() is false in builds without AMX kernels
+    std::abort(); // path_for() never answers Amx in builds without AMX kernels
 #endif
+}
+
+} // namespace
+
+void matmul_tiles(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, float* y,
+                  void* scratch) {
+    switch (path_for(w.type, w.ne0, n_tok)) {
+    case Path::Amx:
+        return matmul_amx(pool, w, x, n_tok, y, scratch);
+    case Path::Blas:
+#if GL_USE_BLAS
+        return matmul_blas(pool, w, x, n_tok, y, scratch);
+#endif
+    case Path::None:
+        break;
+    }
+    std::abort(); // callers check applies() first
 }
 
 } // namespace gl::gemm

@@ -1,13 +1,16 @@
-// Matrix-matrix products for prompt batches on tile hardware (Intel AMX).
+// Matrix-matrix products for prompt batches.
 //
 // The dot-product path (ops::matmul) reads every weight once per token; a
 // batch of T tokens reads and decodes each weight T times. Here each weight
-// row block is dequantized once per batch into a bf16 panel and multiplied
-// against all T tokens on AMX tiles (fp32 accumulation). Used by ops::matmul
-// for batches of at least kMinTokens on CPUs with AMX-BF16; otherwise absent.
-//
-// Precision: weights and activations are rounded to bf16 (8-bit mantissa),
-// comparable to the 8-bit activation blocks of the dot-product path.
+// row block is dequantized once per batch into a panel and multiplied against
+// all T tokens. Used by ops::matmul for batches of at least kMinTokens, on one
+// of two paths:
+//  - Amx: a bf16 panel on Intel AMX tiles (fp32 accumulation). Weights and
+//    activations are rounded to bf16 (8-bit mantissa), comparable to the
+//    8-bit activation blocks of the dot-product path.
+//  - Blas: an F32 panel and OpenBLAS SGEMM (builds with OpenBLAS, CPUs without
+//    AMX: on AVX2 machines without VNNI, FMA on F32 beats 8-bit dot products
+//    per instruction). Exact weights, F32 activations.
 #pragma once
 
 #include <cstddef>
@@ -23,10 +26,17 @@ constexpr int64_t kMinTokens = 16;
 // AMX BF16 present, granted by the OS, and the active kernel table is the
 // AVX-512 one (KVRUN_ISA=avx2/scalar and KVRUN_AMX=0 turn it off).
 bool amx_enabled();
-// Force the tiles off (tests compare both paths) or back to the default.
+// Force both paths off (tests compare them with the dot-product path) or back on.
 void force_off(bool off);
 
-// Whether matmul takes the tiled path for this weight type and batch.
+// OpenBLAS linked in, not switched off, and the kernels are not forced scalar.
+bool blas_enabled();
+
+enum class Path { None, Amx, Blas };
+// Which path matmul takes for this weight type and batch.
+Path path_for(Type weight, int64_t n_in, int64_t n_tok);
+const char* path_name(Path p);
+// path_for(...) != Path::None.
 bool applies(Type weight, int64_t n_in, int64_t n_tok);
 // Scratch for matmul_tiles: packed tokens plus one panel per thread.
 size_t scratch_bytes(int64_t n_in, int64_t n_tok, int n_threads);

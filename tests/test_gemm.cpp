@@ -1,8 +1,8 @@
-// The tiled prompt-batch matmul (ggml-like/gemm.h, AMX BF16) against a
-// double-precision product of the reference-dequantized weights, on odd
-// shapes: output rows that leave partial 32-row panels, token counts that
-// leave partial 16-token tiles, odd numbers of k-blocks. Skips (with a
-// message) on CPUs without AMX.
+// The prompt-batch matmul (ggml-like/gemm.h: AMX BF16 tiles, or OpenBLAS
+// SGEMM on dequantized panels) against a double-precision product of the
+// reference-dequantized weights, on odd shapes: output rows that leave
+// partial panels, token counts that leave partial 16-token tiles, odd numbers
+// of k-blocks. Each path skips (with a message) where it is not available.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -42,25 +42,20 @@ double worst_relative(const gl::Tensor& w, const std::vector<float>& x, int64_t 
     return worst;
 }
 
-} // namespace
-
-TEST_CASE("gemm tiles: every quantized type and BF16, odd shapes, against a double product") {
-    if (!gl::gemm::amx_enabled()) {
-        MESSAGE("skipped: this CPU (or KVRUN_ISA/KVRUN_AMX) has no AMX-BF16 tiles");
-        return;
-    }
-    const Type types[] = {Type::BF16,   Type::Q8_0, Type::Q4_0, Type::Q4_1, Type::Q5_0, Type::Q5_1,
-                          Type::IQ4_NL, Type::Q2_K, Type::Q3_K, Type::Q4_K, Type::Q5_K, Type::Q6_K};
+// Runs ops::matmul for each type over odd shapes, requires that `path` is
+// taken, and returns the worst relative error against the double product.
+double worst_over_shapes(std::initializer_list<Type> types, gl::gemm::Path path) {
     gl::ThreadPool pool(2);
     uint32_t seed = 7;
+    double worst = 0;
     for (Type t : types) {
         const int64_t bs = std::max<int64_t>(32, gl::type_info(t).block_size);
         for (int64_t n_in : {bs * 3, bs * 5})
-            for (int64_t n_out : {1, 31, 33, 67})
+            for (int64_t n_out : {1, 31, 33, 67, 130})
                 for (int64_t n_tok : {16, 17, 33, 70}) {
                     INFO("type ", gl::type_name(t), " n_in ", n_in, " n_out ", n_out, " n_tok ",
                          n_tok);
-                    REQUIRE(gl::gemm::applies(t, n_in, n_tok));
+                    REQUIRE(gl::gemm::path_for(t, n_in, n_tok) == path);
                     const auto wf = random_floats(static_cast<size_t>(n_in * n_out), seed++, 0.5f);
                     const size_t rb = gl::row_size(t, n_in);
                     std::vector<uint8_t> wq(rb * n_out);
@@ -72,17 +67,50 @@ TEST_CASE("gemm tiles: every quantized type and BF16, odd shapes, against a doub
                         gl::ops::matmul_scratch_bytes(t, n_in, n_tok, pool.size()));
                     std::vector<float> y(static_cast<size_t>(n_tok * n_out), NAN);
                     gl::ops::matmul(pool, w, x.data(), n_tok, y.data(), scratch.data());
-                    // bf16 keeps 8 significant bits: each product is off by at
-                    // most ~2^-8 relative, so the sum by 2^-8 of sum |w x|.
-                    CHECK(worst_relative(w, x, n_tok, y) < 1.0 / 256);
+                    const double e = worst_relative(w, x, n_tok, y);
+                    CHECK(std::isfinite(e));
+                    worst = std::max(worst, e);
                 }
     }
+    return worst;
 }
 
-TEST_CASE("gemm tiles: not taken for small batches, F32/F16 weights, or when switched off") {
+} // namespace
+
+TEST_CASE("gemm tiles: every quantized type and BF16, odd shapes, against a double product") {
+    if (!gl::gemm::amx_enabled()) {
+        MESSAGE("skipped: this CPU (or KVRUN_ISA/KVRUN_AMX) has no AMX-BF16 tiles");
+        return;
+    }
+    // bf16 keeps 8 significant bits: each product is off by at most ~2^-8
+    // relative, so the sum by 2^-8 of sum |w x|.
+    const double worst = worst_over_shapes({Type::BF16, Type::Q8_0, Type::Q4_0, Type::Q4_1,
+                                            Type::Q5_0, Type::Q5_1, Type::IQ4_NL, Type::Q2_K,
+                                            Type::Q3_K, Type::Q4_K, Type::Q5_K, Type::Q6_K},
+                                           gl::gemm::Path::Amx);
+    CHECK(worst < 1.0 / 256);
+}
+
+TEST_CASE("gemm openblas: every type, F32 and F16 included, odd shapes, against a double product") {
+    if (!gl::gemm::blas_enabled() || gl::gemm::amx_enabled()) {
+        MESSAGE("skipped: built without OpenBLAS, or AMX takes the batches on this CPU");
+        return;
+    }
+    // Exact weights and F32 activations: only float rounding of the sums
+    // (n_in <= 1280 terms), far below the 8-bit activation path's 1e-2.
+    const double worst = worst_over_shapes(
+        {Type::F32, Type::F16, Type::BF16, Type::Q8_0, Type::Q4_0, Type::Q4_1, Type::Q5_0,
+         Type::Q5_1, Type::IQ4_NL, Type::Q2_K, Type::Q3_K, Type::Q4_K, Type::Q5_K, Type::Q6_K},
+        gl::gemm::Path::Blas);
+    CHECK(worst < 1e-5);
+}
+
+TEST_CASE("gemm tiles: not taken for small batches, F32/F16 weights on AMX, or when switched off") {
     CHECK_FALSE(gl::gemm::applies(Type::Q4_0, 256, gl::gemm::kMinTokens - 1));
-    CHECK_FALSE(gl::gemm::applies(Type::F32, 256, 64));
-    CHECK_FALSE(gl::gemm::applies(Type::F16, 256, 64));
+    // Float weights never go to the bf16 tiles; OpenBLAS keeps them exact.
+    const auto float_path = gl::gemm::blas_enabled() ? gl::gemm::Path::Blas : gl::gemm::Path::None;
+    CHECK(gl::gemm::path_for(Type::F32, 256, 64) == float_path);
+    CHECK(gl::gemm::path_for(Type::F16, 256, 64) == float_path);
     gl::gemm::force_off(true);
     CHECK_FALSE(gl::gemm::applies(Type::Q4_0, 256, 64));
     gl::gemm::force_off(false);
