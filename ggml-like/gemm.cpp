@@ -143,7 +143,7 @@ const char* path_name(Path p) {
     case Path::None:
         break;
     }
-    return "none";
+    return "dot products";
 }
 
 size_t scratch_bytes(int64_t n_in, int64_t n_tok, int n_threads) {

@@ -1,5 +1,6 @@
 #include "ggml-like/thread_pool.h"
 
+#include <cstdlib>
 #include <fstream>
 #include <set>
 #include <string>
@@ -33,25 +34,46 @@ ThreadPool::~ThreadPool() {
     for (auto& t : threads_) t.join();
 }
 
-void ThreadPool::run(Task fn, void* ctx) {
-    if (n_threads_ == 1) {
-        fn(ctx, 0, 1);
+void ThreadPool::run_chunks(int64_t n_chunks, ChunkTask fn, void* ctx) {
+    if (n_chunks <= 0) return;
+    if (n_threads_ == 1 || n_chunks == 1) {
+        for (int64_t k = 0; k < n_chunks; k++) fn(ctx, k, 0);
         return;
     }
+    if (n_chunks > kMaxChunks)
+        std::abort(); // callers size their chunks (parallel_for: a few per thread)
     handoffs_++;
     task_ = fn;
     ctx_ = ctx;
-    pending_.store(n_threads_ - 1, std::memory_order_relaxed);
+    done_.store(0, std::memory_order_relaxed);
+    loop_++;
+    // Release: a thread whose claim reads this value (or a later one of the
+    // same loop) sees task_, ctx_ and done_ above.
+    claim_.store((loop_ << 32) | (static_cast<uint64_t>(n_chunks) << 16),
+                 std::memory_order_release);
     epoch_.fetch_add(1, std::memory_order_release);
     epoch_.notify_all();
-    fn(ctx, 0, n_threads_);
+    work_chunks(0);
     // Spin briefly (the others usually finish together with us), then sleep on
     // the counter: yielding in a loop would starve a descheduled worker on a
     // busy machine.
-    int left;
-    for (int spin = 0; (left = pending_.load(std::memory_order_acquire)) != 0; spin++) {
-        if (spin < kSpinIters) GL_PAUSE();
-        else pending_.wait(left, std::memory_order_acquire);
+    int64_t done;
+    for (int spin = 0; (done = done_.load(std::memory_order_acquire)) != n_chunks; spin++) {
+        if (spin < kSpinIters)
+            GL_PAUSE();
+        else
+            done_.wait(done, std::memory_order_acquire);
+    }
+}
+
+void ThreadPool::work_chunks(int ith) {
+    for (;;) {
+        const uint64_t c = claim_.fetch_add(1, std::memory_order_acq_rel);
+        const int64_t k = static_cast<int64_t>(c & 0xffff);
+        const int64_t n = static_cast<int64_t>((c >> 16) & 0xffff);
+        if (k >= n) return;
+        task_(ctx_, k, ith);
+        if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == n) done_.notify_one();
     }
 }
 
@@ -61,13 +83,14 @@ void ThreadPool::worker(int ith) {
         uint64_t e;
         int spin = 0;
         while ((e = epoch_.load(std::memory_order_acquire)) == seen) {
-            if (spin++ < kSpinIters) GL_PAUSE();
-            else epoch_.wait(seen, std::memory_order_acquire);
+            if (spin++ < kSpinIters)
+                GL_PAUSE();
+            else
+                epoch_.wait(seen, std::memory_order_acquire);
         }
         seen = e;
         if (stop_.load()) return;
-        task_(ctx_, ith, n_threads_);
-        if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_.notify_one();
+        work_chunks(ith);
     }
 }
 

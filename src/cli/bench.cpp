@@ -22,6 +22,8 @@
 #include "cli/common.h"
 #include "error.h"
 #include "forward.h"
+#include "ggml-like/gemm.h"
+#include "ggml-like/quants.h"
 #include "ggml-like/thread_pool.h"
 #include "session.h"
 
@@ -98,7 +100,7 @@ double measure_read_bandwidth(gl::ThreadPool& pool) {
             uint64_t* out = sums.data();
             const auto t0 = Clock::now();
             pool.parallel_for(static_cast<int64_t>(n), [src, out, sum](int64_t b, int64_t e, int ith) {
-                out[ith] = sum(src + b, src + e);
+                out[ith] += sum(src + b, src + e);
             });
             const double s = std::chrono::duration<double>(Clock::now() - t0).count();
             volatile uint64_t sink = std::accumulate(sums.begin(), sums.end(), uint64_t{0});
@@ -116,7 +118,7 @@ double measure_handoff_us(gl::ThreadPool& pool) {
     double best = 1e30;
     for (int rep = 0; rep < 3; rep++) {
         const auto t0 = Clock::now();
-        for (int i = 0; i < kRounds; i++) pool.run([](void*, int, int) {}, nullptr);
+        for (int i = 0; i < kRounds; i++) pool.run_chunks(pool.size(), [](void*, int64_t, int) {}, nullptr);
         best = std::min(best, std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / kRounds);
     }
     return best;
@@ -179,6 +181,12 @@ int run_bench(int argc, char** argv) {
                 weight_bytes_per_token += static_cast<double>(w->row_bytes) * w->ne1;
         weight_bytes_per_token += static_cast<double>(lm->model.output.row_bytes) * lm->model.output.ne1;
 
+        // Which kernels the figures below come from (the same model runs 2-3x
+        // apart between paths).
+        const gl::Type wt = lm->model.layers.front().w_up.type;
+        fmt::print(stderr, "kvrun bench: {}: {} weights, {} kernels, prompt batches on {}\n", name,
+                   gl::type_name(wt), gl::cpu::isa_name(),
+                   gl::gemm::path_name(gl::gemm::path_for(wt, hp.n_embd, batch)));
         std::mt19937 rng(42);
         const int max_pp = pps.empty() ? 0 : *std::max_element(pps.begin(), pps.end());
         const int max_tg = tgs.empty() ? 0 : *std::max_element(tgs.begin(), tgs.end());
