@@ -759,9 +759,10 @@ struct HeadRows {
 TEST_CASE("attention rows: dot_rows, axpy_rows and exp_sum of every table match ref") {
     uint32_t seed = 700;
     for (Type t : kFloatTypes) {
-        for (int64_t hd :
-             {1, 7, 16, 33, 64, 80, 128, 200}) // 200: more than the register-held chunks
-            for (int64_t n : {1, 5, 17}) {
+        // 200: more than the register-held chunks; 63, 72, 127: 8-wide chunks
+        // with and without 64-element slices, and 8-wide tails after them.
+        for (int64_t hd : {1, 7, 16, 33, 63, 64, 72, 80, 127, 128, 200})
+            for (int64_t n : {1, 5, 17}) { // 17: groups of 8 and 16 rows, and the rest
                 INFO("type ", gl::type_name(t), " head_dim ", hd, " rows ", n);
                 const HeadRows rows(t, hd, n, seed++);
                 const size_t stride = rows.stride;
@@ -807,11 +808,21 @@ TEST_CASE("attention rows: dot_rows, axpy_rows and exp_sum of every table match 
                 });
             }
     }
-    // exp_sum: scores from far below the max to the max, with -inf holes.
-    for (int64_t n : {1, 15, 16, 17, 100, 4099}) {
+    // exp_sum: scores from far below the max to the max, with -inf holes;
+    // then scores 80..95 below the max (where fast exps flush to 0 or turn
+    // denormal); then only -inf (the max is -inf too: every weight 0).
+    for (int64_t n : {1, 7, 15, 16, 17, 100, 4099, -100, -13}) {
         INFO("exp_sum n ", n);
-        std::vector<float> x = random_floats(n, seed++);
-        for (int64_t i = 0; i < n; i++) x[i] = i % 7 == 3 ? -INFINITY : x[i] * 40.0f;
+        std::vector<float> x = random_floats(std::abs(n), seed++);
+        if (n == -100) {
+            for (int64_t i = 0; i < 99; i++) x[i] = -80.0f - 0.15f * static_cast<float>(i);
+            x[99] = 0.0f;
+        } else if (n == -13) {
+            std::fill(x.begin(), x.end(), -INFINITY);
+        } else {
+            for (int64_t i = 0; i < n; i++) x[i] = i % 7 == 3 ? -INFINITY : x[i] * 40.0f;
+        }
+        n = std::abs(n);
         const float mx = *std::max_element(x.begin(), x.end());
         std::vector<float> want = x;
         const float want_sum = gl::ref::exp_sum(want.data(), n, mx);
@@ -831,6 +842,7 @@ TEST_CASE("attention rows: dot_rows, axpy_rows and exp_sum of every table match 
             }
             CHECK(bad == 0);
             CHECK(std::fabs(sum - want_sum) <= 1e-5 * want_sum);
+            if (mx == -INFINITY) CHECK(sum == 0.0f);
             CHECK(got.back() == 123.0f);
         });
     }
@@ -843,7 +855,7 @@ TEST_CASE("attention tiles: rows_to_f32 is exact and axpy_heads matches ref in e
     // rows_to_f32: every float type widens exactly, so bit-identical to ref;
     // heads of every tail length, rows of a wider cache row at an offset.
     for (Type t : kFloatTypes) {
-        for (int64_t hd : {1, 7, 16, 33, 64, 80, 128, 200})
+        for (int64_t hd : {1, 7, 16, 33, 63, 64, 80, 127, 128, 200})
             for (int64_t n : {1, 5, 17}) {
                 INFO("rows_to_f32 ", gl::type_name(t), " head_dim ", hd, " rows ", n);
                 const HeadRows rows(t, hd, n, seed++);
@@ -868,11 +880,11 @@ TEST_CASE("attention tiles: rows_to_f32 is exact and axpy_heads matches ref in e
                 });
             }
     }
-    // axpy_heads: 1..9 heads (groups of four and every remainder), heads of
-    // 64 multiples and tails, weights with zeros; each head's output within
-    // float rounding of n + 1 terms of the reference.
+    // axpy_heads: 1..9 heads (groups of two or four and every remainder),
+    // heads of 32 and 64 multiples and tails, weights with zeros; each head's
+    // output within float rounding of n + 1 terms of the reference.
     for (int nh : {1, 2, 3, 4, 5, 7, 8, 9})
-        for (int64_t hd : {7, 64, 80, 128, 200})
+        for (int64_t hd : {7, 33, 64, 80, 128, 200})
             for (int64_t n : {1, 13, 64}) {
                 INFO("axpy_heads heads ", nh, " head_dim ", hd, " rows ", n);
                 const int64_t row_elems = hd + 5;

@@ -16,7 +16,9 @@
 
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstring>
+#include <type_traits>
 
 namespace gl {
 
@@ -194,6 +196,279 @@ template <typename Load> void axpy(int64_t n, float alpha, const void* x, float*
     axpy_float<Load>(n, alpha, static_cast<const typename Load::Elem*>(x), y);
 }
 
+// ---- attention over cached rows --------------------------------------------------
+
+// Sixteen ymm registers shape these kernels: each keeps at most eight
+// accumulators and a few loaded vectors live, always in named variables
+// (GCC 12 keeps arrays of vectors on the stack, storing them every row). Two
+// FMAs issue per cycle with a latency of 4, so eight independent chains keep
+// the FMA units busy.
+
+// Lane j of the result is the sum of a_j's eight lanes: a transpose-and-add
+// tree (six hadds and one cross-half add for eight rows, instead of a
+// five-step horizontal sum per row).
+__attribute__((always_inline)) inline __m256 sum8(__m256 a0, __m256 a1, __m256 a2, __m256 a3,
+                                                  __m256 a4, __m256 a5, __m256 a6, __m256 a7) {
+    // Per 128-bit half: pair sums of rows 0,1 / 2,3 / 4,5 / 6,7, then the
+    // half's sums of rows 0..3 and 4..7.
+    const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    const __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+    return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20),
+                         _mm256_permute2f128_ps(s0123, s4567, 0x31));
+}
+
+// The first m < 8 elements at p as floats, the rest zero, without reading
+// past them (16-bit types have no masked load).
+template <typename Load, typename Elem = typename Load::Elem>
+__m256 load_tail(const Elem* p, int64_t m) {
+    Elem t[8] = {};
+    std::memcpy(t, p, static_cast<size_t>(m) * sizeof(Elem));
+    return Load::get(t);
+}
+
+// Eight rows at a time, each with its own accumulator, sharing every load of
+// q: nine loads per eight FMAs (one row at a time needs two per FMA, more
+// than the two load ports give). Callers prefetch (attention streams a
+// chunk of rows through several heads).
+template <typename Load>
+void dot_rows(int64_t hd, const void* rows, size_t stride, int64_t n, const float* q, float scale,
+              float* out) {
+    using Elem = typename Load::Elem;
+    const auto* base = static_cast<const uint8_t*>(rows);
+    auto row = [&](int64_t i) { return reinterpret_cast<const Elem*>(base + i * stride); };
+    const int64_t whole = hd / 8 * 8, left = hd - whole;
+    const __m256 qt = left ? load_tail<F32>(q + whole, left) : _mm256_setzero_ps();
+    const __m256 vscale = _mm256_set1_ps(scale);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const Elem *r0 = row(i), *r1 = row(i + 1), *r2 = row(i + 2), *r3 = row(i + 3),
+                   *r4 = row(i + 4), *r5 = row(i + 5), *r6 = row(i + 6), *r7 = row(i + 7);
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
+               a7 = a0;
+        for (int64_t k = 0; k < whole; k += 8) {
+            const __m256 qv = _mm256_loadu_ps(q + k);
+            a0 = _mm256_fmadd_ps(Load::get(r0 + k), qv, a0);
+            a1 = _mm256_fmadd_ps(Load::get(r1 + k), qv, a1);
+            a2 = _mm256_fmadd_ps(Load::get(r2 + k), qv, a2);
+            a3 = _mm256_fmadd_ps(Load::get(r3 + k), qv, a3);
+            a4 = _mm256_fmadd_ps(Load::get(r4 + k), qv, a4);
+            a5 = _mm256_fmadd_ps(Load::get(r5 + k), qv, a5);
+            a6 = _mm256_fmadd_ps(Load::get(r6 + k), qv, a6);
+            a7 = _mm256_fmadd_ps(Load::get(r7 + k), qv, a7);
+        }
+        if (left) {
+            a0 = _mm256_fmadd_ps(load_tail<Load>(r0 + whole, left), qt, a0);
+            a1 = _mm256_fmadd_ps(load_tail<Load>(r1 + whole, left), qt, a1);
+            a2 = _mm256_fmadd_ps(load_tail<Load>(r2 + whole, left), qt, a2);
+            a3 = _mm256_fmadd_ps(load_tail<Load>(r3 + whole, left), qt, a3);
+            a4 = _mm256_fmadd_ps(load_tail<Load>(r4 + whole, left), qt, a4);
+            a5 = _mm256_fmadd_ps(load_tail<Load>(r5 + whole, left), qt, a5);
+            a6 = _mm256_fmadd_ps(load_tail<Load>(r6 + whole, left), qt, a6);
+            a7 = _mm256_fmadd_ps(load_tail<Load>(r7 + whole, left), qt, a7);
+        }
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(sum8(a0, a1, a2, a3, a4, a5, a6, a7), vscale));
+    }
+    for (; i < n; i++) out[i] = dot_float<Load>(hd, row(i), q) * scale;
+}
+
+// One element of a row as float, for the scalar tails.
+template <typename Load> float load_one(const typename Load::Elem* p) {
+    if constexpr (std::is_same_v<Load, F32>)
+        return *p;
+    else if constexpr (std::is_same_v<Load, F16>)
+        return load_half(p);
+    else
+        return bf16_to_fp32(*p);
+}
+
+// y += sum_i w[i] * row i. 64-element slices of y stay in eight registers
+// while the rows stream past (row-outer): each row's weight is broadcast
+// once for eight FMAs, nine loads per eight FMAs. Whole 8-element chunks
+// past the last slice go one at a time with four chains over rows i mod 4,
+// and the last 0..7 elements in scalar code.
+template <typename Load>
+void axpy_rows(int64_t hd, const void* rows, size_t stride, int64_t n, const float* w, float* y) {
+    using Elem = typename Load::Elem;
+    const auto* base = static_cast<const uint8_t*>(rows);
+    auto row = [&](int64_t i) { return reinterpret_cast<const Elem*>(base + i * stride); };
+    int64_t k = 0;
+    for (; k + 64 <= hd; k += 64) {
+        float* yk = y + k;
+        __m256 a0 = _mm256_loadu_ps(yk), a1 = _mm256_loadu_ps(yk + 8),
+               a2 = _mm256_loadu_ps(yk + 16), a3 = _mm256_loadu_ps(yk + 24),
+               a4 = _mm256_loadu_ps(yk + 32), a5 = _mm256_loadu_ps(yk + 40),
+               a6 = _mm256_loadu_ps(yk + 48), a7 = _mm256_loadu_ps(yk + 56);
+        for (int64_t i = 0; i < n; i++) {
+            const Elem* r = row(i) + k;
+            const __m256 wv = _mm256_broadcast_ss(w + i);
+            a0 = _mm256_fmadd_ps(wv, Load::get(r), a0);
+            a1 = _mm256_fmadd_ps(wv, Load::get(r + 8), a1);
+            a2 = _mm256_fmadd_ps(wv, Load::get(r + 16), a2);
+            a3 = _mm256_fmadd_ps(wv, Load::get(r + 24), a3);
+            a4 = _mm256_fmadd_ps(wv, Load::get(r + 32), a4);
+            a5 = _mm256_fmadd_ps(wv, Load::get(r + 40), a5);
+            a6 = _mm256_fmadd_ps(wv, Load::get(r + 48), a6);
+            a7 = _mm256_fmadd_ps(wv, Load::get(r + 56), a7);
+        }
+        _mm256_storeu_ps(yk, a0);
+        _mm256_storeu_ps(yk + 8, a1);
+        _mm256_storeu_ps(yk + 16, a2);
+        _mm256_storeu_ps(yk + 24, a3);
+        _mm256_storeu_ps(yk + 32, a4);
+        _mm256_storeu_ps(yk + 40, a5);
+        _mm256_storeu_ps(yk + 48, a6);
+        _mm256_storeu_ps(yk + 56, a7);
+    }
+    for (; k + 8 <= hd; k += 8) {
+        __m256 a0 = _mm256_loadu_ps(y + k), a1 = _mm256_setzero_ps(), a2 = a1, a3 = a1;
+        int64_t i = 0;
+        for (; i + 4 <= n; i += 4) {
+            a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(w + i), Load::get(row(i) + k), a0);
+            a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(w + i + 1), Load::get(row(i + 1) + k), a1);
+            a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(w + i + 2), Load::get(row(i + 2) + k), a2);
+            a3 = _mm256_fmadd_ps(_mm256_broadcast_ss(w + i + 3), Load::get(row(i + 3) + k), a3);
+        }
+        for (; i < n; i++)
+            a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(w + i), Load::get(row(i) + k), a0);
+        _mm256_storeu_ps(y + k, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    }
+    for (; k < hd; k++) {
+        float s = y[k];
+        for (int64_t i = 0; i < n; i++) s += w[i] * load_one<Load>(row(i) + k);
+        y[k] = s;
+    }
+}
+
+// A chunk of cached rows widened to one F32 tile, 32 elements a step.
+template <typename Load>
+void rows_to_f32(int64_t hd, const void* rows, size_t stride, int64_t n, float* dst) {
+    using Elem = typename Load::Elem;
+    const auto* base = static_cast<const uint8_t*>(rows);
+    for (int64_t i = 0; i < n; i++, dst += hd) {
+        const Elem* r = reinterpret_cast<const Elem*>(base + i * stride);
+        int64_t k = 0;
+        for (; k + 32 <= hd; k += 32) {
+            _mm256_storeu_ps(dst + k, Load::get(r + k));
+            _mm256_storeu_ps(dst + k + 8, Load::get(r + k + 8));
+            _mm256_storeu_ps(dst + k + 16, Load::get(r + k + 16));
+            _mm256_storeu_ps(dst + k + 24, Load::get(r + k + 24));
+        }
+        for (; k + 8 <= hd; k += 8) _mm256_storeu_ps(dst + k, Load::get(r + k));
+        for (; k < hd; k++) dst[k] = load_one<Load>(r + k);
+    }
+}
+
+// Two heads' weighted sums over the same F32 rows, on a 32-element slice:
+// each row's four vectors are loaded once for both heads, six loads (four
+// row vectors, two weight broadcasts) per eight FMAs. Eight accumulators,
+// four row vectors and two broadcasts use 14 of the 16 registers; four
+// heads (as on AVX-512) would not fit.
+void axpy_heads2_32(const float* rows, size_t stride, int64_t n, const float* w0, const float* w1,
+                    float* y0, float* y1) {
+    __m256 a0 = _mm256_loadu_ps(y0), a1 = _mm256_loadu_ps(y0 + 8), a2 = _mm256_loadu_ps(y0 + 16),
+           a3 = _mm256_loadu_ps(y0 + 24);
+    __m256 b0 = _mm256_loadu_ps(y1), b1 = _mm256_loadu_ps(y1 + 8), b2 = _mm256_loadu_ps(y1 + 16),
+           b3 = _mm256_loadu_ps(y1 + 24);
+    const auto* base = reinterpret_cast<const uint8_t*>(rows);
+    for (int64_t i = 0; i < n; i++) {
+        const float* r = reinterpret_cast<const float*>(base + i * stride);
+        const __m256 v0 = _mm256_loadu_ps(r), v1 = _mm256_loadu_ps(r + 8),
+                     v2 = _mm256_loadu_ps(r + 16), v3 = _mm256_loadu_ps(r + 24);
+        const __m256 p = _mm256_broadcast_ss(w0 + i);
+        a0 = _mm256_fmadd_ps(p, v0, a0);
+        a1 = _mm256_fmadd_ps(p, v1, a1);
+        a2 = _mm256_fmadd_ps(p, v2, a2);
+        a3 = _mm256_fmadd_ps(p, v3, a3);
+        const __m256 s = _mm256_broadcast_ss(w1 + i);
+        b0 = _mm256_fmadd_ps(s, v0, b0);
+        b1 = _mm256_fmadd_ps(s, v1, b1);
+        b2 = _mm256_fmadd_ps(s, v2, b2);
+        b3 = _mm256_fmadd_ps(s, v3, b3);
+    }
+    _mm256_storeu_ps(y0, a0);
+    _mm256_storeu_ps(y0 + 8, a1);
+    _mm256_storeu_ps(y0 + 16, a2);
+    _mm256_storeu_ps(y0 + 24, a3);
+    _mm256_storeu_ps(y1, b0);
+    _mm256_storeu_ps(y1 + 8, b1);
+    _mm256_storeu_ps(y1 + 16, b2);
+    _mm256_storeu_ps(y1 + 24, b3);
+}
+
+// Pairs of heads over whole 32-element slices; the rest (an odd head, the
+// heads' last hd mod 32 elements) one head at a time.
+void axpy_heads(int64_t hd, const float* rows, size_t stride, int64_t n, const float* w,
+                size_t w_stride, int nh, float* const* y) {
+    int j = 0;
+    const int64_t whole = hd / 32 * 32;
+    for (; j + 2 <= nh && whole > 0; j += 2) {
+        const float* w0 = w + j * w_stride;
+        const float* w1 = w0 + w_stride;
+        for (int64_t k0 = 0; k0 < whole; k0 += 32)
+            axpy_heads2_32(rows + k0, stride, n, w0, w1, y[j] + k0, y[j + 1] + k0);
+        if (whole < hd) {
+            axpy_rows<F32>(hd - whole, rows + whole, stride, n, w0, y[j] + whole);
+            axpy_rows<F32>(hd - whole, rows + whole, stride, n, w1, y[j + 1] + whole);
+        }
+    }
+    for (; j < nh; j++) axpy_rows<F32>(hd, rows, stride, n, w + j * w_stride, y[j]);
+}
+
+// exp(x) for x in [-87, 88] (the caller flushes smaller x to 0): 2^n * e^r
+// with n = round(x / ln 2) and r = x - n ln 2 taken in two steps (ln 2 split
+// in a high part exact in float and a low part, so r is exact to float
+// precision even for |x| ~ 100), |r| <= ln2 / 2, e^r by its degree-6 Taylor
+// polynomial (relative error < 2e-7). 2^n is built from its bits: n + 127 in
+// the exponent field, a normal float for n in [-126, 127], which the clamp
+// guarantees. The clamps take x second so that a NaN passes through.
+__m256 exp256(__m256 x) {
+    x = _mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_max_ps(_mm256_set1_ps(-87.0f), x));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860682030941723e-6f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+// exp(v - mx), exactly 0 where v is -inf (also when mx is -inf too, where
+// v - mx is NaN) and where v - mx < -87: there exp is below float's normal
+// range (< 1.7e-38), negligible against the max's weight of 1.
+__m256 exp_weight(__m256 v, __m256 vmx) {
+    const __m256 d = _mm256_sub_ps(v, vmx);
+    const __m256 zero = _mm256_or_ps(_mm256_cmp_ps(v, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ),
+                                     _mm256_cmp_ps(d, _mm256_set1_ps(-87.0f), _CMP_LT_OQ));
+    return _mm256_andnot_ps(zero, exp256(d));
+}
+
+float exp_sum(float* x, int64_t n, float mx) {
+    const __m256 vmx = _mm256_set1_ps(mx);
+    __m256 sum = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 e = exp_weight(_mm256_loadu_ps(x + i), vmx);
+        _mm256_storeu_ps(x + i, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    if (i < n) { // masked load and store: nothing past x[n) is touched
+        const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n - i)),
+                                             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        const __m256 e =
+            _mm256_and_ps(_mm256_castsi256_ps(m), exp_weight(_mm256_maskload_ps(x + i, m), vmx));
+        _mm256_maskstore_ps(x + i, m, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    return hsum(sum);
+}
+
 // ---- quantize -------------------------------------------------------------------
 
 // roundf (halves away from zero) for |v| < 2^23: _mm256_round_ps has no such
@@ -321,6 +596,16 @@ constexpr KernelTable make_table() {
     t.axpy[id(Type::F32)] = axpy<F32>;
     t.axpy[id(Type::F16)] = axpy<F16>;
     t.axpy[id(Type::BF16)] = axpy<BF16>;
+    t.dot_rows[id(Type::F32)] = dot_rows<F32>;
+    t.dot_rows[id(Type::F16)] = dot_rows<F16>;
+    t.dot_rows[id(Type::BF16)] = dot_rows<BF16>;
+    t.axpy_rows[id(Type::F32)] = axpy_rows<F32>;
+    t.axpy_rows[id(Type::F16)] = axpy_rows<F16>;
+    t.axpy_rows[id(Type::BF16)] = axpy_rows<BF16>;
+    t.rows_to_f32[id(Type::F16)] = rows_to_f32<F16>;
+    t.rows_to_f32[id(Type::BF16)] = rows_to_f32<BF16>;
+    t.axpy_heads = axpy_heads;
+    t.exp_sum = exp_sum;
     add_kernels_k(t, kAvx2KernelsK); // x86_avx2_k.cpp
     return t;
 }
