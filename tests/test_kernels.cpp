@@ -500,13 +500,13 @@ TEST_CASE("vec_dot: random rows agree with ref within the float rounding bound")
 }
 
 TEST_CASE("matvec: row groups of every table give each row's ref vec_dot") {
-    // Multi-row kernels handle rows in groups (4 for Q4_0 on AVX-512) plus a
-    // tail: every row count 1..9 and 13 hits full groups and each tail
-    // length. Exact-arithmetic rows must match ref bit for bit (a row or
-    // block taken from the wrong place cannot hide in rounding); random rows
-    // must stay within the rounding bound of the vec_dot test above. The
-    // rows start 2 bytes off alignment with a padded stride, as a mapped
-    // file's rows may.
+    // Multi-row kernels handle rows in groups (4 for Q4_0 on AVX-512 and
+    // AVX2) plus a tail: every row count 1..9 and 13 hits full groups and
+    // each tail length. Exact-arithmetic rows must match ref bit for bit (a
+    // row or block taken from the wrong place cannot hide in rounding);
+    // random rows must stay within the rounding bound of the vec_dot test
+    // above. The rows start 2 bytes off alignment with a padded stride, as a
+    // mapped file's rows may.
     uint32_t seed = 7000;
     for (Type w : kSupported) {
         const bool quant = gl::type_info(w).block_size > 1;

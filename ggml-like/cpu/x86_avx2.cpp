@@ -127,6 +127,60 @@ float vec_dot_q4_0(int64_t n, const void* w, const void* a) {
     return hsum(_mm256_add_ps(acc0, acc1));
 }
 
+// ---- matvec ---------------------------------------------------------------------
+
+// Q4_0 weight rows against one activation row, four rows at a time. The
+// rows share the activation block's load, its scale broadcast and the
+// offset term 8 * a, so a row's block costs 8 vector ALU ops and 2 loads
+// instead of vec_dot's 9 and 4. The four rows are one contiguous span read
+// at four blocks a step, so it is prefetched linearly, kPrefetchBytes ahead,
+// rather than as four strided streams. Named accumulators, not an array:
+// GCC 12 keeps arrays of vectors on the stack, which puts a store-load round
+// trip on every FMA chain.
+
+__attribute__((always_inline)) inline void q4_0_row_block(const BlockQ4_0& x, __m256i a,
+                                                          __m256i offset, __m256 da, __m256& acc) {
+    const __m256i qa = _mm256_maddubs_epi16(unpack_q4(x.qs), a);
+    const __m256i s = _mm256_madd_epi16(_mm256_sub_epi16(qa, offset), _mm256_set1_epi16(1));
+    acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_broadcast_ss(&kFp16ToFp32[x.d]), da),
+                          _mm256_cvtepi32_ps(s), acc);
+}
+
+void matvec_q4_0(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
+                 float* y) {
+    const auto* y8 = static_cast<const BlockQ8_0*>(a);
+    const int64_t nb = n / QK4_0;
+    const auto* base = static_cast<const uint8_t*>(w);
+    int64_t r = 0;
+    for (; r + 4 <= n_rows; r += 4) {
+        const uint8_t* g = base + r * row_bytes;
+        const auto* x0 = reinterpret_cast<const BlockQ4_0*>(g);
+        const auto* x1 = reinterpret_cast<const BlockQ4_0*>(g + row_bytes);
+        const auto* x2 = reinterpret_cast<const BlockQ4_0*>(g + 2 * row_bytes);
+        const auto* x3 = reinterpret_cast<const BlockQ4_0*>(g + 3 * row_bytes);
+        __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
+        for (int64_t i = 0; i < nb; i++) {
+            // 4 blocks (72 bytes) a step: two lines.
+            const char* p =
+                reinterpret_cast<const char*>(g) + kPrefetchBytes + i * 4 * sizeof(BlockQ4_0);
+            _mm_prefetch(p, _MM_HINT_T0);
+            _mm_prefetch(p + 64, _MM_HINT_T0);
+            const __m256i av = load256(y8[i].qs);
+            const __m256i offset = _mm256_maddubs_epi16(_mm256_set1_epi8(8), av);
+            const __m256 da = _mm256_broadcast_ss(&kFp16ToFp32[y8[i].d]);
+            q4_0_row_block(x0[i], av, offset, da, c0);
+            q4_0_row_block(x1[i], av, offset, da, c1);
+            q4_0_row_block(x2[i], av, offset, da, c2);
+            q4_0_row_block(x3[i], av, offset, da, c3);
+        }
+        y[r] = hsum(c0);
+        y[r + 1] = hsum(c1);
+        y[r + 2] = hsum(c2);
+        y[r + 3] = hsum(c3);
+    }
+    for (; r < n_rows; r++) y[r] = vec_dot_q4_0(n, base + r * row_bytes, a);
+}
+
 // Float weights: `Load::get` turns 8 weights into floats (a type, not a
 // function pointer, so it is always inlined). The row is walked 32 at a time
 // into four accumulators (FMA latency is 4 cycles), then 8 at a time, then
@@ -587,6 +641,7 @@ constexpr KernelTable make_table() {
     t.vec_dot[id(Type::BF16)] = vec_dot_float<BF16>;
     t.vec_dot[id(Type::Q8_0)] = vec_dot_q8_0;
     t.vec_dot[id(Type::Q4_0)] = vec_dot_q4_0;
+    t.matvec[id(Type::Q4_0)] = matvec_q4_0;
     t.quantize_row[id(Type::Q8_0)] = quantize_row_q8_0;
     t.quantize_row[id(Type::F16)] = quantize_row_f16;
     t.dequantize_row[id(Type::F16)] = dequantize_row_f16;
