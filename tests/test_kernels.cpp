@@ -11,6 +11,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -811,18 +812,21 @@ TEST_CASE("attention rows: dot_rows, axpy_rows and exp_sum of every table match 
     // exp_sum: scores from far below the max to the max, with -inf holes;
     // then scores 80..95 below the max (where fast exps flush to 0 or turn
     // denormal); then only -inf (the max is -inf too: every weight 0).
-    for (int64_t n : {1, 7, 15, 16, 17, 100, 4099, -100, -13}) {
-        INFO("exp_sum n ", n);
-        std::vector<float> x = random_floats(std::abs(n), seed++);
-        if (n == -100) {
-            for (int64_t i = 0; i < 99; i++) x[i] = -80.0f - 0.15f * static_cast<float>(i);
-            x[99] = 0.0f;
-        } else if (n == -13) {
-            std::fill(x.begin(), x.end(), -INFINITY);
-        } else {
-            for (int64_t i = 0; i < n; i++) x[i] = i % 7 == 3 ? -INFINITY : x[i] * 40.0f;
+    enum Kind { Spread, NearUnderflow, AllMinusInf };
+    const std::pair<int64_t, Kind> cases[] = {
+        {1, Spread},   {7, Spread},    {15, Spread},         {16, Spread},     {17, Spread},
+        {100, Spread}, {4099, Spread}, {100, NearUnderflow}, {13, AllMinusInf}};
+    for (const auto& [n, kind] : cases) {
+        INFO("exp_sum n ", n, " kind ", static_cast<int>(kind));
+        std::vector<float> x = random_floats(n, seed++);
+        for (int64_t i = 0; i < n; i++) {
+            if (kind == Spread)
+                x[i] = i % 7 == 3 ? -INFINITY : x[i] * 40.0f;
+            else if (kind == NearUnderflow)
+                x[i] = i == n - 1 ? 0.0f : -80.0f - 0.15f * static_cast<float>(i);
+            else
+                x[i] = -INFINITY;
         }
-        n = std::abs(n);
         const float mx = *std::max_element(x.begin(), x.end());
         std::vector<float> want = x;
         const float want_sum = gl::ref::exp_sum(want.data(), n, mx);
