@@ -48,13 +48,20 @@ bool probe_amx() {
 }
 #endif
 
+// KVRUN_AMX=0 / KVRUN_BLAS=0 switch a path off.
+[[maybe_unused]] bool switched_off(const char* env) {
+    const char* e = std::getenv(env);
+    return e && std::strcmp(e, "0") == 0;
+}
+
+// Scratch blocks start on a cache line.
+[[maybe_unused]] uint8_t* align64(uint8_t* p) {
+    return p + (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64;
+}
+
 bool amx_present() {
 #if GL_HAVE_AMX
-    static const bool ok = [] {
-        const char* e = std::getenv("KVRUN_AMX");
-        if (e && std::strcmp(e, "0") == 0) return false;
-        return probe_amx();
-    }();
+    static const bool ok = !switched_off("KVRUN_AMX") && probe_amx();
     return ok;
 #else
     return false;
@@ -81,10 +88,7 @@ size_t blas_per_thread_bytes(int64_t n_in) {
 }
 
 bool blas_allowed() {
-    static const bool ok = [] {
-        const char* e = std::getenv("KVRUN_BLAS");
-        return !(e && std::strcmp(e, "0") == 0);
-    }();
+    static const bool ok = !switched_off("KVRUN_BLAS");
     return ok;
 }
 
@@ -175,16 +179,16 @@ void matmul_blas(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_to
     pool.parallel_for(
         n_panels,
         [&](int64_t pb, int64_t pe, int ith) {
-            uint8_t* mine = base + per_thread * ith;
-            auto* panel =
-                reinterpret_cast<float*>(mine + (64 - reinterpret_cast<uintptr_t>(mine) % 64) % 64);
+            auto* panel = reinterpret_cast<float*>(align64(base + per_thread * ith));
             for (int64_t p = pb; p < pe; p++) {
                 const int64_t r0 = p * kBlasPanelRows;
                 const int64_t rows = std::min(kBlasPanelRows, n_out - r0);
+                // F32 weights are used in place, with their row stride.
                 const float* a = panel;
-                if (w.type == Type::F32 &&
-                    w.row_bytes == sizeof(float) * static_cast<size_t>(n_in)) {
+                int lda = static_cast<int>(n_in);
+                if (w.type == Type::F32) {
                     a = reinterpret_cast<const float*>(w.row(r0));
+                    lda = static_cast<int>(w.row_bytes / sizeof(float));
                 } else {
                     for (int64_t r = 0; r < rows; r++)
                         cpu::dequantize_row(w.type, w.row(r0 + r), panel + r * n_in, n_in);
@@ -192,8 +196,7 @@ void matmul_blas(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_to
                 // y[t][r0 + r] = sum_k x[t][k] * a[r][k]
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n_tok),
                             static_cast<int>(rows), static_cast<int>(n_in), 1.0f, x,
-                            static_cast<int>(n_in), a, static_cast<int>(n_in), 0.0f, y + r0,
-                            static_cast<int>(n_out));
+                            static_cast<int>(n_in), a, lda, 0.0f, y + r0, static_cast<int>(n_out));
             }
         },
         n_out * n_in * n_tok);
@@ -205,8 +208,7 @@ void matmul_amx(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok
 #if GL_HAVE_AMX
     const int64_t n_in = w.ne0, n_out = w.ne1;
     const int64_t n_tt = (n_tok + amx::kTileTokens - 1) / amx::kTileTokens;
-    auto align = [](uint8_t* p) { return p + ((64 - reinterpret_cast<uintptr_t>(p) % 64) % 64); };
-    uint16_t* xv = reinterpret_cast<uint16_t*>(align(static_cast<uint8_t*>(scratch)));
+    uint16_t* xv = reinterpret_cast<uint16_t*>(align64(static_cast<uint8_t*>(scratch)));
     uint8_t* thread_base = reinterpret_cast<uint8_t*>(xv + n_tt * amx::kTileTokens * n_in);
     const size_t per_thread = per_thread_bytes(n_in);
 
@@ -218,7 +220,7 @@ void matmul_amx(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok
     pool.parallel_for(
         n_panels,
         [&](int64_t pb, int64_t pe, int ith) {
-            uint8_t* mine = align(thread_base + per_thread * ith);
+            uint8_t* mine = align64(thread_base + per_thread * ith);
             uint16_t* panel = reinterpret_cast<uint16_t*>(mine);
             float* row = reinterpret_cast<float*>(panel + amx::kPanelRows * n_in);
             for (int64_t p = pb; p < pe; p++) {

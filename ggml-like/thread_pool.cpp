@@ -46,11 +46,9 @@ void ThreadPool::run_chunks(int64_t n_chunks, ChunkTask fn, void* ctx) {
     task_ = fn;
     ctx_ = ctx;
     done_.store(0, std::memory_order_relaxed);
-    loop_++;
     // Release: a thread whose claim reads this value (or a later one of the
     // same loop) sees task_, ctx_ and done_ above.
-    claim_.store((loop_ << 32) | (static_cast<uint64_t>(n_chunks) << 16),
-                 std::memory_order_release);
+    claim_.store(static_cast<uint64_t>(n_chunks) << 16, std::memory_order_release);
     epoch_.fetch_add(1, std::memory_order_release);
     epoch_.notify_all();
     work_chunks(0);

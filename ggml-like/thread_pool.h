@@ -78,15 +78,14 @@ class ThreadPool {
 
     int n_threads_;
     uint64_t handoffs_ = 0; // touched only by the calling thread
-    uint64_t loop_ = 0;     // loops started; touched only by the calling thread
     std::vector<std::thread> threads_;
     // Read only by a thread that has claimed a chunk of the loop they belong
     // to: the loop cannot end, and the caller cannot overwrite them, before
     // that chunk is done.
     ChunkTask task_ = nullptr;
     void* ctx_ = nullptr;
-    // The current loop: bits 32.. its number, 16..31 its chunk count, 0..15
-    // the next chunk to hand out. A claim is a fetch_add; claims past the
+    // The current loop: bits 16..31 its chunk count, 0..15 the next chunk to
+    // hand out (each loop stores a fresh value). A claim is a fetch_add; claims past the
     // count fail, at most one per thread per loop, so the field cannot
     // overflow into the count.
     std::atomic<uint64_t> claim_{0};

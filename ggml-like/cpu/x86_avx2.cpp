@@ -393,23 +393,19 @@ void axpy_rows(int64_t hd, const void* rows, size_t stride, int64_t n, const flo
     }
 }
 
-// A chunk of cached rows widened to one F32 tile, 32 elements a step.
+// One F16/BF16 row widened to F32: 8 elements a step, then the tail.
+template <typename Load> void widen_row(const typename Load::Elem* r, float* dst, int64_t n) {
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) _mm256_storeu_ps(dst + k, Load::get(r + k));
+    for (; k < n; k++) dst[k] = load_one<Load>(r + k);
+}
+
+// A chunk of cached rows widened to one F32 tile.
 template <typename Load>
 void rows_to_f32(int64_t hd, const void* rows, size_t stride, int64_t n, float* dst) {
-    using Elem = typename Load::Elem;
     const auto* base = static_cast<const uint8_t*>(rows);
-    for (int64_t i = 0; i < n; i++, dst += hd) {
-        const Elem* r = reinterpret_cast<const Elem*>(base + i * stride);
-        int64_t k = 0;
-        for (; k + 32 <= hd; k += 32) {
-            _mm256_storeu_ps(dst + k, Load::get(r + k));
-            _mm256_storeu_ps(dst + k + 8, Load::get(r + k + 8));
-            _mm256_storeu_ps(dst + k + 16, Load::get(r + k + 16));
-            _mm256_storeu_ps(dst + k + 24, Load::get(r + k + 24));
-        }
-        for (; k + 8 <= hd; k += 8) _mm256_storeu_ps(dst + k, Load::get(r + k));
-        for (; k < hd; k++) dst[k] = load_one<Load>(r + k);
-    }
+    for (int64_t i = 0; i < n; i++, dst += hd)
+        widen_row<Load>(reinterpret_cast<const typename Load::Elem*>(base + i * stride), dst, hd);
 }
 
 // Two heads' weighted sums over the same F32 rows, on a 32-element slice:
@@ -593,17 +589,11 @@ void quantize_row_f16(const float* src, void* dst, int64_t n) {
 // ---- dequantize -----------------------------------------------------------------
 
 void dequantize_row_f16(const void* src, float* dst, int64_t n) {
-    const auto* s = static_cast<const uint16_t*>(src);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, F16::get(s + i));
-    for (; i < n; i++) dst[i] = load_half(s + i);
+    widen_row<F16>(static_cast<const uint16_t*>(src), dst, n);
 }
 
 void dequantize_row_bf16(const void* src, float* dst, int64_t n) {
-    const auto* s = static_cast<const uint16_t*>(src);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, BF16::get(s + i));
-    for (; i < n; i++) dst[i] = bf16_to_fp32(s[i]);
+    widen_row<BF16>(static_cast<const uint16_t*>(src), dst, n);
 }
 
 // 32 signed bytes -> 32 floats times d.
