@@ -407,6 +407,50 @@ TEST_CASE("vec_dot k: random rows agree with ref within the float rounding bound
     }
 }
 
+TEST_CASE("matvec k: row groups of every table give each row's ref vec_dot") {
+    // Multi-row kernels (four rows at a time for Q4_K, Q5_K, Q6_K on
+    // AVX-512) with each row count 1..9 and 13: full groups and every tail.
+    // Each row has its own random weights, so a row or block read from the
+    // wrong place misses by far more than the rounding bound of the vec_dot
+    // test above. Rows start 2 bytes off alignment with a padded stride, as a
+    // mapped file's rows may; nothing may be written past the last output.
+    uint32_t seed = 9000;
+    for (Type t : kTypesK) {
+        const Type at = gl::vec_dot_type(t);
+        for (int64_t n : {int64_t{256}, int64_t{5 * 256}}) {
+            for (int64_t rows : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13}) {
+                INFO("type ", std::string(gl::type_name(t)), " n ", n, " rows ", rows);
+                const size_t rb = gl::row_size(t, n), stride = rb + 6;
+                Buffer wb(std::vector<uint8_t>(stride * static_cast<size_t>(rows)), 2);
+                const auto a = quantized(at, random_floats(n, seed++));
+                Buffer ab(a, at == Type::Q8_K ? 4 : 2);
+                std::vector<float> want(static_cast<size_t>(rows));
+                std::vector<double> tol(static_cast<size_t>(rows));
+                for (int64_t r = 0; r < rows; r++) {
+                    const auto w = random_weights(t, n, seed++);
+                    std::memcpy(wb.p + static_cast<size_t>(r) * stride, w.data(), rb);
+                    want[r] = gl::ref::vec_dot(t, n, w.data(), ab.p);
+                    tol[r] = (static_cast<double>(n) + 4) * std::ldexp(1.0, -24) *
+                                 magnitude(t, n, w, a.data()) +
+                             std::fabs(want[r]) * std::ldexp(1.0, -24);
+                }
+                for_each_table([&](const gl::KernelTable& k) {
+                    std::vector<float> got(static_cast<size_t>(rows) + 1, -7.0f);
+                    if (auto f = k.matvec[id(t)])
+                        f(n, wb.p, stride, rows, ab.p, got.data());
+                    else
+                        gl::ref::matvec(t, n, wb.p, stride, rows, ab.p, got.data());
+                    CHECK(got[rows] == -7.0f);
+                    for (int64_t r = 0; r < rows; r++) {
+                        INFO("row ", r, " got ", got[r], " want ", want[r]);
+                        CHECK(std::fabs(static_cast<double>(got[r]) - want[r]) <= tol[r]);
+                    }
+                });
+            }
+        }
+    }
+}
+
 TEST_CASE("vec_dot k: ref equals the float dot of the dequantized rows") {
     // The reference's integer bookkeeping (mins, offsets, bsums, Q8_1's s)
     // against the plain definition sum_i w_i a_i over dequantized values.

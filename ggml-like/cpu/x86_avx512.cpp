@@ -705,6 +705,9 @@ constexpr KernelTable make_table() {
     t.axpy_heads = axpy_heads;
     t.exp_sum = exp_sum;
     add_kernels_k(t, kAvx512KernelsK); // x86_avx512_k.cpp
+    t.matvec[id(Type::Q4_K)] = avx512_k::matvec_q4_K;
+    t.matvec[id(Type::Q5_K)] = avx512_k::matvec_q5_K;
+    t.matvec[id(Type::Q6_K)] = avx512_k::matvec_q6_K;
     return t;
 }
 
