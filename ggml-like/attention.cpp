@@ -68,7 +68,10 @@ int visible_runs(const AttentionArgs& a, const KeySubset& keys, int t, KeyRun* o
         return sp >= lo ? 1 : 0;
     };
     int n = 0;
-    for (int s = 0; s < a.n_ctx;) {
+    // Only the subset's slots: a decode step split over threads would scan
+    // the whole ring once per split and kv head otherwise.
+    const int s_end = std::min(a.n_ctx, keys.slot_end);
+    for (int s = std::max(0, keys.slot_begin); s < s_end;) {
         const int k = slot_kind(s);
         if (k != 1) {
             if (k == 2) out[n++] = {s, s + 1, RunKind::Sink};
@@ -76,7 +79,7 @@ int visible_runs(const AttentionArgs& a, const KeySubset& keys, int t, KeyRun* o
             continue;
         }
         int e = s + 1;
-        while (e < a.n_ctx && slot_kind(e) == 1) e++;
+        while (e < s_end && slot_kind(e) == 1) e++;
         out[n++] = {s, e, RunKind::Slots};
         s = e;
     }
@@ -179,21 +182,6 @@ void attend_one(const AttentionArgs& a, int t, int h, const KeyRun* runs, int n_
 constexpr int kSubGroup = 8;
 constexpr int kChunkKeys = 64;
 
-// Largest of x[0..n), or -inf. Eight independent lanes: one running max is a
-// chain of dependent compares (4 cycles a key, per head), which measured as
-// the largest cost of the grouped path; eight lanes vectorise.
-float max_of(const float* x, int n) {
-    float lane[8];
-    for (float& v : lane) v = -INFINITY;
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++) lane[k] = x[i + k] > lane[k] ? x[i + k] : lane[k];
-    for (; i < n; i++) lane[0] = x[i] > lane[0] ? x[i] : lane[0];
-    float mx = lane[0];
-    for (int k = 1; k < 8; k++) mx = lane[k] > mx ? lane[k] : mx;
-    return mx;
-}
-
 // A chunk of K or V head slices as F32 rows the float kernels read: F32
 // caches in place, others converted into `tile`.
 struct RowsF32 {
@@ -238,7 +226,7 @@ void attend_heads(const AttentionArgs& a, int t, int h0, int nh, const KeyRun* r
     auto fold = [&](RowsF32 v, int n) {
         for (int j = 0; j < nh; j++) {
             float* s = sc + j * kChunkKeys;
-            const float cm = std::max(m[j], max_of(s, n));
+            const float cm = std::max(m[j], cpu::max_of(s, n));
             if (cm == -INFINITY) { // nothing visible yet: weights 0
                 std::fill(s, s + n, 0.0f);
                 continue;

@@ -45,6 +45,8 @@ void axpy_heads(int64_t hd, const float* rows, size_t stride, int64_t n, const f
 void rows_to_f32(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, float* dst);
 // x[i] = exp(x[i] - mx) (exactly 0 where x[i] is -inf); returns the sum.
 float exp_sum(float* x, int64_t n, float mx);
+// Largest of x[0..n) (NaNs ignored), -inf when n == 0 or nothing is larger.
+float max_of(const float* x, int64_t n);
 } // namespace ref
 
 // One ISA's kernels; a null member means "use the reference".
@@ -64,6 +66,7 @@ struct KernelTable {
     void (*axpy_heads)(int64_t hd, const float* rows, size_t stride, int64_t n, const float* w,
                        size_t w_stride, int nh, float* const* y);
     float (*exp_sum)(float* x, int64_t n, float mx);
+    float (*max_of)(const float* x, int64_t n);
     // Several rows at once (see ref::matvec), where sharing the activation
     // between rows pays; null means a vec_dot per row.
     void (*matvec[kTypeIdLimit])(int64_t n, const void* w, size_t row_bytes, int64_t n_rows,
@@ -92,6 +95,7 @@ void rows_to_f32(Type t, int64_t hd, const void* rows, size_t stride, int64_t n,
 void axpy_heads(int64_t hd, const float* rows, size_t stride, int64_t n, const float* w,
                 size_t w_stride, int nh, float* const* y);
 float exp_sum(float* x, int64_t n, float mx);
+float max_of(const float* x, int64_t n);
 // Force the scalar table (KVRUN_ISA=scalar in the environment does the same).
 void force_scalar(bool on);
 } // namespace cpu

@@ -326,6 +326,12 @@ float exp_sum(float* x, int64_t n, float mx) {
     return static_cast<float>(sum);
 }
 
+float max_of(const float* x, int64_t n) {
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    return mx;
+}
+
 } // namespace ref
 
 Type vec_dot_type(Type weight) {

@@ -852,6 +852,36 @@ TEST_CASE("attention rows: dot_rows, axpy_rows and exp_sum of every table match 
     }
 }
 
+TEST_CASE("max_of: every table gives ref's largest value, skipping NaNs") {
+    // Lengths around each unroll (8, 16, 32 lanes) and long; the largest
+    // value placed first, last and in the middle; -inf holes and NaNs that a
+    // plain vector max would return; all -inf and empty give -inf.
+    uint32_t seed = 1300;
+    for (int64_t n : {0, 1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 64, 100, 4099}) {
+        for (int where : {0, 1, 2}) {
+            for (bool holes : {false, true}) {
+                INFO("n ", n, " max at ", where, " holes ", holes);
+                std::vector<float> x = random_floats(n, seed++);
+                if (holes)
+                    for (int64_t i = 0; i < n; i++)
+                        if (i % 5 == 2) x[i] = i % 2 ? NAN : -INFINITY;
+                if (n > 0) x[where == 0 ? 0 : where == 1 ? n - 1 : n / 2] = 1e30f;
+                const float want = gl::ref::max_of(x.data(), n);
+                if (n > 0) CHECK(want == 1e30f);
+                for_each_table([&](const gl::KernelTable& k) {
+                    const float got = k.max_of ? k.max_of(x.data(), n) : want;
+                    CHECK(got == want);
+                });
+            }
+        }
+    }
+    const std::vector<float> minus_inf(13, -INFINITY);
+    CHECK(gl::ref::max_of(minus_inf.data(), 0) == -INFINITY);
+    for_each_table([&](const gl::KernelTable& k) {
+        if (k.max_of) CHECK(k.max_of(minus_inf.data(), 13) == -INFINITY);
+    });
+}
+
 // ---- dispatch -----------------------------------------------------------------------
 
 TEST_CASE("attention tiles: rows_to_f32 is exact and axpy_heads matches ref in every table") {

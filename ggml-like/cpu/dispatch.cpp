@@ -31,7 +31,8 @@ extern const KernelTable kNeonTable; // arm_neon.cpp
 namespace {
 
 // All members null: every entry falls back to gl::ref.
-constexpr KernelTable kScalarTable = {"scalar", {}, {}, {}, {}, {}, {}, {}, nullptr, nullptr, {}};
+constexpr KernelTable kScalarTable = {"scalar", {}, {},      {},      {},      {},
+                                      {},       {}, nullptr, nullptr, nullptr, {}};
 
 #if defined(__x86_64__)
 // Asked through cpuid because older clang's __builtin_cpu_supports does not
@@ -226,6 +227,11 @@ void axpy_heads(int64_t hd, const float* rows, size_t stride, int64_t n, const f
 float exp_sum(float* x, int64_t n, float mx) {
     if (auto f = active().exp_sum) return f(x, n, mx);
     return ref::exp_sum(x, n, mx);
+}
+
+float max_of(const float* x, int64_t n) {
+    if (auto f = active().max_of) return f(x, n);
+    return ref::max_of(x, n);
 }
 
 void force_scalar(bool on) {

@@ -519,6 +519,24 @@ float exp_sum(float* x, int64_t n, float mx) {
     return hsum(sum);
 }
 
+// vmaxps returns its second operand when either is NaN: max(x, acc) keeps
+// acc, so NaNs are skipped as in the reference's x > m ? x : m.
+float max_of(const float* x, int64_t n) {
+    __m256 a0 = _mm256_set1_ps(-INFINITY), a1 = a0;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        a0 = _mm256_max_ps(_mm256_loadu_ps(x + i), a0);
+        a1 = _mm256_max_ps(_mm256_loadu_ps(x + i + 8), a1);
+    }
+    a0 = _mm256_max_ps(a0, a1);
+    float lane[8];
+    _mm256_storeu_ps(lane, a0);
+    float mx = lane[0];
+    for (int k = 1; k < 8; k++) mx = lane[k] > mx ? lane[k] : mx;
+    for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    return mx;
+}
+
 // ---- quantize -------------------------------------------------------------------
 
 // roundf (halves away from zero) for |v| < 2^23: _mm256_round_ps has no such
@@ -625,7 +643,7 @@ constexpr uint32_t id(Type t) {
 }
 
 constexpr KernelTable make_table() {
-    KernelTable t = {"avx2", {}, {}, {}, {}, {}, {}, {}, nullptr, nullptr, {}};
+    KernelTable t = {"avx2", {}, {}, {}, {}, {}, {}, {}, nullptr, nullptr, nullptr, {}};
     t.vec_dot[id(Type::F32)] = vec_dot_float<F32>;
     t.vec_dot[id(Type::F16)] = vec_dot_float<F16>;
     t.vec_dot[id(Type::BF16)] = vec_dot_float<BF16>;
@@ -651,6 +669,7 @@ constexpr KernelTable make_table() {
     t.rows_to_f32[id(Type::BF16)] = rows_to_f32<BF16>;
     t.axpy_heads = axpy_heads;
     t.exp_sum = exp_sum;
+    t.max_of = max_of;
     add_kernels_k(t, kAvx2KernelsK); // x86_avx2_k.cpp
     return t;
 }

@@ -410,6 +410,13 @@ template <typename F> bool with_chunks(int nc, F&& f) {
 template <typename Load, int NC>
 void rows_to_f32_n(int64_t hd, const uint8_t* base, size_t stride, int64_t n, float* dst) {
     using Elem = typename Load::Elem;
+    if (hd == 16 * NC) { // whole chunks: the load folds into vcvtph2ps (one ALU uop, not two)
+        for (int64_t i = 0; i < n; i++, dst += hd) {
+            const auto* r = reinterpret_cast<const Elem*>(base + i * stride);
+            for (int c = 0; c < NC; c++) _mm512_storeu_ps(dst + 16 * c, Load::get(r + 16 * c));
+        }
+        return;
+    }
     __mmask16 mk[NC];
     for (int c = 0; c < NC; c++) mk[c] = tail_mask(hd, c);
     for (int64_t i = 0; i < n; i++, dst += hd) {
@@ -571,6 +578,23 @@ float exp_sum(float* x, int64_t n, float mx) {
     return _mm512_reduce_add_ps(sum);
 }
 
+// vmaxps returns its second operand when either is NaN: max(x, acc) keeps
+// acc, so NaNs are skipped as in the reference's x > m ? x : m.
+float max_of(const float* x, int64_t n) {
+    __m512 a0 = _mm512_set1_ps(-INFINITY), a1 = a0;
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm512_max_ps(_mm512_loadu_ps(x + i), a0);
+        a1 = _mm512_max_ps(_mm512_loadu_ps(x + i + 16), a1);
+    }
+    for (; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xffff)
+                                        : static_cast<__mmask16>((1u << (n - i)) - 1);
+        a0 = _mm512_max_ps(_mm512_mask_loadu_ps(a0, m, x + i), a0);
+    }
+    return _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
+}
+
 // ---- quantize -------------------------------------------------------------------
 
 // roundf (halves away from zero): truncate, then step one away from zero
@@ -678,7 +702,7 @@ constexpr uint32_t id(Type t) {
 }
 
 constexpr KernelTable make_table() {
-    KernelTable t = {"avx512", {}, {}, {}, {}, {}, {}, {}, nullptr, nullptr, {}};
+    KernelTable t = {"avx512", {}, {}, {}, {}, {}, {}, {}, nullptr, nullptr, nullptr, {}};
     t.vec_dot[id(Type::F32)] = vec_dot_float<F32>;
     t.vec_dot[id(Type::F16)] = vec_dot_float<F16>;
     t.vec_dot[id(Type::BF16)] = vec_dot_float<BF16>;
@@ -704,6 +728,7 @@ constexpr KernelTable make_table() {
     t.rows_to_f32[id(Type::BF16)] = rows_to_f32<BF16>;
     t.axpy_heads = axpy_heads;
     t.exp_sum = exp_sum;
+    t.max_of = max_of;
     add_kernels_k(t, kAvx512KernelsK); // x86_avx512_k.cpp
     t.matvec[id(Type::Q4_K)] = avx512_k::matvec_q4_K;
     t.matvec[id(Type::Q5_K)] = avx512_k::matvec_q5_K;
