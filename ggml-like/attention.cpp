@@ -305,11 +305,12 @@ void attend_heads(const AttentionArgs& a, int t, int h0, int nh, const KeyRun* r
 // (which uses the first kSubGroup * kChunkKeys floats); no split when that
 // does not fit (short rings), and at least 256 slots per split.
 constexpr int kMinSplitSlots = 256;
+constexpr int kMaxSplits = 64;
 
 int key_splits(const ThreadPool& pool, const AttentionArgs& a, bool grouped, int64_t items) {
     if (!grouped || items >= pool.size()) return 1;
     const int64_t by_threads = (pool.size() + items - 1) / items;
-    const int64_t s = std::min<int64_t>(by_threads, a.n_ctx / kMinSplitSlots);
+    const int64_t s = std::min<int64_t>({by_threads, a.n_ctx / kMinSplitSlots, kMaxSplits});
     const int64_t need = static_cast<int64_t>(a.n_tok) * a.n_head * (a.head_dim + 1);
     const int64_t room = attention_scores_floats(a.n_ctx, a.n_tok) - kSubGroup * kChunkKeys;
     return s > 1 && need <= room ? static_cast<int>(s) : 1;
@@ -337,6 +338,26 @@ void attend_all(ThreadPool& pool, const AttentionArgs& a, const KeySubset& keys,
         return s == 0 ? a.out : slot(s) + kSubGroup * kChunkKeys + a.n_tok * a.n_head;
     };
     auto split_lse = [&](int s) { return splits == 1 ? lse : slot(s) + kSubGroup * kChunkKeys; };
+    // Split boundaries in slot indices, at equal shares of the subset's
+    // filled slots: equal shares of the ring left the upper splits' threads
+    // idle while the ring was part full (a short prompt in a long context).
+    int bound[kMaxSplits + 1] = {};
+    if (splits > 1) {
+        auto filled = [&](int sl) {
+            const int64_t p = a.slot_pos ? a.slot_pos[sl] : -1;
+            return sl >= keys.slot_begin && sl < keys.slot_end && p >= 0 && p >= keys.pos_begin &&
+                   p < keys.pos_end;
+        };
+        int64_t total = 0;
+        for (int sl = 0; sl < a.n_ctx; sl++) total += filled(sl);
+        int64_t seen = 0;
+        int next = 1;
+        for (int sl = 0; sl < a.n_ctx && next < splits; sl++) {
+            seen += filled(sl);
+            while (next < splits && seen * splits >= total * next) bound[next++] = sl + 1;
+        }
+        for (; next <= splits; next++) bound[next] = a.n_ctx;
+    }
     pool.parallel_for(
         items * splits,
         [&](int64_t b, int64_t e, int ith) {
@@ -354,10 +375,8 @@ void attend_all(ThreadPool& pool, const AttentionArgs& a, const KeySubset& keys,
                 if (w / per_tok != runs_of) { // a new (split, token)
                     KeySubset ks = keys;
                     if (splits > 1) {
-                        const int lo = static_cast<int>(int64_t{a.n_ctx} * split / splits);
-                        const int hi = static_cast<int>(int64_t{a.n_ctx} * (split + 1) / splits);
-                        ks.slot_begin = std::max(keys.slot_begin, lo);
-                        ks.slot_end = std::min(keys.slot_end, hi);
+                        ks.slot_begin = std::max(keys.slot_begin, bound[split]);
+                        ks.slot_end = std::min(keys.slot_end, bound[split + 1]);
                         ks.with_new = keys.with_new && split == splits - 1;
                     }
                     n_runs = visible_runs(a, ks, t, runs);
