@@ -229,7 +229,11 @@ namespace avx2_k { GL_DECLARE_K_KERNELS }
 namespace avx512_k { GL_DECLARE_K_KERNELS }
 inline constexpr KernelEntryK kAvx2KernelsK[] = GL_K_KERNEL_ENTRIES(avx2_k);
 inline constexpr KernelEntryK kAvx512KernelsK[] = GL_K_KERNEL_ENTRIES(avx512_k);
-// Multi-row kernels (KernelTable::matvec), AVX-512 only so far.
+// Multi-row kernels (KernelTable::matvec), x86 only so far.
+namespace avx2_k {
+void matvec_q4_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a, float* y);
+void matvec_q5_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a, float* y);
+} // namespace avx2_k
 namespace avx512_k {
 void matvec_q4_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a, float* y);
 void matvec_q5_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a, float* y);

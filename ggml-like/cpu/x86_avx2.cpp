@@ -671,6 +671,8 @@ constexpr KernelTable make_table() {
     t.exp_sum = exp_sum;
     t.max_of = max_of;
     add_kernels_k(t, kAvx2KernelsK); // x86_avx2_k.cpp
+    t.matvec[id(Type::Q4_K)] = avx2_k::matvec_q4_K;
+    t.matvec[id(Type::Q5_K)] = avx2_k::matvec_q5_K;
     return t;
 }
 

@@ -75,14 +75,23 @@ __m256i dot_i8(__m256i w, __m256i a) {
 }
 
 // The eight 6-bit scales and mins of Q4_K/Q5_K as bytes (sc in the low, m in
-// the high 64 bits), from three 32-bit words of the packing in quants_k.h.
+// the high 64 bits), from three 32-bit words w0..w2 of the packing in
+// quants_k.h (the four bytes read past them are the block's own quants,
+// unused). Per int32 lane:
+//   sc0-3 = w0 & 0x3f, sc4-7 = (w2 & 0x0f) | (w0 >> 6) << 4,
+//   m0-3  = w1 & 0x3f, m4-7  = (w2 >> 4 & 0x0f) | (w1 >> 6) << 4,
+// in the vector unit: with scalar shifts and inserts it cost about as many
+// instructions as the block's products.
 __m128i unpack_scales_k4(const uint8_t* s) {
-    const uint32_t w0 = load_u32(s), w1 = load_u32(s + 4), w2 = load_u32(s + 8);
-    const uint32_t lo6 = 0x3f3f3f3f, lo4 = 0x0f0f0f0f, lo2 = 0x03030303;
-    const uint32_t sc_hi = (w2 & lo4) | (((w0 >> 6) & lo2) << 4);
-    const uint32_t m_hi = ((w2 >> 4) & lo4) | (((w1 >> 6) & lo2) << 4);
-    return _mm_setr_epi32(static_cast<int>(w0 & lo6), static_cast<int>(sc_hi),
-                          static_cast<int>(w1 & lo6), static_cast<int>(m_hi));
+    const __m128i w = load128(s);
+    const __m128i a = _mm_shuffle_epi32(w, _MM_SHUFFLE(2, 1, 2, 0)); // w0 w2 w1 w2
+    const __m128i b = _mm_shuffle_epi32(w, _MM_SHUFFLE(1, 1, 0, 0)); // w0 w0 w1 w1
+    const __m128i low =
+        _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4)),
+                      _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+    // (w >> 6 & 3) << 4 per byte is (w >> 2) & 0x30
+    return _mm_or_si128(
+        low, _mm_and_si128(_mm_srli_epi32(b, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030)));
 }
 
 // Q3_K's sixteen 6-bit scales minus 32, as signed bytes.
@@ -120,8 +129,9 @@ void chunk_k4(__m256i lo, __m256i hi, const int8_t* a, __m256i sc16, int c, __m2
 // acc += d * sum(sc q a) and accm += dmin * sum(m * bsums) for one super-block
 // of Q4_K (qh == nullptr) or Q5_K.
 template <bool kFive>
-void block_k4(uint16_t d, uint16_t dmin, const uint8_t* scales, const uint8_t* qh,
-              const uint8_t* qs, const BlockQ8_K& y, __m256* acc, __m256* accm) {
+__attribute__((always_inline)) inline void
+block_k4(uint16_t d, uint16_t dmin, const uint8_t* scales, const uint8_t* qh, const uint8_t* qs,
+         const BlockQ8_K& y, __m256* acc, __m256* accm) {
     const __m128i sm = unpack_scales_k4(scales);
     const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
     // m_j pairs with bsums 2j and 2j + 1: widen the mins with each repeated.
@@ -149,28 +159,79 @@ void block_k4(uint16_t d, uint16_t dmin, const uint8_t* scales, const uint8_t* q
     *accm = _mm256_fmadd_ps(dm, _mm256_cvtepi32_ps(mins), *accm);
 }
 
+// One row's running sums over Q4_K or Q5_K blocks.
+template <bool kFive, typename B> struct RowK4 {
+    using Block = B;
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    __attribute__((always_inline)) void add(const Block& x, const BlockQ8_K& y) {
+        const uint8_t* qh = nullptr;
+        if constexpr (kFive) qh = x.qh;
+        block_k4<kFive>(x.d, x.dmin, x.scales, qh, x.qs, y, &acc, &accm);
+    }
+    float total() const { return hsum(_mm256_sub_ps(acc, accm)); }
+};
+
+template <typename Row> float vec_dot_row(int64_t n, const void* w, const void* a) {
+    const auto* x = static_cast<const typename Row::Block*>(w);
+    const auto* y = static_cast<const BlockQ8_K*>(a);
+    Row s;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        prefetch_ahead(x + i);
+        s.add(x[i], y[i]);
+    }
+    return s.total();
+}
+
+// Four rows at a time, as in x86_avx512_k.cpp: the rows share each
+// activation block and their weights stream side by side.
+template <typename Row>
+void matvec_rows4(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
+                  float* y) {
+    using Block = typename Row::Block;
+    const auto* yq = static_cast<const BlockQ8_K*>(a);
+    const auto* base = static_cast<const uint8_t*>(w);
+    const int64_t nb = n / QK_K;
+    auto row = [&](int64_t r) { return reinterpret_cast<const Block*>(base + r * row_bytes); };
+    int64_t r = 0;
+    for (; r + 4 <= n_rows; r += 4) {
+        const Block *x0 = row(r), *x1 = row(r + 1), *x2 = row(r + 2), *x3 = row(r + 3);
+        Row s0, s1, s2, s3;
+        for (int64_t i = 0; i < nb; i++) {
+            prefetch_ahead(x0 + i);
+            prefetch_ahead(x1 + i);
+            prefetch_ahead(x2 + i);
+            prefetch_ahead(x3 + i);
+            s0.add(x0[i], yq[i]);
+            s1.add(x1[i], yq[i]);
+            s2.add(x2[i], yq[i]);
+            s3.add(x3[i], yq[i]);
+        }
+        y[r] = s0.total();
+        y[r + 1] = s1.total();
+        y[r + 2] = s2.total();
+        y[r + 3] = s3.total();
+    }
+    for (; r < n_rows; r++) y[r] = vec_dot_row<Row>(n, row(r), a);
+}
+
 } // namespace
 
 float vec_dot_q4_K(int64_t n, const void* w, const void* a) {
-    const auto* x = static_cast<const BlockQ4_K*>(w);
-    const auto* y = static_cast<const BlockQ8_K*>(a);
-    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / QK_K; i++) {
-        prefetch_ahead(x + i);
-        block_k4<false>(x[i].d, x[i].dmin, x[i].scales, nullptr, x[i].qs, y[i], &acc, &accm);
-    }
-    return hsum(_mm256_sub_ps(acc, accm));
+    return vec_dot_row<RowK4<false, BlockQ4_K>>(n, w, a);
 }
 
 float vec_dot_q5_K(int64_t n, const void* w, const void* a) {
-    const auto* x = static_cast<const BlockQ5_K*>(w);
-    const auto* y = static_cast<const BlockQ8_K*>(a);
-    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / QK_K; i++) {
-        prefetch_ahead(x + i);
-        block_k4<true>(x[i].d, x[i].dmin, x[i].scales, x[i].qh, x[i].qs, y[i], &acc, &accm);
-    }
-    return hsum(_mm256_sub_ps(acc, accm));
+    return vec_dot_row<RowK4<true, BlockQ5_K>>(n, w, a);
+}
+
+void matvec_q4_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
+                 float* y) {
+    matvec_rows4<RowK4<false, BlockQ4_K>>(n, w, row_bytes, n_rows, a, y);
+}
+
+void matvec_q5_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
+                 float* y) {
+    matvec_rows4<RowK4<true, BlockQ5_K>>(n, w, row_bytes, n_rows, a, y);
 }
 
 // ---- Q6_K ---------------------------------------------------------------------------
