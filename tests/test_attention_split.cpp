@@ -171,6 +171,8 @@ TEST_CASE("attention: key splits over many threads equal one thread") {
         {1, 14, 2, 64, 2048, 4, 1500, Type::F32, Type::BF16}, // Qwen2.5-0.5B-like, not full
         {2, 8, 1, 33, 2048, 0, 5000, Type::BF16, Type::F16},  // MQA, no sinks, 2 tokens
         {1, 6, 2, 7, 300, 4, 100, Type::F16, Type::F16},      // too short to split
+        {1, 8, 1, 64, 2048, 4, 0, Type::F16, Type::F16},      // empty ring: only the new key
+        {1, 8, 1, 64, 4096, 0, 300, Type::F16, Type::F16},    // 7% full: splits by filled slots
     };
     uint32_t seed = 4242;
     gl::ThreadPool one(1), many(7);

@@ -14,6 +14,7 @@
 // to outrun memory; the per super-block work is kept to a few dozen uops and
 // the scale broadcasts (the only shuffles) to one per 32 weights.
 #include "ggml-like/quants_k.h"
+#include "ggml-like/cpu/rows4.h"
 
 #include <immintrin.h>
 
@@ -163,6 +164,7 @@ block_k4(uint16_t d, uint16_t dmin, const uint8_t* scales, const uint8_t* qh, co
 template <bool kFive, typename B> struct RowK4 {
     using Block = B;
     __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    static void prefetch(const Block* x) { prefetch_ahead(x); }
     __attribute__((always_inline)) void add(const Block& x, const BlockQ8_K& y) {
         const uint8_t* qh = nullptr;
         if constexpr (kFive) qh = x.qh;
@@ -171,67 +173,24 @@ template <bool kFive, typename B> struct RowK4 {
     float total() const { return hsum(_mm256_sub_ps(acc, accm)); }
 };
 
-template <typename Row> float vec_dot_row(int64_t n, const void* w, const void* a) {
-    const auto* x = static_cast<const typename Row::Block*>(w);
-    const auto* y = static_cast<const BlockQ8_K*>(a);
-    Row s;
-    for (int64_t i = 0; i < n / QK_K; i++) {
-        prefetch_ahead(x + i);
-        s.add(x[i], y[i]);
-    }
-    return s.total();
-}
-
-// Four rows at a time, as in x86_avx512_k.cpp: the rows share each
-// activation block and their weights stream side by side.
-template <typename Row>
-void matvec_rows4(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
-                  float* y) {
-    using Block = typename Row::Block;
-    const auto* yq = static_cast<const BlockQ8_K*>(a);
-    const auto* base = static_cast<const uint8_t*>(w);
-    const int64_t nb = n / QK_K;
-    auto row = [&](int64_t r) { return reinterpret_cast<const Block*>(base + r * row_bytes); };
-    int64_t r = 0;
-    for (; r + 4 <= n_rows; r += 4) {
-        const Block *x0 = row(r), *x1 = row(r + 1), *x2 = row(r + 2), *x3 = row(r + 3);
-        Row s0, s1, s2, s3;
-        for (int64_t i = 0; i < nb; i++) {
-            prefetch_ahead(x0 + i);
-            prefetch_ahead(x1 + i);
-            prefetch_ahead(x2 + i);
-            prefetch_ahead(x3 + i);
-            s0.add(x0[i], yq[i]);
-            s1.add(x1[i], yq[i]);
-            s2.add(x2[i], yq[i]);
-            s3.add(x3[i], yq[i]);
-        }
-        y[r] = s0.total();
-        y[r + 1] = s1.total();
-        y[r + 2] = s2.total();
-        y[r + 3] = s3.total();
-    }
-    for (; r < n_rows; r++) y[r] = vec_dot_row<Row>(n, row(r), a);
-}
-
 } // namespace
 
 float vec_dot_q4_K(int64_t n, const void* w, const void* a) {
-    return vec_dot_row<RowK4<false, BlockQ4_K>>(n, w, a);
+    return rows4::vec_dot_row<RowK4<false, BlockQ4_K>>(n, w, a);
 }
 
 float vec_dot_q5_K(int64_t n, const void* w, const void* a) {
-    return vec_dot_row<RowK4<true, BlockQ5_K>>(n, w, a);
+    return rows4::vec_dot_row<RowK4<true, BlockQ5_K>>(n, w, a);
 }
 
 void matvec_q4_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
                  float* y) {
-    matvec_rows4<RowK4<false, BlockQ4_K>>(n, w, row_bytes, n_rows, a, y);
+    rows4::matvec_rows4<RowK4<false, BlockQ4_K>>(n, w, row_bytes, n_rows, a, y);
 }
 
 void matvec_q5_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
                  float* y) {
-    matvec_rows4<RowK4<true, BlockQ5_K>>(n, w, row_bytes, n_rows, a, y);
+    rows4::matvec_rows4<RowK4<true, BlockQ5_K>>(n, w, row_bytes, n_rows, a, y);
 }
 
 // ---- Q6_K ---------------------------------------------------------------------------

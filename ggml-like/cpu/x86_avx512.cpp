@@ -154,100 +154,77 @@ float vec_dot_q4_0(int64_t n, const void* w, const void* a) {
 // row's block costs 5 uops: and, vpdpbusd, convert, scale multiply, FMA.
 // Named accumulators, not an array: GCC 12 keeps arrays of vectors on the
 // stack, which puts a store-load round trip on every FMA chain.
-__attribute__((always_inline)) inline void q4_0_row_block(const BlockQ4_0& x, __m256i neg_offset,
-                                                          __m256i a, __m256 da, __m256& acc) {
-    const __m256i s = _mm256_dpbusd_epi32(neg_offset, q4_masked(x.qs), a);
+//
+// The same loop serves Q8_0 (Q8Rows below): with the offset term shared by
+// the rows, its +128 form (w ^ 0x80 as unsigned, minus 128 * sum(a)) costs
+// one xor and one vpdpbusd a row-block instead of two vpsignb and a vpdpbusd.
+struct Q4Rows {
+    using Block = BlockQ4_0;
+    static __m256i weights(const BlockQ4_0& x) { return q4_masked(x.qs); }
+    static __m256i offset() { return q4_offset(); }
+    // Undo the 16x of the high-nibble lanes (see q4_masked).
+    static __m256 unscale() {
+        return _mm256_setr_ps(1, 1, 1, 1, 1.0f / 16, 1.0f / 16, 1.0f / 16, 1.0f / 16);
+    }
+    static float one_row(int64_t n, const void* w, const void* a) { return vec_dot_q4_0(n, w, a); }
+};
+struct Q8Rows {
+    using Block = BlockQ8_0;
+    static __m256i weights(const BlockQ8_0& x) {
+        return _mm256_xor_si256(load256(x.qs), _mm256_set1_epi8(static_cast<char>(0x80)));
+    }
+    static __m256i offset() { return _mm256_set1_epi8(static_cast<char>(0x80)); }
+    static __m256 unscale() { return _mm256_set1_ps(1.0f); }
+    static float one_row(int64_t n, const void* w, const void* a) { return vec_dot_q8_0(n, w, a); }
+};
+
+template <typename R>
+__attribute__((always_inline)) inline void row_block(const typename R::Block& x, __m256i neg_offset,
+                                                     __m256i a, __m256 da, __m256& acc) {
+    const __m256i s = _mm256_dpbusd_epi32(neg_offset, R::weights(x), a);
     acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_broadcast_ss(&kFp16ToFp32[x.d]), da),
                           _mm256_cvtepi32_ps(s), acc);
 }
 
-void matvec_q4_0(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
-                 float* y) {
+template <typename R>
+void matvec_rows4(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
+                  float* y) {
+    using Block = typename R::Block;
     const auto* y8 = static_cast<const BlockQ8_0*>(a);
-    const int64_t nb = n / QK4_0;
-    const __m256 unscale = _mm256_setr_ps(1, 1, 1, 1, 1.0f / 16, 1.0f / 16, 1.0f / 16, 1.0f / 16);
+    const int64_t nb = n / QK8_0;
+    const __m256 unscale = R::unscale();
     const auto* base = static_cast<const uint8_t*>(w);
+    // The four rows are one contiguous span, read at the rate of 4 blocks a
+    // step: prefetch it linearly, the lines of 4 blocks a step.
+    constexpr int kLines = (4 * sizeof(Block) + 63) / 64;
     int64_t r = 0;
     for (; r + 4 <= n_rows; r += 4) {
         const uint8_t* g = base + r * row_bytes;
-        const auto* x0 = reinterpret_cast<const BlockQ4_0*>(g);
-        const auto* x1 = reinterpret_cast<const BlockQ4_0*>(g + row_bytes);
-        const auto* x2 = reinterpret_cast<const BlockQ4_0*>(g + 2 * row_bytes);
-        const auto* x3 = reinterpret_cast<const BlockQ4_0*>(g + 3 * row_bytes);
+        const auto* x0 = reinterpret_cast<const Block*>(g);
+        const auto* x1 = reinterpret_cast<const Block*>(g + row_bytes);
+        const auto* x2 = reinterpret_cast<const Block*>(g + 2 * row_bytes);
+        const auto* x3 = reinterpret_cast<const Block*>(g + 3 * row_bytes);
         __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
         for (int64_t i = 0; i < nb; i++) {
-            // The four rows are one contiguous span, read at the rate of 4
-            // blocks (72 bytes) a step: prefetch it linearly, two lines a step.
             const char* p =
-                reinterpret_cast<const char*>(g) + kPrefetchBytes + i * 4 * sizeof(BlockQ4_0);
-            _mm_prefetch(p, _MM_HINT_T0);
-            _mm_prefetch(p + 64, _MM_HINT_T0);
+                reinterpret_cast<const char*>(g) + kPrefetchBytes + i * 4 * sizeof(Block);
+            for (int l = 0; l < kLines; l++) _mm_prefetch(p + 64 * l, _MM_HINT_T0);
             const __m256i av = load256(y8[i].qs);
             const __m256i neg_offset =
                 _mm256_sub_epi32(_mm256_setzero_si256(),
-                                 _mm256_dpbusd_epi32(_mm256_setzero_si256(), q4_offset(), av));
+                                 _mm256_dpbusd_epi32(_mm256_setzero_si256(), R::offset(), av));
             const __m256 da = _mm256_broadcast_ss(&kFp16ToFp32[y8[i].d]);
-            q4_0_row_block(x0[i], neg_offset, av, da, c0);
-            q4_0_row_block(x1[i], neg_offset, av, da, c1);
-            q4_0_row_block(x2[i], neg_offset, av, da, c2);
-            q4_0_row_block(x3[i], neg_offset, av, da, c3);
+            row_block<R>(x0[i], neg_offset, av, da, c0);
+            row_block<R>(x1[i], neg_offset, av, da, c1);
+            row_block<R>(x2[i], neg_offset, av, da, c2);
+            row_block<R>(x3[i], neg_offset, av, da, c3);
         }
         y[r] = hsum(_mm256_mul_ps(c0, unscale));
         y[r + 1] = hsum(_mm256_mul_ps(c1, unscale));
         y[r + 2] = hsum(_mm256_mul_ps(c2, unscale));
         y[r + 3] = hsum(_mm256_mul_ps(c3, unscale));
     }
-    for (; r < n_rows; r++) y[r] = vec_dot_q4_0(n, base + r * row_bytes, a);
-}
-
-// Q8_0 four rows at a time, as matvec_q4_0: with the activation block's
-// offset term shared by the rows, the +128 form (w ^ 0x80 as unsigned, then
-// minus 128 * sum(a)) costs one xor and one vpdpbusd a row-block instead of
-// two vpsignb and a vpdpbusd.
-__attribute__((always_inline)) inline void q8_0_row_block(const BlockQ8_0& x, __m256i neg_offset,
-                                                          __m256i a, __m256 da, __m256& acc) {
-    const __m256i u = _mm256_xor_si256(load256(x.qs), _mm256_set1_epi8(static_cast<char>(0x80)));
-    const __m256i s = _mm256_dpbusd_epi32(neg_offset, u, a);
-    acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_broadcast_ss(&kFp16ToFp32[x.d]), da),
-                          _mm256_cvtepi32_ps(s), acc);
-}
-
-void matvec_q8_0(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
-                 float* y) {
-    const auto* y8 = static_cast<const BlockQ8_0*>(a);
-    const int64_t nb = n / QK8_0;
-    const auto* base = static_cast<const uint8_t*>(w);
-    const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
-    int64_t r = 0;
-    for (; r + 4 <= n_rows; r += 4) {
-        const uint8_t* g = base + r * row_bytes;
-        const auto* x0 = reinterpret_cast<const BlockQ8_0*>(g);
-        const auto* x1 = reinterpret_cast<const BlockQ8_0*>(g + row_bytes);
-        const auto* x2 = reinterpret_cast<const BlockQ8_0*>(g + 2 * row_bytes);
-        const auto* x3 = reinterpret_cast<const BlockQ8_0*>(g + 3 * row_bytes);
-        __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
-        for (int64_t i = 0; i < nb; i++) {
-            // The four rows' span, linearly, at its rate of 136 bytes a step.
-            const char* p =
-                reinterpret_cast<const char*>(g) + kPrefetchBytes + i * 4 * sizeof(BlockQ8_0);
-            _mm_prefetch(p, _MM_HINT_T0);
-            _mm_prefetch(p + 64, _MM_HINT_T0);
-            _mm_prefetch(p + 128, _MM_HINT_T0);
-            const __m256i av = load256(y8[i].qs);
-            const __m256i neg_offset = _mm256_sub_epi32(
-                _mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), flip, av));
-            const __m256 da = _mm256_broadcast_ss(&kFp16ToFp32[y8[i].d]);
-            q8_0_row_block(x0[i], neg_offset, av, da, c0);
-            q8_0_row_block(x1[i], neg_offset, av, da, c1);
-            q8_0_row_block(x2[i], neg_offset, av, da, c2);
-            q8_0_row_block(x3[i], neg_offset, av, da, c3);
-        }
-        y[r] = hsum(c0);
-        y[r + 1] = hsum(c1);
-        y[r + 2] = hsum(c2);
-        y[r + 3] = hsum(c3);
-    }
-    for (; r < n_rows; r++) y[r] = vec_dot_q8_0(n, base + r * row_bytes, a);
+    for (; r < n_rows; r++) y[r] = R::one_row(n, base + r * row_bytes, a);
 }
 
 // Float weights: `Load::get` gives 16 weights as floats, `Load::masked` the
@@ -758,8 +735,8 @@ constexpr KernelTable make_table() {
     t.vec_dot[id(Type::BF16)] = vec_dot_float<BF16>;
     t.vec_dot[id(Type::Q8_0)] = vec_dot_q8_0;
     t.vec_dot[id(Type::Q4_0)] = vec_dot_q4_0;
-    t.matvec[id(Type::Q4_0)] = matvec_q4_0;
-    t.matvec[id(Type::Q8_0)] = matvec_q8_0;
+    t.matvec[id(Type::Q4_0)] = matvec_rows4<Q4Rows>;
+    t.matvec[id(Type::Q8_0)] = matvec_rows4<Q8Rows>;
     t.quantize_row[id(Type::Q8_0)] = quantize_row_q8_0;
     t.quantize_row[id(Type::F16)] = quantize_row_f16;
     t.dequantize_row[id(Type::F16)] = dequantize_row_f16;

@@ -18,6 +18,7 @@
 // Offsets and mins are dots of 16 scales with Q8_K's block sums, as in the
 // AVX2 file. The 32-element blocks use 256-bit VNNI, one block per register.
 #include "ggml-like/quants_k.h"
+#include "ggml-like/cpu/rows4.h"
 
 // GCC 12's AVX-512 headers trip false -Wuninitialized warnings once inlined
 // (GCC PR 105593, fixed in GCC 13); see x86_avx512.cpp.
@@ -196,6 +197,7 @@ template <bool kFive, typename B> struct RowK4 {
     using Block = B;
     __m512 acc = _mm512_setzero_ps();
     __m256 accm = _mm256_setzero_ps();
+    static void prefetch(const Block* x) { prefetch_ahead(x); }
     __attribute__((always_inline)) void add(const Block& x, const BlockQ8_K& y) {
         const uint8_t* qh = nullptr;
         if constexpr (kFive) qh = x.qh;
@@ -204,71 +206,24 @@ template <bool kFive, typename B> struct RowK4 {
     float total() const { return hsum(acc) - hsum(accm); }
 };
 
-// One row: the weights of `w` against the activation row `a`.
-template <typename Row> float vec_dot_row(int64_t n, const void* w, const void* a) {
-    const auto* x = static_cast<const typename Row::Block*>(w);
-    const auto* y = static_cast<const BlockQ8_K*>(a);
-    Row s;
-    for (int64_t i = 0; i < n / QK_K; i++) {
-        prefetch_ahead(x + i);
-        s.add(x[i], y[i]);
-    }
-    return s.total();
-}
-
-// y[r] for rows [0, n_rows), four rows at a time: they share each
-// activation block (read once from L1 for four rows' products) and their
-// weights stream side by side, which keeps more lines in flight from DRAM
-// than one row at a time (Q4_K_M generation +30%). Four named row sums, not
-// an array: GCC 12 keeps arrays of vectors on the stack.
-template <typename Row>
-void matvec_rows4(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
-                  float* y) {
-    using Block = typename Row::Block;
-    const auto* yq = static_cast<const BlockQ8_K*>(a);
-    const auto* base = static_cast<const uint8_t*>(w);
-    const int64_t nb = n / QK_K;
-    auto row = [&](int64_t r) { return reinterpret_cast<const Block*>(base + r * row_bytes); };
-    int64_t r = 0;
-    for (; r + 4 <= n_rows; r += 4) {
-        const Block *x0 = row(r), *x1 = row(r + 1), *x2 = row(r + 2), *x3 = row(r + 3);
-        Row s0, s1, s2, s3;
-        for (int64_t i = 0; i < nb; i++) {
-            prefetch_ahead(x0 + i);
-            prefetch_ahead(x1 + i);
-            prefetch_ahead(x2 + i);
-            prefetch_ahead(x3 + i);
-            s0.add(x0[i], yq[i]);
-            s1.add(x1[i], yq[i]);
-            s2.add(x2[i], yq[i]);
-            s3.add(x3[i], yq[i]);
-        }
-        y[r] = s0.total();
-        y[r + 1] = s1.total();
-        y[r + 2] = s2.total();
-        y[r + 3] = s3.total();
-    }
-    for (; r < n_rows; r++) y[r] = vec_dot_row<Row>(n, row(r), a);
-}
-
 } // namespace
 
 float vec_dot_q4_K(int64_t n, const void* w, const void* a) {
-    return vec_dot_row<RowK4<false, BlockQ4_K>>(n, w, a);
+    return rows4::vec_dot_row<RowK4<false, BlockQ4_K>>(n, w, a);
 }
 
 float vec_dot_q5_K(int64_t n, const void* w, const void* a) {
-    return vec_dot_row<RowK4<true, BlockQ5_K>>(n, w, a);
+    return rows4::vec_dot_row<RowK4<true, BlockQ5_K>>(n, w, a);
 }
 
 void matvec_q4_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
                  float* y) {
-    matvec_rows4<RowK4<false, BlockQ4_K>>(n, w, row_bytes, n_rows, a, y);
+    rows4::matvec_rows4<RowK4<false, BlockQ4_K>>(n, w, row_bytes, n_rows, a, y);
 }
 
 void matvec_q5_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
                  float* y) {
-    matvec_rows4<RowK4<true, BlockQ5_K>>(n, w, row_bytes, n_rows, a, y);
+    rows4::matvec_rows4<RowK4<true, BlockQ5_K>>(n, w, row_bytes, n_rows, a, y);
 }
 
 // ---- Q6_K --------------------------------------------------------------------------
@@ -293,6 +248,7 @@ void unpack_q6_half(const uint8_t* ql, const uint8_t* qh, __m512i* q01, __m512i*
 struct RowQ6 {
     using Block = BlockQ6_K;
     __m512 acc = _mm512_setzero_ps();
+    static void prefetch(const BlockQ6_K* x) { prefetch_ahead(x); }
     __attribute__((always_inline)) void add(const BlockQ6_K& x, const BlockQ8_K& y) {
         const __m128i sc8 = load128(x.scales);
         const __m512i sc = scale_pairs(_mm512_cvtepi8_epi32(sc8));
@@ -316,12 +272,12 @@ struct RowQ6 {
 } // namespace
 
 float vec_dot_q6_K(int64_t n, const void* w, const void* a) {
-    return vec_dot_row<RowQ6>(n, w, a);
+    return rows4::vec_dot_row<RowQ6>(n, w, a);
 }
 
 void matvec_q6_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
                  float* y) {
-    matvec_rows4<RowQ6>(n, w, row_bytes, n_rows, a, y);
+    rows4::matvec_rows4<RowQ6>(n, w, row_bytes, n_rows, a, y);
 }
 
 // ---- Q2_K / Q3_K ---------------------------------------------------------------------
