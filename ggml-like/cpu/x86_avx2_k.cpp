@@ -15,6 +15,7 @@
 // the scale broadcasts (the only shuffles) to one per 32 weights.
 #include "ggml-like/quants_k.h"
 #include "ggml-like/cpu/rows4.h"
+#include "ggml-like/cpu/x86_k_scales.h"
 
 #include <immintrin.h>
 
@@ -73,26 +74,6 @@ __m256i pick16(int lo, int hi) {
 __m256i dot_i8(__m256i w, __m256i a) {
     const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
     return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
-}
-
-// The eight 6-bit scales and mins of Q4_K/Q5_K as bytes (sc in the low, m in
-// the high 64 bits), from three 32-bit words w0..w2 of the packing in
-// quants_k.h (the four bytes read past them are the block's own quants,
-// unused). Per int32 lane:
-//   sc0-3 = w0 & 0x3f, sc4-7 = (w2 & 0x0f) | (w0 >> 6) << 4,
-//   m0-3  = w1 & 0x3f, m4-7  = (w2 >> 4 & 0x0f) | (w1 >> 6) << 4,
-// in the vector unit: with scalar shifts and inserts it cost about as many
-// instructions as the block's products.
-__m128i unpack_scales_k4(const uint8_t* s) {
-    const __m128i w = load128(s);
-    const __m128i a = _mm_shuffle_epi32(w, _MM_SHUFFLE(2, 1, 2, 0)); // w0 w2 w1 w2
-    const __m128i b = _mm_shuffle_epi32(w, _MM_SHUFFLE(1, 1, 0, 0)); // w0 w0 w1 w1
-    const __m128i low =
-        _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4)),
-                      _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
-    // (w >> 6 & 3) << 4 per byte is (w >> 2) & 0x30
-    return _mm_or_si128(
-        low, _mm_and_si128(_mm_srli_epi32(b, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030)));
 }
 
 // Q3_K's sixteen 6-bit scales minus 32, as signed bytes.

@@ -19,6 +19,7 @@
 // AVX2 file. The 32-element blocks use 256-bit VNNI, one block per register.
 #include "ggml-like/quants_k.h"
 #include "ggml-like/cpu/rows4.h"
+#include "ggml-like/cpu/x86_k_scales.h"
 
 // GCC 12's AVX-512 headers trip false -Wuninitialized warnings once inlined
 // (GCC PR 105593, fixed in GCC 13); see x86_avx512.cpp.
@@ -109,25 +110,6 @@ __m512i scales_by_4(__m512i sc32, int first) {
         _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
                          _mm512_set1_epi32(first));
     return _mm512_permutexvar_epi32(idx, sc32);
-}
-
-// Q4_K/Q5_K scales in bytes 0-7, mins in 8-15, from the 12 packed bytes at
-// `s` (the four bytes read past them are the block's own quants, unused).
-// Words w0..w2 of the packed bytes give, per int32 lane:
-//   sc0-3 = w0 & 0x3f, sc4-7 = (w2 & 0x0f) | (w0 >> 6) << 4,
-//   m0-3  = w1 & 0x3f, m4-7  = (w2 >> 4 & 0x0f) | (w1 >> 6) << 4,
-// in the vector unit: done with scalar shifts and inserts it cost as many
-// uops as the block's 256 products.
-__m128i unpack_scales_k4(const uint8_t* s) {
-    const __m128i w = load128(s);
-    const __m128i a = _mm_shuffle_epi32(w, _MM_SHUFFLE(2, 1, 2, 0)); // w0 w2 w1 w2
-    const __m128i b = _mm_shuffle_epi32(w, _MM_SHUFFLE(1, 1, 0, 0)); // w0 w0 w1 w1
-    const __m128i low =
-        _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4)),
-                      _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
-    // (w >> 6 & 3) << 4 per byte is (w >> 2) & 0x30; ternlog 0xf8: a | (b & c)
-    return _mm_ternarylogic_epi32(low, _mm_srli_epi32(b, 2),
-                                  _mm_setr_epi32(0, 0x30303030, 0, 0x30303030), 0xf8);
 }
 
 __m128i unpack_scales_k3(const uint8_t* s) {
