@@ -32,13 +32,22 @@ static_assert(sizeof(TileConfig) == 64);
 
 // All eight tiles are 16 rows x 64 bytes: A = 16 weight rows x 32 bf16,
 // B = 16 k-pairs x 16 tokens x 2 bf16, C = 16 weight rows x 16 fp32.
-void configure_tiles() {
+constexpr TileConfig all_tiles_16x64() {
     TileConfig c;
     for (int i = 0; i < 8; i++) {
         c.rows[i] = 16;
         c.colsb[i] = 64;
     }
-    _tile_loadconfig(&c);
+    return c;
+}
+
+// The configuration is a constant in memory: built on the stack in a
+// function that did nothing else, GCC 12 dropped the stores of the rows and
+// columns (it does not see LDTILECFG read them) and the instruction faulted
+// on the garbage left there.
+void configure_tiles() {
+    alignas(64) static constexpr TileConfig kConfig = all_tiles_16x64();
+    _tile_loadconfig(&kConfig);
 }
 
 __m512i bf16_pairs(const float* p) { // 32 floats -> 32 bf16
