@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "ggml-like/ops.h"
@@ -244,16 +245,19 @@ void attend_heads(const AttentionArgs& a, int t, int h0, int nh, const KeyRun* r
     for (int r = 0; r < n_runs; r++) {
         const KeyRun& run = runs[r];
         const bool batch = run.kind == RunKind::Batch;
-        const auto* k_base =
-            static_cast<const uint8_t*>(batch ? a.k_new : a.k_slots) + kvh * hd * ke;
-        const auto* v_base =
-            static_cast<const uint8_t*>(batch ? a.v_new : a.v_slots) + kvh * hd * ve;
+        // Slot rows in either layout; the batch's own rows are always rows.
+        const bool k_hm = !batch && a.k_slot_bytes, v_hm = !batch && a.v_slot_bytes;
+        const size_t k_stride = k_hm ? a.k_slot_bytes : a.k_row_bytes;
+        const size_t v_stride = v_hm ? a.v_slot_bytes : a.v_row_bytes;
+        const auto* k_base = static_cast<const uint8_t*>(batch ? a.k_new : a.k_slots) +
+                             kvh * (k_hm ? a.k_head_bytes : hd * ke);
+        const auto* v_base = static_cast<const uint8_t*>(batch ? a.v_new : a.v_slots) +
+                             kvh * (v_hm ? a.v_head_bytes : hd * ve);
         if (run.kind == RunKind::Sink) {
             const float* k = a.sink_k + a.slot_pos[run.b] * a.n_head_kv * hd + kvh * hd;
             for (int j = 0; j < nh; j++)
                 sc[j * kChunkKeys] = cpu::vec_dot(Type::F32, hd, k, qu[j]) * a.scale;
-            fold(rows_f32(a.v_type, hd, v_base + run.b * a.v_row_bytes, a.v_row_bytes, 1, v_tile),
-                 1);
+            fold(rows_f32(a.v_type, hd, v_base + run.b * v_stride, v_stride, 1, v_tile), 1);
             continue;
         }
         for (int c0 = run.b; c0 < run.e; c0 += chunk_keys) {
@@ -269,19 +273,18 @@ void attend_heads(const AttentionArgs& a, int t, int h0, int nh, const KeyRun* r
             auto prefetch_some = [&] {
                 for (int stop = std::min(next_end, next + per_step); next < stop; next++)
                     for (int bb = 0; bb < hd * static_cast<int>(ke); bb += 64) {
-                        __builtin_prefetch(k_base + next * a.k_row_bytes + bb);
-                        __builtin_prefetch(v_base + next * a.v_row_bytes + bb);
+                        __builtin_prefetch(k_base + next * k_stride + bb);
+                        __builtin_prefetch(v_base + next * v_stride + bb);
                     }
             };
             prefetch_some();
-            const RowsF32 k =
-                rows_f32(a.k_type, hd, k_base + c0 * a.k_row_bytes, a.k_row_bytes, n, k_tile);
+            const RowsF32 k = rows_f32(a.k_type, hd, k_base + c0 * k_stride, k_stride, n, k_tile);
             for (int j = 0; j < nh; j++) {
                 prefetch_some();
                 cpu::dot_rows(Type::F32, hd, k.p, k.stride, n, q[j], a.scale, sc + j * kChunkKeys);
             }
             prefetch_some();
-            fold(rows_f32(a.v_type, hd, v_base + c0 * a.v_row_bytes, a.v_row_bytes, n, v_tile), n);
+            fold(rows_f32(a.v_type, hd, v_base + c0 * v_stride, v_stride, n, v_tile), n);
         }
     }
     for (int j = 0; j < nh; j++) {
@@ -320,6 +323,8 @@ void attend_all(ThreadPool& pool, const AttentionArgs& a, const KeySubset& keys,
     const int64_t per_thread =
         attention_scratch_per_thread(a.n_ctx, a.n_tok, a.n_head_kv * a.head_dim);
     const bool grouped = type_info(a.k_type).block_size == 1 && type_info(a.v_type).block_size == 1;
+    if (!grouped && (a.k_slot_bytes || a.v_slot_bytes))
+        std::abort(); // head-major slots are for float caches (KvCache never makes others)
     // Work items: (token, sub-group of up to kSubGroup heads of one KV head)
     // for float caches; (token, head) for block-type caches; times the key
     // splits.

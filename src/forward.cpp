@@ -43,6 +43,9 @@ Forward::Forward(const Model& m, KvCache& kv, Placement placement, int max_batch
     KV_ASSERT(place_.layers.size() == static_cast<size_t>(hp.n_layer) && place_.head);
     for (gl::Backend* b : place_.layers) KV_ASSERT(b);
     KV_ASSERT(kv.config().n_layer == hp.n_layer && kv.kv_dim() == hp.kv_dim());
+    bool head_major = true; // the cache layout every backend here reads fastest
+    for (gl::Backend* b : place_.distinct()) head_major = head_major && b->head_major_kv();
+    kv.set_head_major(head_major);
     const size_t B = max_batch;
     x_.resize(B * hp.n_embd);
     xb_.resize(B * hp.n_embd);
@@ -254,6 +257,12 @@ void Forward::layer(int l, int n, int64_t pos0) {
     a.n_ctx = kv_.n_ctx();
     a.k_slots = kv_.k_slots(l);
     a.v_slots = kv_.v_slots(l);
+    if (kv_.head_major()) {
+        a.k_slot_bytes = kv_.slot_bytes_k();
+        a.k_head_bytes = kv_.head_bytes_k();
+        a.v_slot_bytes = kv_.slot_bytes_v();
+        a.v_head_bytes = kv_.head_bytes_v();
+    }
     a.slot_pos = kv_.slot_pos();
     a.k_new = kc_.data();
     a.v_new = vc_.data();

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "error.h"
 
@@ -77,15 +78,62 @@ void KvCache::write(int layer, int64_t pos0, int n, const void* k_rows, const vo
     // When the batch is longer than the window only its newest tokens survive;
     // skip the ones that would be overwritten within the same batch.
     const int first = n > window() ? static_cast<int>(n - window()) : 0; // sinks are never skipped (below)
-    auto* kb = k_[layer].get();
-    auto* vb = v_[layer].get();
     for (int i = 0; i < n; i++) {
         const int64_t p = pos0 + i;
         if (i < first && p >= cfg_.keep) continue;
         const int s = slot_of(p);
-        copy(kb + s * row_k_, static_cast<const uint8_t*>(k_rows) + i * row_k_, row_k_);
-        copy(vb + s * row_v_, static_cast<const uint8_t*>(v_rows) + i * row_v_, row_v_);
+        put_row(layer, s, static_cast<const uint8_t*>(k_rows) + i * row_k_,
+                static_cast<const uint8_t*>(v_rows) + i * row_v_, copy);
     }
+}
+
+void KvCache::set_head_major(bool on) {
+    on = on && gl::type_info(cfg_.type_k).block_size == 1 &&
+         gl::type_info(cfg_.type_v).block_size == 1;
+    if (on == head_major_) return;
+    std::vector<uint8_t> k(cfg_.n_ctx * row_k_), v(cfg_.n_ctx * row_v_);
+    for (int l = 0; l < cfg_.n_layer; l++) {
+        head_major_ = !on;
+        read_rows(l, cfg_.n_ctx, k.data(), v.data());
+        head_major_ = on;
+        for (int s = 0; s < cfg_.n_ctx; s++)
+            put_row(l, s, k.data() + s * row_k_, v.data() + s * row_v_,
+                    [](void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); });
+    }
+}
+
+void KvCache::put_row(int layer, int s, const uint8_t* kr, const uint8_t* vr, const RowCopy& copy) {
+    uint8_t* kb = k_[layer].get();
+    uint8_t* vb = v_[layer].get();
+    if (!head_major_) {
+        copy(kb + s * row_k_, kr, row_k_);
+        copy(vb + s * row_v_, vr, row_v_);
+        return;
+    }
+    const size_t hk = slot_bytes_k(), hv = slot_bytes_v();
+    for (int h = 0; h < cfg_.n_head_kv; h++) {
+        copy(kb + h * head_bytes_k() + s * hk, kr + h * hk, hk);
+        copy(vb + h * head_bytes_v() + s * hv, vr + h * hv, hv);
+    }
+}
+
+void KvCache::read_rows(int layer, int n, void* k_rows, void* v_rows) const {
+    KV_ASSERT(layer >= 0 && layer < cfg_.n_layer && n >= 0 && n <= cfg_.n_ctx);
+    auto* ko = static_cast<uint8_t*>(k_rows);
+    auto* vo = static_cast<uint8_t*>(v_rows);
+    const uint8_t* kb = k_[layer].get();
+    const uint8_t* vb = v_[layer].get();
+    if (!head_major_) {
+        std::memcpy(ko, kb, n * row_k_);
+        std::memcpy(vo, vb, n * row_v_);
+        return;
+    }
+    const size_t hk = slot_bytes_k(), hv = slot_bytes_v();
+    for (int s = 0; s < n; s++)
+        for (int h = 0; h < cfg_.n_head_kv; h++) {
+            std::memcpy(ko + s * row_k_ + h * hk, kb + h * head_bytes_k() + s * hk, hk);
+            std::memcpy(vo + s * row_v_ + h * hv, vb + h * head_bytes_v() + s * hv, hv);
+        }
 }
 
 void KvCache::commit(int64_t pos0, int n) {

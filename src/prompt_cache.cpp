@@ -4,6 +4,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <vector>
 #include <unistd.h>
 
 #include "error.h"
@@ -65,10 +66,13 @@ void save_prompt_cache(const std::string& path, uint64_t digest, const KvCache& 
     std::string out;
     append(out, &h, 1);
     append(out, tokens.data(), tokens.size());
+    std::vector<uint8_t> k_rows(n * kv.row_bytes_k()), v_rows(n * kv.row_bytes_v());
     for (int l = 0; l < c.n_layer; l++) {
-        // Before the ring wraps, position p is in slot p: the rows are contiguous.
-        append(out, static_cast<const uint8_t*>(kv.k_slots(l)), n * kv.row_bytes_k());
-        append(out, static_cast<const uint8_t*>(kv.v_slots(l)), n * kv.row_bytes_v());
+        // Before the ring wraps, position p is in slot p; the file holds rows
+        // whatever the cache's layout.
+        kv.read_rows(l, static_cast<int>(n), k_rows.data(), v_rows.data());
+        append(out, k_rows.data(), k_rows.size());
+        append(out, v_rows.data(), v_rows.size());
         append(out, kv.sink_k(l), static_cast<size_t>(c.keep) * kv.kv_dim());
     }
     const uint64_t sum = fnv1a(reinterpret_cast<const uint8_t*>(out.data()), out.size());

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -193,5 +194,60 @@ TEST_CASE("attention: key splits over many threads equal one thread") {
         const Part w1 = partial(one, p1, keys), w7 = partial(many, p7, keys);
         CHECK(kvtest::max_abs_diff(w7.out, w1.out) < 1e-5);
         CHECK(kvtest::max_abs_diff(w7.lse, w1.lse) < 1e-4);
+    }
+}
+
+TEST_CASE("attention: head-major slots give exactly the output of rows") {
+    // KvCache::set_head_major stores [kv head][slot][head_dim]; the args
+    // describe it with slot and head strides. Same values, same arithmetic:
+    // the outputs must be identical, on one thread and split over seven.
+    const Case cases[] = {
+        {1, 32, 4, 64, 4096, 4, 9000, Type::F16, Type::F16},  // TinyLlama shape, wrapped
+        {1, 6, 2, 7, 40, 4, 137, Type::F16, Type::F16},       // odd head_dim, GQA 3:1
+        {5, 6, 2, 7, 40, 4, 38, Type::F16, Type::F32},        // batch crossing the wrap
+        {3, 4, 4, 5, 24, 0, 61, Type::BF16, Type::F16},       // no sinks
+        {4, 4, 1, 33, 50, 2, 199, Type::F32, Type::BF16},     // MQA, odd head_dim 33
+        {1, 14, 2, 64, 2048, 4, 1500, Type::F32, Type::BF16}, // not full, splits
+    };
+    uint32_t seed = 777;
+    for (int threads : {1, 7}) {
+        gl::ThreadPool pool(threads);
+        for (const Case& c : cases) {
+            INFO("threads ", threads, " n_tok ", c.n_tok, " heads ", c.n_head, "/", c.n_head_kv,
+                 " hd ", c.head_dim, " n_ctx ", c.n_ctx);
+            Problem rows(c, seed), heads(c, seed);
+            seed++;
+            for (Problem* p : {&rows, &heads}) {
+                p->scratch.resize(gl::attention_scratch_floats(threads, c.n_ctx, c.n_tok,
+                                                               c.n_head_kv * c.head_dim));
+                p->a.scratch = p->scratch.data();
+            }
+            // Head-major copies of the slots.
+            auto to_heads = [&](const std::vector<uint8_t>& r, Type t) {
+                const size_t hb = gl::row_size(t, c.head_dim), rb = hb * c.n_head_kv;
+                std::vector<uint8_t> h(r.size());
+                for (int s = 0; s < c.n_ctx; s++)
+                    for (int k = 0; k < c.n_head_kv; k++)
+                        std::memcpy(h.data() + (static_cast<size_t>(k) * c.n_ctx + s) * hb,
+                                    r.data() + s * rb + k * hb, hb);
+                return h;
+            };
+            const std::vector<uint8_t> hk = to_heads(heads.ks, c.tk), hv = to_heads(heads.vs, c.tv);
+            heads.a.k_slots = hk.data();
+            heads.a.v_slots = hv.data();
+            heads.a.k_slot_bytes = gl::row_size(c.tk, c.head_dim);
+            heads.a.v_slot_bytes = gl::row_size(c.tv, c.head_dim);
+            heads.a.k_head_bytes = heads.a.k_slot_bytes * c.n_ctx;
+            heads.a.v_head_bytes = heads.a.v_slot_bytes * c.n_ctx;
+            gl::attention(pool, rows.a);
+            gl::attention(pool, heads.a);
+            CHECK(kvtest::max_abs_diff(heads.out, rows.out) == 0);
+            // And a partial call over a subset, with its lse.
+            gl::KeySubset keys;
+            keys.pos_begin = c.past / 3;
+            const Part pr = partial(pool, rows, keys), ph = partial(pool, heads, keys);
+            CHECK(kvtest::max_abs_diff(ph.out, pr.out) == 0);
+            CHECK(kvtest::max_abs_diff(ph.lse, pr.lse) == 0);
+        }
     }
 }

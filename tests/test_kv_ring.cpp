@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <fstream>
 
@@ -70,6 +71,29 @@ TEST_CASE("kv ring: wrapping cache equals the explicit-eviction reference") {
         MESSAGE("max |logit diff| vs reference: ", worst);
         CHECK(worst < 2e-3);
     }
+    SUBCASE("head-major and row slots, and a switch between them mid-stream, give the same logits") {
+        // The CPU backend reads head-major slots; the CUDA backend rows.
+        // Layout is storage only: the same arithmetic on the same values.
+        KvCache kv1({hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx, keep, gl::Type::F16, gl::Type::F16});
+        KvCache kv2({hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx, keep, gl::Type::F16, gl::Type::F16});
+        Forward f1(lm->model, kv1, *be, 1), f2(lm->model, kv2, *be, 1);
+        CHECK(kv1.head_major());
+        kv2.set_head_major(false);
+        CHECK_FALSE(kv2.head_major());
+        double worst_ref = 0;
+        int64_t differ = 0;
+        for (int i = 0; i < n_tok; i++) {
+            if (i == 100) kv2.set_head_major(true); // ring wrapped once, slots hold data
+            if (i == 170) kv2.set_head_major(false);
+            const float* a = f1.eval(&toks[i], 1, false);
+            const std::vector<float> la(a, a + hp.n_vocab);
+            const float* b = f2.eval(&toks[i], 1, false);
+            for (int v = 0; v < hp.n_vocab; v++) differ += la[v] != b[v];
+            worst_ref = std::max(worst_ref, max_abs_diff(la.data(), want[i]));
+        }
+        CHECK(differ == 0);
+        CHECK(worst_ref < 0.1);
+    }
     SUBCASE("F16 cache stays close") {
         KvCache kv({hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx, keep, gl::Type::F16, gl::Type::F16});
         Forward fwd(lm->model, kv, *be, 1);
@@ -126,4 +150,71 @@ TEST_CASE("context sizing: -c auto and fixed -c") {
         CHECK(std::string(e.what()).find("65") != std::string::npos);
     }
     CHECK_THROWS_AS(KvCache({1, 1, 2, 16, 16, gl::Type::F16, gl::Type::F16}), Error); // keep must leave a window
+}
+
+TEST_CASE("kv ring: head-major slots hold each row's head slices, and switching layouts keeps them") {
+    struct Case {
+        int n_head_kv, head_dim;
+        gl::Type tk, tv;
+        bool head_major; // what set_head_major(true) yields
+    };
+    const Case cases[] = {
+        {3, 5, gl::Type::F16, gl::Type::F16, true},
+        {2, 8, gl::Type::F32, gl::Type::BF16, true},
+        {1, 7, gl::Type::BF16, gl::Type::F32, true},
+        {2, 32, gl::Type::Q8_0, gl::Type::F16, false}, // a block type keeps rows
+    };
+    for (const Case& c : cases) {
+        INFO("heads ", c.n_head_kv, " hd ", c.head_dim);
+        const int n_ctx = 12, keep = 2, n_layer = 2;
+        KvCache rows({n_layer, c.n_head_kv, c.head_dim, n_ctx, keep, c.tk, c.tv});
+        KvCache heads({n_layer, c.n_head_kv, c.head_dim, n_ctx, keep, c.tk, c.tv});
+        heads.set_head_major(true);
+        CHECK(heads.head_major() == c.head_major);
+        CHECK_FALSE(rows.head_major());
+        const size_t rk = rows.row_bytes_k(), rv = rows.row_bytes_v();
+        uint32_t seed = 7;
+        // 30 tokens in batches of 3 through a ring of 10 window slots: wraps twice.
+        for (int64_t p = 0; p < 30; p += 3) {
+            std::vector<uint8_t> k(3 * rk), v(3 * rv);
+            for (auto& b : k) b = static_cast<uint8_t>((seed = seed * 1103515245u + 12345u) >> 24);
+            for (auto& b : v) b = static_cast<uint8_t>((seed = seed * 1103515245u + 12345u) >> 24);
+            for (int l = 0; l < n_layer; l++) {
+                rows.write(l, p, 3, k.data(), v.data());
+                heads.write(l, p, 3, k.data(), v.data());
+            }
+            rows.commit(p, 3);
+            heads.commit(p, 3);
+        }
+        for (int l = 0; l < n_layer; l++) {
+            std::vector<uint8_t> k1(n_ctx * rk), v1(n_ctx * rv), k2(n_ctx * rk), v2(n_ctx * rv);
+            rows.read_rows(l, n_ctx, k1.data(), v1.data());
+            heads.read_rows(l, n_ctx, k2.data(), v2.data());
+            CHECK(k1 == k2);
+            CHECK(v1 == v2);
+            // The row layout is the plain one; head h of slot s sits where
+            // the accessors say in either layout.
+            CHECK(std::memcmp(k1.data(), rows.k_slots(l), k1.size()) == 0);
+            if (heads.head_major()) {
+                const auto* hk = static_cast<const uint8_t*>(heads.k_slots(l));
+                const auto* hv = static_cast<const uint8_t*>(heads.v_slots(l));
+                const size_t sk = heads.slot_bytes_k(), sv = heads.slot_bytes_v();
+                CHECK(sk * c.n_head_kv == rk);
+                int wrong = 0;
+                for (int s = 0; s < n_ctx; s++)
+                    for (int h = 0; h < c.n_head_kv; h++) {
+                        wrong += std::memcmp(hk + h * heads.head_bytes_k() + s * sk,
+                                             k1.data() + s * rk + h * sk, sk) != 0;
+                        wrong += std::memcmp(hv + h * heads.head_bytes_v() + s * sv,
+                                             v1.data() + s * rv + h * sv, sv) != 0;
+                    }
+                CHECK(wrong == 0);
+            }
+            // Back to rows (and again to heads): the same bytes.
+            heads.set_head_major(false);
+            CHECK(std::memcmp(heads.k_slots(l), rows.k_slots(l), n_ctx * rk) == 0);
+            CHECK(std::memcmp(heads.v_slots(l), rows.v_slots(l), n_ctx * rv) == 0);
+            heads.set_head_major(true);
+        }
+    }
 }

@@ -59,6 +59,7 @@ class CpuBackend final : public Backend {
             cpu::quantize_row(t, x + r * n, static_cast<uint8_t*>(dst) + r * rb, n);
     }
 
+    bool head_major_kv() const override { return true; }
     void attention(const AttentionArgs& a) override {
         AttentionArgs args = a;
         args.scratch = att_scratch_.data();
