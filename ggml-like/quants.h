@@ -37,8 +37,9 @@ void dot_rows(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, co
 void axpy_rows(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, const float* w,
                float* y);
 // For each of nh heads j: y[j][0..hd) += sum_i w[j * w_stride + i] * row i,
-// n F32 rows `stride` bytes apart (the rows are read once for all heads).
-void axpy_heads(int64_t hd, const float* rows, size_t stride, int64_t n, const float* w,
+// n rows of a float type `stride` bytes apart (the rows are read once for all
+// heads).
+void axpy_heads(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, const float* w,
                 size_t w_stride, int nh, float* const* y);
 // dst[i * hd + k] = element k of row i, as float: n rows of a float type
 // (F32, F16, BF16) made one contiguous F32 tile.
@@ -63,8 +64,8 @@ struct KernelTable {
                                     const float* w, float* y);
     void (*rows_to_f32[kTypeIdLimit])(int64_t hd, const void* rows, size_t stride, int64_t n,
                                       float* dst);
-    void (*axpy_heads)(int64_t hd, const float* rows, size_t stride, int64_t n, const float* w,
-                       size_t w_stride, int nh, float* const* y);
+    void (*axpy_heads[kTypeIdLimit])(int64_t hd, const void* rows, size_t stride, int64_t n,
+                                     const float* w, size_t w_stride, int nh, float* const* y);
     float (*exp_sum)(float* x, int64_t n, float mx);
     float (*max_of)(const float* x, int64_t n);
     // Several rows at once (see ref::matvec), where sharing the activation
@@ -92,8 +93,12 @@ void dot_rows(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, co
 void axpy_rows(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, const float* w,
                float* y);
 void rows_to_f32(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, float* dst);
-void axpy_heads(int64_t hd, const float* rows, size_t stride, int64_t n, const float* w,
+void axpy_heads(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, const float* w,
                 size_t w_stride, int nh, float* const* y);
+// Whether the active table has an axpy_heads kernel for rows of type t (the
+// fallback for F16/BF16 is the reference loop: widen them to an F32 tile
+// first instead).
+bool has_axpy_heads(Type t);
 float exp_sum(float* x, int64_t n, float mx);
 float max_of(const float* x, int64_t n);
 // Force the scalar table (KVRUN_ISA=scalar in the environment does the same).

@@ -291,9 +291,9 @@ void axpy_rows(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, c
         if (w[i] != 0.0f) axpy(t, hd, w[i], r + i * stride, y);
 }
 
-void axpy_heads(int64_t hd, const float* rows, size_t stride, int64_t n, const float* w,
+void axpy_heads(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, const float* w,
                 size_t w_stride, int nh, float* const* y) {
-    for (int j = 0; j < nh; j++) axpy_rows(Type::F32, hd, rows, stride, n, w + j * w_stride, y[j]);
+    for (int j = 0; j < nh; j++) axpy_rows(t, hd, rows, stride, n, w + j * w_stride, y[j]);
 }
 
 void rows_to_f32(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, float* dst) {

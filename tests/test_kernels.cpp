@@ -914,49 +914,62 @@ TEST_CASE("attention tiles: rows_to_f32 is exact and axpy_heads matches ref in e
                 });
             }
     }
-    // axpy_heads: 1..9 heads (groups of two or four and every remainder),
-    // heads of 32 and 64 multiples and tails, weights with zeros; each head's
-    // output within float rounding of n + 1 terms of the reference.
-    for (int nh : {1, 2, 3, 4, 5, 7, 8, 9})
-        for (int64_t hd : {7, 33, 64, 80, 128, 200})
-            for (int64_t n : {1, 13, 64}) {
-                INFO("axpy_heads heads ", nh, " head_dim ", hd, " rows ", n);
-                const int64_t row_elems = hd + 5;
-                const auto rows = random_floats(row_elems * n, seed++);
-                const size_t stride = static_cast<size_t>(row_elems) * sizeof(float);
-                const size_t ws = static_cast<size_t>(n) + 3;
-                auto w = random_floats(static_cast<int64_t>(ws) * nh, seed++);
-                for (size_t i = 0; i < w.size(); i += 5) w[i] = 0.0f;
-                std::vector<std::vector<float>> want(static_cast<size_t>(nh));
-                std::vector<float*> want_p;
-                for (auto& v : want) {
-                    v = random_floats(hd + 1, seed++);
-                    want_p.push_back(v.data());
-                }
-                const auto start = want;
-                gl::ref::axpy_heads(hd, rows.data(), stride, n, w.data(), ws, nh, want_p.data());
-                for_each_table([&](const gl::KernelTable& k) {
-                    auto got = start;
-                    std::vector<float*> got_p;
-                    for (auto& v : got) got_p.push_back(v.data());
-                    k.axpy_heads
-                        ? k.axpy_heads(hd, rows.data(), stride, n, w.data(), ws, nh, got_p.data())
-                        : gl::ref::axpy_heads(hd, rows.data(), stride, n, w.data(), ws, nh,
-                                              got_p.data());
-                    int bad = 0;
-                    for (int j = 0; j < nh; j++) {
-                        for (int64_t d = 0; d < hd; d++) {
-                            double mag = std::fabs(start[j][d]);
-                            for (int64_t i = 0; i < n; i++)
-                                mag += std::fabs(rows[i * row_elems + d] * w[j * ws + i]);
-                            bad += std::fabs(got[j][d] - want[j][d]) >
-                                   1e-6 * mag * static_cast<double>(n + 1);
-                        }
-                        bad += got[j][hd] != start[j][hd]; // nothing written past the head
+    // axpy_heads: rows of every float type, 1..9 heads (groups of two or
+    // four and every remainder), heads of 32 and 64 multiples and tails,
+    // weights with zeros; each head's output within float rounding of n + 1
+    // terms of the reference.
+    for (Type t : kFloatTypes)
+        for (int nh : {1, 2, 3, 4, 5, 7, 8, 9})
+            for (int64_t hd : {7, 33, 64, 80, 128, 200})
+                for (int64_t n : {1, 13, 64}) {
+                    INFO("axpy_heads ", gl::type_name(t), " heads ", nh, " head_dim ", hd, " rows ",
+                         n);
+                    const int64_t row_elems = hd + 5;
+                    // The rows as stored (t) and as the floats they hold.
+                    const auto floats = random_floats(row_elems * n, seed++);
+                    const size_t stride = gl::row_size(t, row_elems);
+                    std::vector<uint8_t> stored(stride * static_cast<size_t>(n));
+                    std::vector<float> rows(floats.size());
+                    for (int64_t i = 0; i < n; i++) {
+                        gl::ref::quantize_row(t, floats.data() + i * row_elems,
+                                              stored.data() + i * stride, row_elems);
+                        gl::ref::dequantize_row(t, stored.data() + i * stride,
+                                                rows.data() + i * row_elems, row_elems);
                     }
-                    CHECK(bad == 0);
-                });
-            }
+                    const size_t ws = static_cast<size_t>(n) + 3;
+                    auto w = random_floats(static_cast<int64_t>(ws) * nh, seed++);
+                    for (size_t i = 0; i < w.size(); i += 5) w[i] = 0.0f;
+                    std::vector<std::vector<float>> want(static_cast<size_t>(nh));
+                    std::vector<float*> want_p;
+                    for (auto& v : want) {
+                        v = random_floats(hd + 1, seed++);
+                        want_p.push_back(v.data());
+                    }
+                    const auto start = want;
+                    gl::ref::axpy_heads(t, hd, stored.data(), stride, n, w.data(), ws, nh,
+                                        want_p.data());
+                    for_each_table([&](const gl::KernelTable& k) {
+                        auto got = start;
+                        std::vector<float*> got_p;
+                        for (auto& v : got) got_p.push_back(v.data());
+                        auto f = k.axpy_heads[id(t)];
+                        f ? f(hd, stored.data(), stride, n, w.data(), ws, nh, got_p.data())
+                          : gl::ref::axpy_heads(t, hd, stored.data(), stride, n, w.data(), ws, nh,
+                                                got_p.data());
+                        int bad = 0;
+                        for (int j = 0; j < nh; j++) {
+                            for (int64_t d = 0; d < hd; d++) {
+                                double mag = std::fabs(start[j][d]);
+                                for (int64_t i = 0; i < n; i++)
+                                    mag += std::fabs(rows[i * row_elems + d] * w[j * ws + i]);
+                                bad += std::fabs(got[j][d] - want[j][d]) >
+                                       1e-6 * mag * static_cast<double>(n + 1);
+                            }
+                            bad += got[j][hd] != start[j][hd]; // nothing written past the head
+                        }
+                        CHECK(bad == 0);
+                    });
+                }
 }
 
 TEST_CASE("dispatch: tables, cpu:: routing and force_scalar") {

@@ -31,8 +31,8 @@ extern const KernelTable kNeonTable; // arm_neon.cpp
 namespace {
 
 // All members null: every entry falls back to gl::ref.
-constexpr KernelTable kScalarTable = {"scalar", {}, {},      {},      {},      {},
-                                      {},       {}, nullptr, nullptr, nullptr, {}};
+constexpr KernelTable kScalarTable = {"scalar", {}, {}, {},      {},      {},
+                                      {},       {}, {}, nullptr, nullptr, {}};
 
 #if defined(__x86_64__)
 // Asked through cpuid because older clang's __builtin_cpu_supports does not
@@ -218,10 +218,18 @@ void rows_to_f32(Type t, int64_t hd, const void* rows, size_t stride, int64_t n,
     ref::rows_to_f32(t, hd, rows, stride, n, dst);
 }
 
-void axpy_heads(int64_t hd, const float* rows, size_t stride, int64_t n, const float* w,
+void axpy_heads(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, const float* w,
                 size_t w_stride, int nh, float* const* y) {
-    if (auto f = active().axpy_heads) return f(hd, rows, stride, n, w, w_stride, nh, y);
-    ref::axpy_heads(hd, rows, stride, n, w, w_stride, nh, y);
+    const uint32_t id = static_cast<uint32_t>(t);
+    if (id < kTypeIdLimit) {
+        if (auto f = active().axpy_heads[id]) return f(hd, rows, stride, n, w, w_stride, nh, y);
+    }
+    ref::axpy_heads(t, hd, rows, stride, n, w, w_stride, nh, y);
+}
+
+bool has_axpy_heads(Type t) {
+    const uint32_t id = static_cast<uint32_t>(t);
+    return t == Type::F32 || (id < kTypeIdLimit && active().axpy_heads[id] != nullptr);
 }
 
 float exp_sum(float* x, int64_t n, float mx) {

@@ -447,8 +447,9 @@ void axpy_heads2_32(const float* rows, size_t stride, int64_t n, const float* w0
 
 // Pairs of heads over whole 32-element slices; the rest (an odd head, the
 // heads' last hd mod 32 elements) one head at a time.
-void axpy_heads(int64_t hd, const float* rows, size_t stride, int64_t n, const float* w,
+void axpy_heads(int64_t hd, const void* rows_v, size_t stride, int64_t n, const float* w,
                 size_t w_stride, int nh, float* const* y) {
+    const auto* rows = static_cast<const float*>(rows_v);
     int j = 0;
     const int64_t whole = hd / 32 * 32;
     for (; j + 2 <= nh && whole > 0; j += 2) {
@@ -643,7 +644,7 @@ constexpr uint32_t id(Type t) {
 }
 
 constexpr KernelTable make_table() {
-    KernelTable t = {"avx2", {}, {}, {}, {}, {}, {}, {}, nullptr, nullptr, nullptr, {}};
+    KernelTable t = {"avx2", {}, {}, {}, {}, {}, {}, {}, {}, nullptr, nullptr, {}};
     t.vec_dot[id(Type::F32)] = vec_dot_float<F32>;
     t.vec_dot[id(Type::F16)] = vec_dot_float<F16>;
     t.vec_dot[id(Type::BF16)] = vec_dot_float<BF16>;
@@ -667,7 +668,7 @@ constexpr KernelTable make_table() {
     t.axpy_rows[id(Type::BF16)] = axpy_rows<BF16>;
     t.rows_to_f32[id(Type::F16)] = rows_to_f32<F16>;
     t.rows_to_f32[id(Type::BF16)] = rows_to_f32<BF16>;
-    t.axpy_heads = axpy_heads;
+    t.axpy_heads[id(Type::F32)] = axpy_heads;
     t.exp_sum = exp_sum;
     t.max_of = max_of;
     add_kernels_k(t, kAvx2KernelsK); // x86_avx2_k.cpp
