@@ -408,22 +408,23 @@ void rows_to_f32(int64_t hd, const void* rows, size_t stride, int64_t n, float* 
         widen_row<Load>(reinterpret_cast<const typename Load::Elem*>(base + i * stride), dst, hd);
 }
 
-// Two heads' weighted sums over the same F32 rows, on a 32-element slice:
-// each row's four vectors are loaded once for both heads, six loads (four
-// row vectors, two weight broadcasts) per eight FMAs. Eight accumulators,
-// four row vectors and two broadcasts use 14 of the 16 registers; four
-// heads (as on AVX-512) would not fit.
-void axpy_heads2_32(const float* rows, size_t stride, int64_t n, const float* w0, const float* w1,
+// Two heads' weighted sums over the same rows, on a 32-element slice: each
+// row's four vectors are loaded (and, for F16 or BF16 rows, widened) once for
+// both heads, six loads (four row vectors, two weight broadcasts) per eight
+// FMAs. Eight accumulators, four row vectors and two broadcasts use 14 of the
+// 16 registers; four heads (as on AVX-512) would not fit.
+template <typename Load>
+void axpy_heads2_32(const uint8_t* rows, size_t stride, int64_t n, const float* w0, const float* w1,
                     float* y0, float* y1) {
+    using Elem = typename Load::Elem;
     __m256 a0 = _mm256_loadu_ps(y0), a1 = _mm256_loadu_ps(y0 + 8), a2 = _mm256_loadu_ps(y0 + 16),
            a3 = _mm256_loadu_ps(y0 + 24);
     __m256 b0 = _mm256_loadu_ps(y1), b1 = _mm256_loadu_ps(y1 + 8), b2 = _mm256_loadu_ps(y1 + 16),
            b3 = _mm256_loadu_ps(y1 + 24);
-    const auto* base = reinterpret_cast<const uint8_t*>(rows);
     for (int64_t i = 0; i < n; i++) {
-        const float* r = reinterpret_cast<const float*>(base + i * stride);
-        const __m256 v0 = _mm256_loadu_ps(r), v1 = _mm256_loadu_ps(r + 8),
-                     v2 = _mm256_loadu_ps(r + 16), v3 = _mm256_loadu_ps(r + 24);
+        const Elem* r = reinterpret_cast<const Elem*>(rows + i * stride);
+        const __m256 v0 = Load::get(r), v1 = Load::get(r + 8), v2 = Load::get(r + 16),
+                     v3 = Load::get(r + 24);
         const __m256 p = _mm256_broadcast_ss(w0 + i);
         a0 = _mm256_fmadd_ps(p, v0, a0);
         a1 = _mm256_fmadd_ps(p, v1, a1);
@@ -447,22 +448,26 @@ void axpy_heads2_32(const float* rows, size_t stride, int64_t n, const float* w0
 
 // Pairs of heads over whole 32-element slices; the rest (an odd head, the
 // heads' last hd mod 32 elements) one head at a time.
+template <typename Load>
 void axpy_heads(int64_t hd, const void* rows_v, size_t stride, int64_t n, const float* w,
                 size_t w_stride, int nh, float* const* y) {
-    const auto* rows = static_cast<const float*>(rows_v);
+    using Elem = typename Load::Elem;
+    const auto* rows = static_cast<const uint8_t*>(rows_v);
     int j = 0;
     const int64_t whole = hd / 32 * 32;
+    const size_t tail_at = static_cast<size_t>(whole) * sizeof(Elem);
     for (; j + 2 <= nh && whole > 0; j += 2) {
         const float* w0 = w + j * w_stride;
         const float* w1 = w0 + w_stride;
         for (int64_t k0 = 0; k0 < whole; k0 += 32)
-            axpy_heads2_32(rows + k0, stride, n, w0, w1, y[j] + k0, y[j + 1] + k0);
+            axpy_heads2_32<Load>(rows + k0 * sizeof(Elem), stride, n, w0, w1, y[j] + k0,
+                                 y[j + 1] + k0);
         if (whole < hd) {
-            axpy_rows<F32>(hd - whole, rows + whole, stride, n, w0, y[j] + whole);
-            axpy_rows<F32>(hd - whole, rows + whole, stride, n, w1, y[j + 1] + whole);
+            axpy_rows<Load>(hd - whole, rows + tail_at, stride, n, w0, y[j] + whole);
+            axpy_rows<Load>(hd - whole, rows + tail_at, stride, n, w1, y[j + 1] + whole);
         }
     }
-    for (; j < nh; j++) axpy_rows<F32>(hd, rows, stride, n, w + j * w_stride, y[j]);
+    for (; j < nh; j++) axpy_rows<Load>(hd, rows, stride, n, w + j * w_stride, y[j]);
 }
 
 // exp(x) for x in [-87, 88] (the caller flushes smaller x to 0): 2^n * e^r
@@ -668,7 +673,9 @@ constexpr KernelTable make_table() {
     t.axpy_rows[id(Type::BF16)] = axpy_rows<BF16>;
     t.rows_to_f32[id(Type::F16)] = rows_to_f32<F16>;
     t.rows_to_f32[id(Type::BF16)] = rows_to_f32<BF16>;
-    t.axpy_heads[id(Type::F32)] = axpy_heads;
+    t.axpy_heads[id(Type::F32)] = axpy_heads<F32>;
+    t.axpy_heads[id(Type::F16)] = axpy_heads<F16>;
+    t.axpy_heads[id(Type::BF16)] = axpy_heads<BF16>;
     t.exp_sum = exp_sum;
     t.max_of = max_of;
     add_kernels_k(t, kAvx2KernelsK); // x86_avx2_k.cpp
