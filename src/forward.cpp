@@ -43,9 +43,10 @@ Forward::Forward(const Model& m, KvCache& kv, Placement placement, int max_batch
     KV_ASSERT(place_.layers.size() == static_cast<size_t>(hp.n_layer) && place_.head);
     for (gl::Backend* b : place_.layers) KV_ASSERT(b);
     KV_ASSERT(kv.config().n_layer == hp.n_layer && kv.kv_dim() == hp.kv_dim());
-    bool head_major = true; // the cache layout every backend here reads fastest
-    for (gl::Backend* b : place_.distinct()) head_major = head_major && b->head_major_kv();
-    kv.set_head_major(head_major);
+    // The cache layout every backend here reads (head-major is the faster one).
+    const std::vector<gl::Backend*> backends = place_.distinct();
+    kv.set_head_major(std::all_of(backends.begin(), backends.end(),
+                                  [](const gl::Backend* b) { return b->head_major_kv(); }));
     const size_t B = max_batch;
     x_.resize(B * hp.n_embd);
     xb_.resize(B * hp.n_embd);

@@ -67,9 +67,12 @@ int KvCache::slot_of(int64_t pos) const {
 size_t KvCache::ring_bytes() const { return ring_bytes_for(cfg_); }
 size_t KvCache::sink_bytes() const { return sink_k_.size() * sizeof(float); }
 
+namespace {
+void copy_bytes(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+} // namespace
+
 void KvCache::write(int layer, int64_t pos0, int n, const void* k_rows, const void* v_rows) {
-    write(layer, pos0, n, k_rows, v_rows,
-          [](void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); });
+    write(layer, pos0, n, k_rows, v_rows, copy_bytes);
 }
 
 void KvCache::write(int layer, int64_t pos0, int n, const void* k_rows, const void* v_rows,
@@ -91,14 +94,14 @@ void KvCache::set_head_major(bool on) {
     on = on && gl::type_info(cfg_.type_k).block_size == 1 &&
          gl::type_info(cfg_.type_v).block_size == 1;
     if (on == head_major_) return;
+    // Each layer out as rows in the old layout, back in the new one.
     std::vector<uint8_t> k(cfg_.n_ctx * row_k_), v(cfg_.n_ctx * row_v_);
     for (int l = 0; l < cfg_.n_layer; l++) {
         head_major_ = !on;
         read_rows(l, cfg_.n_ctx, k.data(), v.data());
         head_major_ = on;
         for (int s = 0; s < cfg_.n_ctx; s++)
-            put_row(l, s, k.data() + s * row_k_, v.data() + s * row_v_,
-                    [](void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); });
+            put_row(l, s, k.data() + s * row_k_, v.data() + s * row_v_, copy_bytes);
     }
 }
 

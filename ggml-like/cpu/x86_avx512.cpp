@@ -469,17 +469,14 @@ void rows_to_f32(int64_t hd, const void* rows, size_t stride, int64_t n, float* 
     }
 }
 
-// Several heads' weighted sums over the same F32 rows (attention's values
-// for the heads of a GQA group). One head at a time needs two loads per FMA
-// (row and weight), more than the load ports give while two FMAs issue per
-// cycle; here four heads x 64 elements of accumulators stay in registers and
-// each row's 64 elements are loaded once for the four heads. Sixteen named
-// accumulators: GCC 12 stores an array of vectors back to the stack on
-// every iteration (measured: slower than one head at a time).
-// Four heads' weighted sums over the same rows, on a 64-element slice: each
-// row's four vectors are loaded (and, for F16 or BF16 rows, widened) once for
-// the four heads. Widening here instead of into an F32 tile first saves the
-// tile's stores and its 16 KiB of L1 per chunk.
+// Several heads' weighted sums over the same rows (attention's values for
+// the heads of a GQA group). One head at a time needs two loads per FMA (row
+// and weight), more than the load ports give while two FMAs issue per cycle;
+// here four heads x 64 elements of accumulators stay in registers and each
+// row's 64 elements are loaded (and, for F16 or BF16 rows, widened: no F32
+// tile to store first) once for the four heads. Sixteen named accumulators:
+// GCC 12 stores an array of vectors back to the stack on every iteration
+// (measured: slower than one head at a time).
 template <typename Load>
 void axpy_heads4_64(const uint8_t* rows, size_t stride, int64_t n, const float* w, size_t ws,
                     float* const* y, int64_t k0) {
