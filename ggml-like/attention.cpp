@@ -255,12 +255,16 @@ void attend_heads(const AttentionArgs& a, int t, int h0, int nh, const KeyRun* r
     for (int r = 0; r < n_runs; r++) {
         const KeyRun& run = runs[r];
         const bool batch = run.kind == RunKind::Batch;
-        // Slot rows in either layout; the batch's own rows are always rows.
-        const bool k_hm = !batch && a.k_slot_bytes, v_hm = !batch && a.v_slot_bytes;
-        const size_t k_stride = k_hm ? a.k_slot_bytes : a.k_row_bytes;
+        // Slot keys in rows or key tiles, slot values in either layout; the
+        // batch's own keys and values are always rows.
+        const bool k_tiles = !batch && a.k_head_bytes, v_hm = !batch && a.v_slot_bytes;
+        // Bytes from one key to the next in a row layout; in tiles, a chunk of
+        // whole tiles from key c0 takes the same bytes as rows of hd elements
+        // would (only the prefetch below uses this for them).
+        const size_t k_stride = k_tiles ? hd * ke : a.k_row_bytes;
         const size_t v_stride = v_hm ? a.v_slot_bytes : a.v_row_bytes;
         const auto* k_base = static_cast<const uint8_t*>(batch ? a.k_new : a.k_slots) +
-                             kvh * (k_hm ? a.k_head_bytes : hd * ke);
+                             kvh * (k_tiles ? a.k_head_bytes : hd * ke);
         const auto* v_base = static_cast<const uint8_t*>(batch ? a.v_new : a.v_slots) +
                              kvh * (v_hm ? a.v_head_bytes : hd * ve);
         if (run.kind == RunKind::Sink) {
@@ -270,16 +274,20 @@ void attend_heads(const AttentionArgs& a, int t, int h0, int nh, const KeyRun* r
             fold(v_base + run.b * v_stride, v_stride, 1);
             continue;
         }
-        for (int c0 = run.b; c0 < run.e; c0 += chunk_keys) {
-            const int n = std::min(chunk_keys, run.e - c0);
+        for (int c0 = run.b; c0 < run.e;) {
+            int c1 = std::min(run.e, c0 + chunk_keys);
+            if (k_tiles && c1 < run.e && c1 / kKeyTile * kKeyTile > c0)
+                c1 = c1 / kKeyTile * kKeyTile; // the next chunk starts on a tile
+            const int n = c1 - c0;
             // The next chunk's K and V head slices are fetched while this one
             // is computed (rows are a whole cache row apart: a stride the
-            // hardware prefetchers follow poorly), a few rows between each
+            // hardware prefetchers follow poorly), a few keys between each
             // step: issued all at once they fill the line-fill buffers and the
             // loop waits on them.
-            const int next_end = std::min(run.e, c0 + 2 * chunk_keys);
-            int next = c0 + chunk_keys;
-            const int per_step = (chunk_keys + nh) / (nh + 1);
+            const int next_end = std::min(run.e, c1 + chunk_keys);
+            int next = c1;
+            const int steps = k_tiles ? (n + kKeyTile - 1) / kKeyTile + 2 : nh + 2;
+            const int per_step = (chunk_keys + steps - 2) / (steps - 1);
             auto prefetch_some = [&] {
                 for (int stop = std::min(next_end, next + per_step); next < stop; next++)
                     for (int bb = 0; bb < hd * static_cast<int>(ke); bb += 64) {
@@ -288,13 +296,27 @@ void attend_heads(const AttentionArgs& a, int t, int h0, int nh, const KeyRun* r
                     }
             };
             prefetch_some();
-            const RowsF32 k = rows_f32(a.k_type, hd, k_base + c0 * k_stride, k_stride, n, k_tile);
-            for (int j = 0; j < nh; j++) {
-                prefetch_some();
-                cpu::dot_rows(Type::F32, hd, k.p, k.stride, n, q[j], a.scale, sc + j * kChunkKeys);
+            if (k_tiles) {
+                // All nh heads' scores per tile (q[j] are hd apart).
+                for (int t0 = c0 / kKeyTile * kKeyTile; t0 < c1; t0 += kKeyTile) {
+                    prefetch_some();
+                    const int lo = std::max(c0, t0) - t0, hi = std::min(c1, t0 + kKeyTile) - t0;
+                    cpu::dot_tile(a.k_type, hd, k_base + static_cast<size_t>(t0) * hd * ke,
+                                  key_tile_width(t0, a.n_ctx), lo, hi, q[0], nh, a.scale,
+                                  sc + (t0 + lo - c0), kChunkKeys);
+                }
+            } else {
+                const RowsF32 k =
+                    rows_f32(a.k_type, hd, k_base + c0 * k_stride, k_stride, n, k_tile);
+                for (int j = 0; j < nh; j++) {
+                    prefetch_some();
+                    cpu::dot_rows(Type::F32, hd, k.p, k.stride, n, q[j], a.scale,
+                                  sc + j * kChunkKeys);
+                }
             }
             prefetch_some();
             fold(v_base + c0 * v_stride, v_stride, n);
+            c0 = c1;
         }
     }
     for (int j = 0; j < nh; j++) {
@@ -333,7 +355,7 @@ void attend_all(ThreadPool& pool, const AttentionArgs& a, const KeySubset& keys,
     const int64_t per_thread =
         attention_scratch_per_thread(a.n_ctx, a.n_tok, a.n_head_kv * a.head_dim);
     const bool grouped = type_info(a.k_type).block_size == 1 && type_info(a.v_type).block_size == 1;
-    if (!grouped && (a.k_slot_bytes || a.v_slot_bytes))
+    if (!grouped && (a.k_head_bytes || a.v_slot_bytes))
         std::abort(); // head-major slots are for float caches (KvCache never makes others)
     // Work items: (token, sub-group of up to kSubGroup heads of one KV head)
     // for float caches; (token, head) for block-type caches; times the key

@@ -38,9 +38,11 @@ struct AttentionArgs {
     int n_ctx = 0;                 // number of slots
     const void* k_slots = nullptr; // [n_ctx] rows
     const void* v_slots = nullptr;
-    // Head-major slots (float types only): KV head h of slot s at
-    // k_slots + h * k_head_bytes + s * k_slot_bytes. 0 = the row layout above.
-    size_t k_slot_bytes = 0, k_head_bytes = 0, v_slot_bytes = 0, v_head_bytes = 0;
+    // Head-major slots (float types only): KV head h's keys as key tiles of
+    // n_ctx keys (gl::key_tile_index) at k_slots + h * k_head_bytes, its value
+    // of slot s at v_slots + h * v_head_bytes + s * v_slot_bytes. 0 = the row
+    // layout above (K and V each on its own).
+    size_t k_head_bytes = 0, v_slot_bytes = 0, v_head_bytes = 0;
     const int64_t* slot_pos = nullptr; // [n_ctx], position held by each slot, -1 = empty;
                                        // all are < pos[0] (the batch is written after)
     const void* k_new = nullptr;       // [n_tok] rows, the batch's own keys (rotated) and values

@@ -49,7 +49,7 @@ class Backend {
     virtual void convert_rows(Type t, const float* x, int64_t n, int64_t rows, void* dst) = 0;
     // Attention scratch is the backend's own (a.scratch is ignored).
     virtual void attention(const AttentionArgs& a) = 0;
-    // Whether attention() reads head-major slots (AttentionArgs::k_slot_bytes).
+    // Whether attention() reads head-major slots (AttentionArgs::k_head_bytes, v_slot_bytes).
     virtual bool head_major_kv() const { return false; }
 
     virtual MemoryUse memory_use() const { return {}; }

@@ -15,6 +15,25 @@ namespace gl {
 // The activation type a weight type's dot product wants.
 Type vec_dot_type(Type weight);
 
+// Key tiles: one attention head's n keys of head_dim elements stored kKeyTile
+// keys at a time, dimension-major within a tile (the last tile holds the
+// n mod kKeyTile keys left, if any). Scoring a tile against a query is then
+// one 16-key vector times a broadcast query element per dimension, for
+// several query heads at once, with no per-key horizontal sums; with rows,
+// the sums and the widening of each key cost more than the products.
+constexpr int kKeyTile = 16;
+constexpr int kKeyTileHeads = 8; // most query heads one dot_tile call scores
+// Keys in the tile that holds key s, of a head's n.
+inline int key_tile_width(int64_t s, int64_t n) {
+    const int64_t t0 = s / kKeyTile * kKeyTile;
+    return static_cast<int>(n - t0 < kKeyTile ? n - t0 : kKeyTile);
+}
+// Index of element k of key s among the head's n * head_dim elements.
+inline int64_t key_tile_index(int64_t s, int64_t k, int64_t head_dim, int64_t n) {
+    const int64_t t0 = s / kKeyTile * kKeyTile;
+    return t0 * head_dim + k * key_tile_width(s, n) + (s - t0);
+}
+
 namespace ref {
 // n elements; n is a multiple of the block size. Supported types only.
 void dequantize_row(Type t, const void* src, float* dst, int64_t n);
@@ -44,6 +63,11 @@ void axpy_heads(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, 
 // dst[i * hd + k] = element k of row i, as float: n rows of a float type
 // (F32, F16, BF16) made one contiguous F32 tile.
 void rows_to_f32(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, float* dst);
+// Scores of up to kKeyTileHeads query heads over one key tile (see
+// key_tile_index): for heads j < nh and keys i in [lo, hi) of the tile's
+// `width` keys, out[j * out_stride + i - lo] = scale * dot(key i, q + j * hd).
+void dot_tile(Type t, int64_t hd, const void* tile, int width, int lo, int hi, const float* q,
+              int nh, float scale, float* out, size_t out_stride);
 // x[i] = exp(x[i] - mx) (exactly 0 where x[i] is -inf); returns the sum.
 float exp_sum(float* x, int64_t n, float mx);
 // Largest of x[0..n) (NaNs ignored), -inf when n == 0 or nothing is larger.
@@ -66,6 +90,9 @@ struct KernelTable {
                                       float* dst);
     void (*axpy_heads[kTypeIdLimit])(int64_t hd, const void* rows, size_t stride, int64_t n,
                                      const float* w, size_t w_stride, int nh, float* const* y);
+    void (*dot_tile[kTypeIdLimit])(int64_t hd, const void* tile, int width, int lo, int hi,
+                                   const float* q, int nh, float scale, float* out,
+                                   size_t out_stride);
     float (*exp_sum)(float* x, int64_t n, float mx);
     float (*max_of)(const float* x, int64_t n);
     // Several rows at once (see ref::matvec), where sharing the activation
@@ -95,6 +122,8 @@ void axpy_rows(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, c
 void rows_to_f32(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, float* dst);
 void axpy_heads(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, const float* w,
                 size_t w_stride, int nh, float* const* y);
+void dot_tile(Type t, int64_t hd, const void* tile, int width, int lo, int hi, const float* q,
+              int nh, float scale, float* out, size_t out_stride);
 // Whether the active table has an axpy_heads kernel for rows of type t (the
 // fallback for F16/BF16 is the reference loop: widen them to an F32 tile
 // first instead).

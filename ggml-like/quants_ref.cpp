@@ -317,6 +317,30 @@ void rows_to_f32(Type t, int64_t hd, const void* rows, size_t stride, int64_t n,
     }
 }
 
+void dot_tile(Type t, int64_t hd, const void* tile, int width, int lo, int hi, const float* q,
+              int nh, float scale, float* out, size_t out_stride) {
+    const auto* p = static_cast<const uint8_t*>(tile);
+    auto element = [&](int64_t i) {
+        switch (t) {
+        case Type::F32:
+            return load_f32(p, i);
+        case Type::F16:
+            return load_f16(p, i);
+        case Type::BF16:
+            return load_bf16(p, i);
+        default:
+            unsupported("dot_tile", t);
+        }
+    };
+    for (int j = 0; j < nh; j++)
+        for (int i = lo; i < hi; i++) {
+            double s = 0; // as dot_float: summed in double, rounded once
+            for (int64_t k = 0; k < hd; k++)
+                s += static_cast<double>(element(k * width + i)) * q[j * hd + k];
+            out[j * out_stride + (i - lo)] = static_cast<float>(s) * scale;
+        }
+}
+
 float exp_sum(float* x, int64_t n, float mx) {
     double sum = 0;
     for (int64_t i = 0; i < n; i++) {

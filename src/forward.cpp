@@ -259,7 +259,6 @@ void Forward::layer(int l, int n, int64_t pos0) {
     a.k_slots = kv_.k_slots(l);
     a.v_slots = kv_.v_slots(l);
     if (kv_.head_major()) {
-        a.k_slot_bytes = kv_.slot_bytes_k();
         a.k_head_bytes = kv_.head_bytes_k();
         a.v_slot_bytes = kv_.slot_bytes_v();
         a.v_head_bytes = kv_.head_bytes_v();

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "error.h"
+#include "ggml-like/quants.h"
 
 namespace kvrun {
 
@@ -113,11 +114,16 @@ void KvCache::put_row(int layer, int s, const uint8_t* kr, const uint8_t* vr, co
         copy(vb + s * row_v_, vr, row_v_);
         return;
     }
-    const size_t hk = slot_bytes_k(), hv = slot_bytes_v();
-    for (int h = 0; h < cfg_.n_head_kv; h++) {
-        copy(kb + h * head_bytes_k() + s * hk, kr + h * hk, hk);
-        copy(vb + h * head_bytes_v() + s * hv, vr + h * hv, hv);
-    }
+    const size_t hv = slot_bytes_v();
+    for (int h = 0; h < cfg_.n_head_kv; h++) copy(vb + h * head_bytes_v() + s * hv, vr + h * hv, hv);
+    // Keys element by element into their tiles: a key's elements are a tile
+    // width apart. (Not through a staged row: `copy` may complete later.)
+    const size_t e = gl::type_info(cfg_.type_k).type_size;
+    const int hd = cfg_.head_dim;
+    for (int h = 0; h < cfg_.n_head_kv; h++)
+        for (int k = 0; k < hd; k++)
+            copy(kb + h * head_bytes_k() + gl::key_tile_index(s, k, hd, cfg_.n_ctx) * e,
+                 kr + (static_cast<size_t>(h) * hd + k) * e, e);
 }
 
 void KvCache::read_rows(int layer, int n, void* k_rows, void* v_rows) const {
@@ -131,11 +137,15 @@ void KvCache::read_rows(int layer, int n, void* k_rows, void* v_rows) const {
         std::memcpy(vo, vb, n * row_v_);
         return;
     }
-    const size_t hk = slot_bytes_k(), hv = slot_bytes_v();
+    const size_t hv = slot_bytes_v(), e = gl::type_info(cfg_.type_k).type_size;
+    const int hd = cfg_.head_dim;
     for (int s = 0; s < n; s++)
         for (int h = 0; h < cfg_.n_head_kv; h++) {
-            std::memcpy(ko + s * row_k_ + h * hk, kb + h * head_bytes_k() + s * hk, hk);
             std::memcpy(vo + s * row_v_ + h * hv, vb + h * head_bytes_v() + s * hv, hv);
+            for (int k = 0; k < hd; k++)
+                std::memcpy(ko + s * row_k_ + (static_cast<size_t>(h) * hd + k) * e,
+                            kb + h * head_bytes_k() + gl::key_tile_index(s, k, hd, cfg_.n_ctx) * e,
+                            e);
         }
 }
 

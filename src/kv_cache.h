@@ -56,20 +56,21 @@ class KvCache {
 
     const void* k_slots(int layer) const { return k_[layer].get(); }
     const void* v_slots(int layer) const { return v_[layer].get(); }
-    // Head-major slots ([kv head][slot][head_dim] per layer) instead of rows:
-    // a decode step's attention then reads each KV head's keys as one
-    // contiguous stream, not a head_dim slice of every row (TinyLlama shape,
-    // depth 4096: attention 8.9 instead of 11.7 ms per token). Only for float
-    // cache types (a block may straddle heads), and only for backends that
-    // read it (Forward asks; the CUDA backend mirrors rows). Switching moves
-    // any cached tokens over. Then KV head h of slot s is at
-    // slots + h * head_bytes + s * slot_bytes.
+    // Head-major slots instead of rows: per layer, each KV head's keys and
+    // values are one contiguous stream, not a head_dim slice of every row
+    // (TinyLlama shape, depth 4096: attention 8.9 instead of 11.7 ms per
+    // token). Values are [kv head][slot][head_dim]; keys are [kv head] of
+    // key tiles (gl::key_tile_index), which attention scores for a GQA
+    // group's query heads at once without per-key sums. Only for float cache
+    // types (a block may straddle heads), and only for backends that read it
+    // (Forward asks; the CUDA backend mirrors rows). Switching moves any
+    // cached tokens over. KV head h's tiles start at k_slots + h * head_bytes_k,
+    // its values at v_slots + h * head_bytes_v, slot_bytes_v apart.
     void set_head_major(bool on);
     bool head_major() const { return head_major_; }
-    size_t slot_bytes_k() const { return head_major_ ? row_k_ / cfg_.n_head_kv : row_k_; }
     size_t slot_bytes_v() const { return head_major_ ? row_v_ / cfg_.n_head_kv : row_v_; }
-    size_t head_bytes_k() const { return slot_bytes_k() * (head_major_ ? cfg_.n_ctx : 1); }
-    size_t head_bytes_v() const { return slot_bytes_v() * (head_major_ ? cfg_.n_ctx : 1); }
+    size_t head_bytes_k() const { return head_major_ ? row_k_ / cfg_.n_head_kv * cfg_.n_ctx : 0; }
+    size_t head_bytes_v() const { return head_major_ ? slot_bytes_v() * cfg_.n_ctx : 0; }
     // Copy slots [0, n) of a layer out as rows (either layout).
     void read_rows(int layer, int n, void* k_rows, void* v_rows) const;
     const int64_t* slot_pos() const { return slot_pos_.data(); }

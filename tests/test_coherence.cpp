@@ -300,6 +300,8 @@ class FakeDeviceBackend final : public gl::Backend {
     std::string name() const override { return "fake device"; }
     int n_threads() const override { return cpu_->n_threads(); }
     void reserve(size_t mm, int64_t att) override { cpu_->reserve(mm, att); }
+    // Its attention is the CPU's, so it reads the CPU's cache layout.
+    bool head_major_kv() const override { return cpu_->head_major_kv(); }
 
     void matmul(const gl::Tensor& w, const float* x, int64_t n_tok, float* y) override {
         matmuls++;

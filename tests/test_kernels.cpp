@@ -972,6 +972,87 @@ TEST_CASE("attention tiles: rows_to_f32 is exact and axpy_heads matches ref in e
                 }
 }
 
+TEST_CASE("attention key tiles: dot_tile matches the row dot products in every table") {
+    // Keys of every float type laid out as key tiles (gl::key_tile_index) of a
+    // head's n keys: whole tiles and the short last one; 1..10 query heads
+    // (more than kKeyTileHeads takes two groups); every head size from 1 to
+    // past 128; key ranges [lo, hi) that start and end inside a tile. The
+    // reference must give each key's plain dot product with the query, and
+    // every table must give the reference's within float rounding; nothing is
+    // written outside [0, hi - lo) of each head's output.
+    uint32_t seed = 1300;
+    for (Type t : kFloatTypes)
+        for (int64_t hd : {1, 7, 16, 33, 64, 80, 128, 200})
+            for (int64_t n_keys : {16, 21, 37}) {
+                const size_t e = gl::type_info(t).type_size;
+                const auto floats = random_floats(hd * n_keys, seed++);
+                std::vector<uint8_t> rows(static_cast<size_t>(hd * n_keys) * e), tiles(rows.size());
+                std::vector<float> keys(floats.size()); // as the floats t holds
+                for (int64_t s = 0; s < n_keys; s++) {
+                    gl::ref::quantize_row(t, floats.data() + s * hd, rows.data() + s * hd * e, hd);
+                    gl::ref::dequantize_row(t, rows.data() + s * hd * e, keys.data() + s * hd, hd);
+                    for (int64_t d = 0; d < hd; d++)
+                        std::memcpy(tiles.data() + gl::key_tile_index(s, d, hd, n_keys) * e,
+                                    rows.data() + (s * hd + d) * e, e);
+                }
+                for (int nh : {1, 3, 4, 5, 8, 10}) {
+                    const auto q = random_floats(hd * nh, seed++);
+                    const float scale = 0.37f;
+                    for (int64_t t0 = 0; t0 < n_keys; t0 += gl::kKeyTile) {
+                        const int width = gl::key_tile_width(t0, n_keys);
+                        for (auto [lo, hi] : {std::pair{0, width}, std::pair{width / 3, width},
+                                              std::pair{1, std::max(1, width - 2)}}) {
+                            INFO("dot_tile ", gl::type_name(t), " head_dim ", hd, " keys ", n_keys,
+                                 " tile ", t0, " heads ", nh, " lanes ", lo, "..", hi);
+                            const size_t os = 19; // > kKeyTile: room to see stray writes
+                            const uint8_t* tile = tiles.data() + t0 * hd * e;
+                            std::vector<float> want(os * nh, -7.0f);
+                            gl::ref::dot_tile(t, hd, tile, width, lo, hi, q.data(), nh, scale,
+                                              want.data(), os);
+                            auto within = [&](const std::vector<float>& got,
+                                              const std::vector<float>& exact) {
+                                int bad = 0;
+                                for (int j = 0; j < nh; j++)
+                                    for (int i = 0; i < static_cast<int>(os); i++) {
+                                        const float g = got[j * os + i];
+                                        if (i >= hi - lo) {
+                                            bad += g != -7.0f;
+                                            continue;
+                                        }
+                                        double mag = 0;
+                                        const float* key = keys.data() + (t0 + lo + i) * hd;
+                                        for (int64_t d = 0; d < hd; d++)
+                                            mag += std::fabs(key[d] * q[j * hd + d]) * scale;
+                                        bad += std::fabs(g - exact[j * os + i]) >
+                                               1e-6 * mag * static_cast<double>(hd + 1);
+                                    }
+                                return bad;
+                            };
+                            // The reference against each key's dot product.
+                            std::vector<float> exact(want.size(), -7.0f);
+                            for (int j = 0; j < nh; j++)
+                                for (int i = lo; i < hi; i++) {
+                                    double sum = 0;
+                                    for (int64_t d = 0; d < hd; d++)
+                                        sum += static_cast<double>(keys[(t0 + i) * hd + d]) *
+                                               q[j * hd + d];
+                                    exact[j * os + i - lo] = static_cast<float>(sum * scale);
+                                }
+                            CHECK(within(want, exact) == 0);
+                            for_each_table([&](const gl::KernelTable& k) {
+                                std::vector<float> got(want.size(), -7.0f);
+                                auto f = k.dot_tile[id(t)];
+                                f ? f(hd, tile, width, lo, hi, q.data(), nh, scale, got.data(), os)
+                                  : gl::ref::dot_tile(t, hd, tile, width, lo, hi, q.data(), nh,
+                                                      scale, got.data(), os);
+                                CHECK(within(got, want) == 0);
+                            });
+                        }
+                    }
+                }
+            }
+}
+
 TEST_CASE("dispatch: tables, cpu:: routing and force_scalar") {
     const int count = gl::kernel_table_count();
     REQUIRE(count >= 1);

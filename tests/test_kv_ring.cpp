@@ -73,25 +73,31 @@ TEST_CASE("kv ring: wrapping cache equals the explicit-eviction reference") {
     }
     SUBCASE("head-major and row slots, and a switch between them mid-stream, give the same logits") {
         // The CPU backend reads head-major slots; the CUDA backend rows.
-        // Layout is storage only: the same arithmetic on the same values.
+        // The same values; only the order of each score's sum differs (key
+        // tiles sum each dimension across keys, rows within a key), so the
+        // logits agree to float rounding, amplified by this small model: up
+        // to ~5e-3 measured (with double sums on both sides, as the scalar
+        // kernels do, they are identical). A misplaced key or value, or one
+        // lost in a switch, moves them by far more.
         KvCache kv1({hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx, keep, gl::Type::F16, gl::Type::F16});
         KvCache kv2({hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx, keep, gl::Type::F16, gl::Type::F16});
         Forward f1(lm->model, kv1, *be, 1), f2(lm->model, kv2, *be, 1);
         CHECK(kv1.head_major());
         kv2.set_head_major(false);
         CHECK_FALSE(kv2.head_major());
-        double worst_ref = 0;
-        int64_t differ = 0;
+        double worst_ref = 0, worst_layout = 0;
         for (int i = 0; i < n_tok; i++) {
             if (i == 100) kv2.set_head_major(true); // ring wrapped once, slots hold data
             if (i == 170) kv2.set_head_major(false);
             const float* a = f1.eval(&toks[i], 1, false);
             const std::vector<float> la(a, a + hp.n_vocab);
             const float* b = f2.eval(&toks[i], 1, false);
-            for (int v = 0; v < hp.n_vocab; v++) differ += la[v] != b[v];
+            for (int v = 0; v < hp.n_vocab; v++)
+                worst_layout = std::max(worst_layout, std::fabs(static_cast<double>(la[v]) - b[v]));
             worst_ref = std::max(worst_ref, max_abs_diff(la.data(), want[i]));
         }
-        CHECK(differ == 0);
+        MESSAGE("max |logit diff| head-major vs rows: ", worst_layout);
+        CHECK(worst_layout < 2e-2);
         CHECK(worst_ref < 0.1);
     }
     SUBCASE("F16 cache stays close") {
@@ -152,7 +158,7 @@ TEST_CASE("context sizing: -c auto and fixed -c") {
     CHECK_THROWS_AS(KvCache({1, 1, 2, 16, 16, gl::Type::F16, gl::Type::F16}), Error); // keep must leave a window
 }
 
-TEST_CASE("kv ring: head-major slots hold each row's head slices, and switching layouts keeps them") {
+TEST_CASE("kv ring: head-major slots hold each row's head slices (keys in tiles), and switching layouts keeps them") {
     struct Case {
         int n_head_kv, head_dim;
         gl::Type tk, tv;
@@ -166,7 +172,7 @@ TEST_CASE("kv ring: head-major slots hold each row's head slices, and switching 
     };
     for (const Case& c : cases) {
         INFO("heads ", c.n_head_kv, " hd ", c.head_dim);
-        const int n_ctx = 12, keep = 2, n_layer = 2;
+        const int n_ctx = 37, keep = 2, n_layer = 2; // two whole key tiles and one of 5
         KvCache rows({n_layer, c.n_head_kv, c.head_dim, n_ctx, keep, c.tk, c.tv});
         KvCache heads({n_layer, c.n_head_kv, c.head_dim, n_ctx, keep, c.tk, c.tv});
         heads.set_head_major(true);
@@ -174,8 +180,8 @@ TEST_CASE("kv ring: head-major slots hold each row's head slices, and switching 
         CHECK_FALSE(rows.head_major());
         const size_t rk = rows.row_bytes_k(), rv = rows.row_bytes_v();
         uint32_t seed = 7;
-        // 30 tokens in batches of 3 through a ring of 10 window slots: wraps twice.
-        for (int64_t p = 0; p < 30; p += 3) {
+        // 120 tokens in batches of 3 through a ring of 35 window slots: wraps thrice.
+        for (int64_t p = 0; p < 120; p += 3) {
             std::vector<uint8_t> k(3 * rk), v(3 * rv);
             for (auto& b : k) b = static_cast<uint8_t>((seed = seed * 1103515245u + 12345u) >> 24);
             for (auto& b : v) b = static_cast<uint8_t>((seed = seed * 1103515245u + 12345u) >> 24);
@@ -198,13 +204,16 @@ TEST_CASE("kv ring: head-major slots hold each row's head slices, and switching 
             if (heads.head_major()) {
                 const auto* hk = static_cast<const uint8_t*>(heads.k_slots(l));
                 const auto* hv = static_cast<const uint8_t*>(heads.v_slots(l));
-                const size_t sk = heads.slot_bytes_k(), sv = heads.slot_bytes_v();
-                CHECK(sk * c.n_head_kv == rk);
+                const size_t sv = heads.slot_bytes_v(), e = gl::type_info(c.tk).type_size;
+                CHECK(sv * c.n_head_kv == rv);
+                CHECK(heads.head_bytes_k() * c.n_head_kv == n_ctx * rk);
                 int wrong = 0;
                 for (int s = 0; s < n_ctx; s++)
                     for (int h = 0; h < c.n_head_kv; h++) {
-                        wrong += std::memcmp(hk + h * heads.head_bytes_k() + s * sk,
-                                             k1.data() + s * rk + h * sk, sk) != 0;
+                        for (int d = 0; d < c.head_dim; d++)
+                            wrong += std::memcmp(hk + h * heads.head_bytes_k() +
+                                                     gl::key_tile_index(s, d, c.head_dim, n_ctx) * e,
+                                                 k1.data() + s * rk + (h * c.head_dim + d) * e, e) != 0;
                         wrong += std::memcmp(hv + h * heads.head_bytes_v() + s * sv,
                                              v1.data() + s * rv + h * sv, sv) != 0;
                     }

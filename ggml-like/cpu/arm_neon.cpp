@@ -9,9 +9,11 @@
 // two blocks per iteration go to independent accumulators.
 #include "ggml-like/quants.h"
 #include "ggml-like/quants_k.h"
+#include "ggml-like/cpu/static_count.h"
 
 #include <arm_neon.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace gl {
@@ -87,6 +89,50 @@ struct BF16 {
         return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16));
     }
 };
+
+// Scores of NH (up to 4) query heads over a whole key tile (see
+// gl::key_tile_index): per dimension, the tile's 16 keys as four vectors times
+// each head's query element; sixteen accumulators, no horizontal sums.
+template <typename Load, int NH>
+void dot_tile_n(int64_t hd, const typename Load::Elem* k, int lo, int hi, const float* q,
+                float scale, float* out, size_t os) {
+    float32x4_t acc[NH][4];
+    for (int j = 0; j < NH; j++)
+        for (int c = 0; c < 4; c++) acc[j][c] = vdupq_n_f32(0.0f);
+    for (int64_t d = 0; d < hd; d++) {
+        const typename Load::Elem* kd = k + d * kKeyTile;
+        const float32x4_t k0 = Load::get(kd), k1 = Load::get(kd + 4), k2 = Load::get(kd + 8),
+                          k3 = Load::get(kd + 12);
+        for (int j = 0; j < NH; j++) {
+            const float qd = q[j * hd + d];
+            acc[j][0] = vfmaq_n_f32(acc[j][0], k0, qd);
+            acc[j][1] = vfmaq_n_f32(acc[j][1], k1, qd);
+            acc[j][2] = vfmaq_n_f32(acc[j][2], k2, qd);
+            acc[j][3] = vfmaq_n_f32(acc[j][3], k3, qd);
+        }
+    }
+    for (int j = 0; j < NH; j++) {
+        float all[kKeyTile];
+        for (int c = 0; c < 4; c++) vst1q_f32(all + 4 * c, vmulq_n_f32(acc[j][c], scale));
+        std::memcpy(out + j * os, all + lo, sizeof(float) * (hi - lo));
+    }
+}
+
+// The ring's last tile, when shorter than kKeyTile, takes the reference.
+template <typename Load, Type kType>
+void dot_tile(int64_t hd, const void* tile, int width, int lo, int hi, const float* q, int nh,
+              float scale, float* out, size_t os) {
+    if (width != kKeyTile)
+        return ref::dot_tile(kType, hd, tile, width, lo, hi, q, nh, scale, out, os);
+    const auto* k = static_cast<const typename Load::Elem*>(tile);
+    for (int j0 = 0; j0 < nh; j0 += 4) {
+        const float* qj = q + j0 * hd;
+        float* o = out + j0 * os;
+        with_static_count<4>(std::min(nh - j0, 4), [&](auto n) {
+            dot_tile_n<Load, decltype(n)::value>(hd, k, lo, hi, qj, scale, o, os);
+        });
+    }
+}
 
 template <typename Load, typename Elem = typename Load::Elem>
 float dot_float(int64_t n, const Elem* w, const float* a) {
@@ -231,7 +277,7 @@ constexpr uint32_t id(Type t) {
 }
 
 constexpr KernelTable make_table() {
-    KernelTable t = {"neon", {}, {}, {}, {}, {}, {}, {}, {}, nullptr, nullptr, {}};
+    KernelTable t = {"neon", {}, {}, {}, {}, {}, {}, {}, {}, {}, nullptr, nullptr, {}};
     t.vec_dot[id(Type::F32)] = vec_dot_float<F32>;
     t.vec_dot[id(Type::F16)] = vec_dot_float<F16>;
     t.vec_dot[id(Type::BF16)] = vec_dot_float<BF16>;
@@ -246,6 +292,9 @@ constexpr KernelTable make_table() {
     t.axpy[id(Type::F32)] = axpy<F32>;
     t.axpy[id(Type::F16)] = axpy<F16>;
     t.axpy[id(Type::BF16)] = axpy<BF16>;
+    t.dot_tile[id(Type::F32)] = dot_tile<F32, Type::F32>;
+    t.dot_tile[id(Type::F16)] = dot_tile<F16, Type::F16>;
+    t.dot_tile[id(Type::BF16)] = dot_tile<BF16, Type::BF16>;
     add_kernels_k(t, kNeonKernelsK); // arm_neon_k.cpp
     return t;
 }

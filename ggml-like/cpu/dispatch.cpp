@@ -31,7 +31,7 @@ extern const KernelTable kNeonTable; // arm_neon.cpp
 namespace {
 
 // All members null: every entry falls back to gl::ref.
-constexpr KernelTable kScalarTable = {"scalar", {}, {}, {},      {},      {},
+constexpr KernelTable kScalarTable = {"scalar", {}, {}, {},      {},      {}, {},
                                       {},       {}, {}, nullptr, nullptr, {}};
 
 #if defined(__x86_64__)
@@ -225,6 +225,16 @@ void axpy_heads(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, 
         if (auto f = active().axpy_heads[id]) return f(hd, rows, stride, n, w, w_stride, nh, y);
     }
     ref::axpy_heads(t, hd, rows, stride, n, w, w_stride, nh, y);
+}
+
+void dot_tile(Type t, int64_t hd, const void* tile, int width, int lo, int hi, const float* q,
+              int nh, float scale, float* out, size_t out_stride) {
+    const uint32_t id = static_cast<uint32_t>(t);
+    if (id < kTypeIdLimit) {
+        if (auto f = active().dot_tile[id])
+            return f(hd, tile, width, lo, hi, q, nh, scale, out, out_stride);
+    }
+    ref::dot_tile(t, hd, tile, width, lo, hi, q, nh, scale, out, out_stride);
 }
 
 bool has_axpy_heads(Type t) {

@@ -13,9 +13,11 @@
 // plus a per-lane shift instead of an insert.
 #include "ggml-like/quants.h"
 #include "ggml-like/quants_k.h"
+#include "ggml-like/cpu/static_count.h"
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -278,6 +280,55 @@ __m256 load_tail(const Elem* p, int64_t m) {
     Elem t[8] = {};
     std::memcpy(t, p, static_cast<size_t>(m) * sizeof(Elem));
     return Load::get(t);
+}
+
+// Scores of NH (up to 4) query heads over a whole key tile (see
+// gl::key_tile_index): per dimension, the tile's 16 keys as two vectors times
+// each head's broadcast query element; eight accumulators, no horizontal sums.
+template <typename Load, int NH>
+void dot_tile_n(int64_t hd, const typename Load::Elem* k, int lo, int hi, const float* q,
+                float scale, float* out, size_t os) {
+    __m256 a[NH], b[NH];
+#pragma GCC unroll 4
+    for (int j = 0; j < NH; j++) a[j] = b[j] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < hd; d++) {
+        const __m256 k0 = Load::get(k + d * kKeyTile), k1 = Load::get(k + d * kKeyTile + 8);
+#pragma GCC unroll 4
+        for (int j = 0; j < NH; j++) {
+            const __m256 qd = _mm256_broadcast_ss(q + j * hd + d);
+            a[j] = _mm256_fmadd_ps(qd, k0, a[j]);
+            b[j] = _mm256_fmadd_ps(qd, k1, b[j]);
+        }
+    }
+    const __m256 vs = _mm256_set1_ps(scale);
+#pragma GCC unroll 4
+    for (int j = 0; j < NH; j++) {
+        if (lo == 0 && hi == kKeyTile) {
+            _mm256_storeu_ps(out + j * os, _mm256_mul_ps(a[j], vs));
+            _mm256_storeu_ps(out + j * os + 8, _mm256_mul_ps(b[j], vs));
+        } else {
+            alignas(32) float all[kKeyTile];
+            _mm256_store_ps(all, _mm256_mul_ps(a[j], vs));
+            _mm256_store_ps(all + 8, _mm256_mul_ps(b[j], vs));
+            std::copy(all + lo, all + hi, out + j * os);
+        }
+    }
+}
+
+// The ring's last tile, when shorter than kKeyTile, takes the reference.
+template <typename Load, Type kType>
+void dot_tile(int64_t hd, const void* tile, int width, int lo, int hi, const float* q, int nh,
+              float scale, float* out, size_t os) {
+    if (width != kKeyTile)
+        return ref::dot_tile(kType, hd, tile, width, lo, hi, q, nh, scale, out, os);
+    const auto* k = static_cast<const typename Load::Elem*>(tile);
+    for (int j0 = 0; j0 < nh; j0 += 4) {
+        const float* qj = q + j0 * hd;
+        float* o = out + j0 * os;
+        with_static_count<4>(std::min(nh - j0, 4), [&](auto n) {
+            dot_tile_n<Load, decltype(n)::value>(hd, k, lo, hi, qj, scale, o, os);
+        });
+    }
 }
 
 // Eight rows at a time, each with its own accumulator, sharing every load of
@@ -649,7 +700,7 @@ constexpr uint32_t id(Type t) {
 }
 
 constexpr KernelTable make_table() {
-    KernelTable t = {"avx2", {}, {}, {}, {}, {}, {}, {}, {}, nullptr, nullptr, {}};
+    KernelTable t = {"avx2", {}, {}, {}, {}, {}, {}, {}, {}, {}, nullptr, nullptr, {}};
     t.vec_dot[id(Type::F32)] = vec_dot_float<F32>;
     t.vec_dot[id(Type::F16)] = vec_dot_float<F16>;
     t.vec_dot[id(Type::BF16)] = vec_dot_float<BF16>;
@@ -676,6 +727,9 @@ constexpr KernelTable make_table() {
     t.axpy_heads[id(Type::F32)] = axpy_heads<F32>;
     t.axpy_heads[id(Type::F16)] = axpy_heads<F16>;
     t.axpy_heads[id(Type::BF16)] = axpy_heads<BF16>;
+    t.dot_tile[id(Type::F32)] = dot_tile<F32, Type::F32>;
+    t.dot_tile[id(Type::F16)] = dot_tile<F16, Type::F16>;
+    t.dot_tile[id(Type::BF16)] = dot_tile<BF16, Type::BF16>;
     t.exp_sum = exp_sum;
     t.max_of = max_of;
     add_kernels_k(t, kAvx2KernelsK); // x86_avx2_k.cpp

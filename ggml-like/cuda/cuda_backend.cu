@@ -307,7 +307,7 @@ class CudaBackend final : public Backend {
                 throw std::runtime_error(
                     std::string("CUDA backend: attention over a ") + type_name(t) +
                     " KV cache is not supported (use f32, f16, bf16, q8_0 or q4_0)");
-        if (a.k_slot_bytes || a.v_slot_bytes)
+        if (a.k_head_bytes || a.v_slot_bytes)
             throw std::runtime_error("CUDA backend: head-major KV slots are not supported (the "
                                      "cache must use the row layout)");
         if (a.n_tok <= 0) return;
