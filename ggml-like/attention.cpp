@@ -199,8 +199,9 @@ RowsF32 rows_f32(Type t, int64_t hd, const uint8_t* rows, size_t stride, int n, 
 // key chunks (running max m and sum l per head; the output is rescaled when
 // the max grows), then normalised. Same results as attend_one up to rounding.
 // `work` holds attention_work_floats() floats for the two converted chunks.
-void attend_heads(const AttentionArgs& a, int t, int h0, int nh, const KeyRun* runs, int n_runs,
-                  float* sc, float* work, float* lse) {
+// `new_tiles`, if not null, holds the batch's own keys as key tiles.
+void attend_heads(const AttentionArgs& a, const uint8_t* new_tiles, int t, int h0, int nh,
+                  const KeyRun* runs, int n_runs, float* sc, float* work, float* lse) {
     const int hd = a.head_dim;
     const int kvh = h0 / (a.n_head / a.n_head_kv);
     const size_t ke = type_info(a.k_type).type_size, ve = type_info(a.v_type).type_size;
@@ -255,16 +256,20 @@ void attend_heads(const AttentionArgs& a, int t, int h0, int nh, const KeyRun* r
     for (int r = 0; r < n_runs; r++) {
         const KeyRun& run = runs[r];
         const bool batch = run.kind == RunKind::Batch;
-        // Slot keys in rows or key tiles, slot values in either layout; the
-        // batch's own keys and values are always rows.
-        const bool k_tiles = !batch && a.k_head_bytes, v_hm = !batch && a.v_slot_bytes;
+        // Keys in rows or key tiles (of n_ctx slots or n_tok batch keys);
+        // slot values in either layout, the batch's own values rows.
+        const bool k_tiles = batch ? new_tiles != nullptr : a.k_head_bytes != 0;
+        const bool v_hm = !batch && a.v_slot_bytes;
+        const int tiled_keys = batch ? a.n_tok : a.n_ctx;
         // Bytes from one key to the next in a row layout; in tiles, a chunk of
         // whole tiles from key c0 takes the same bytes as rows of hd elements
         // would (only the prefetch below uses this for them).
         const size_t k_stride = k_tiles ? hd * ke : a.k_row_bytes;
         const size_t v_stride = v_hm ? a.v_slot_bytes : a.v_row_bytes;
-        const auto* k_base = static_cast<const uint8_t*>(batch ? a.k_new : a.k_slots) +
-                             kvh * (k_tiles ? a.k_head_bytes : hd * ke);
+        const auto* k_base =
+            k_tiles ? (batch ? new_tiles : static_cast<const uint8_t*>(a.k_slots)) +
+                          kvh * (batch ? a.n_tok * hd * ke : a.k_head_bytes)
+                    : static_cast<const uint8_t*>(batch ? a.k_new : a.k_slots) + kvh * hd * ke;
         const auto* v_base = static_cast<const uint8_t*>(batch ? a.v_new : a.v_slots) +
                              kvh * (v_hm ? a.v_head_bytes : hd * ve);
         if (run.kind == RunKind::Sink) {
@@ -302,7 +307,7 @@ void attend_heads(const AttentionArgs& a, int t, int h0, int nh, const KeyRun* r
                     prefetch_some();
                     const int lo = std::max(c0, t0) - t0, hi = std::min(c1, t0 + kKeyTile) - t0;
                     cpu::dot_tile(a.k_type, hd, k_base + static_cast<size_t>(t0) * hd * ke,
-                                  key_tile_width(t0, a.n_ctx), lo, hi, q[0], nh, a.scale,
+                                  key_tile_width(t0, tiled_keys), lo, hi, q[0], nh, a.scale,
                                   sc + (t0 + lo - c0), kChunkKeys);
                 }
             } else {
@@ -351,6 +356,21 @@ int key_splits(const ThreadPool& pool, const AttentionArgs& a, bool grouped, int
     return s > 1 && need <= room ? static_cast<int>(s) : 1;
 }
 
+// The batch's own keys (rows of elements E) as key tiles of n_tok keys, one
+// KV head after another.
+template <typename E> void tile_keys(const AttentionArgs& a, uint8_t* dst) {
+    const int64_t hd = a.head_dim, n = a.n_tok;
+    for (int h = 0; h < a.n_head_kv; h++)
+        for (int64_t u = 0; u < n; u++) {
+            const uint8_t* row =
+                static_cast<const uint8_t*>(a.k_new) + u * a.k_row_bytes + h * hd * sizeof(E);
+            uint8_t* head = dst + h * n * hd * sizeof(E);
+            for (int64_t d = 0; d < hd; d++)
+                std::memcpy(head + key_tile_index(u, d, hd, n) * sizeof(E), row + d * sizeof(E),
+                            sizeof(E));
+        }
+}
+
 void attend_all(ThreadPool& pool, const AttentionArgs& a, const KeySubset& keys, float* lse) {
     const int64_t per_thread =
         attention_scratch_per_thread(a.n_ctx, a.n_tok, a.n_head_kv * a.head_dim);
@@ -395,6 +415,17 @@ void attend_all(ThreadPool& pool, const AttentionArgs& a, const KeySubset& keys,
         }
         for (; next <= splits; next++) bound[next] = a.n_ctx;
     }
+    // A prompt batch's own keys as key tiles too, after the threads' areas:
+    // as rows, every (token, head group) widened and dotted them one by one.
+    const uint8_t* new_tiles = nullptr;
+    if (grouped && a.n_tok > 1) {
+        auto* dst = reinterpret_cast<uint8_t*>(slot(pool.size()));
+        if (type_info(a.k_type).type_size == 2)
+            tile_keys<uint16_t>(a, dst);
+        else
+            tile_keys<uint32_t>(a, dst);
+        new_tiles = dst;
+    }
     pool.parallel_for(
         items * splits,
         [&](int64_t b, int64_t e, int ith) {
@@ -424,8 +455,8 @@ void attend_all(ThreadPool& pool, const AttentionArgs& a, const KeySubset& keys,
                     as.out = split_out(split);
                     const int g = i / subs, sub = i % subs;
                     const int h0 = g * n_rep + sub * kSubGroup;
-                    attend_heads(as, t, h0, std::min(kSubGroup, n_rep - sub * kSubGroup), runs,
-                                 n_runs, sc, work, split_lse(split));
+                    attend_heads(as, new_tiles, t, h0, std::min(kSubGroup, n_rep - sub * kSubGroup),
+                                 runs, n_runs, sc, work, split_lse(split));
                 } else {
                     attend_one(a, t, i, runs, n_runs, sc, lse);
                 }

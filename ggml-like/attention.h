@@ -90,9 +90,11 @@ void attention_merge(int64_t n_tok, int n_head, int head_dim, float* out, float*
 //    around it), or the grouped path's K and V chunks converted to F32
 //    (2 x 64 keys x a head of up to 256 elements; longer heads take shorter
 //    chunks);
-//  - the runs of visible keys (at most one per key, three ints each).
-// Scores and work area start on 64-byte boundaries (16 floats of slack):
-// 512-bit loads and stores that straddle two cache lines cost twice.
+//  - the runs of visible keys (at most one per key, three ints each);
+// and after all threads' areas, shared, room for the batch's own keys as key
+// tiles (n_tok x kv_dim elements of up to 4 bytes).
+// Scores, work area and key tiles start on 64-byte boundaries (16 floats of
+// slack): 512-bit loads and stores that straddle two cache lines cost twice.
 constexpr int64_t kAttentionRunFloats = 3;
 constexpr int64_t kAttentionTileFloats = 2 * 64 * 256;
 constexpr int64_t kAttentionAlignFloats = 16;
@@ -110,7 +112,8 @@ inline int64_t attention_scratch_per_thread(int n_ctx, int n_tok, int kv_dim) {
            attention_work_floats(kv_dim) + kAttentionRunFloats * (n_ctx + n_tok);
 }
 inline int64_t attention_scratch_floats(int n_threads, int n_ctx, int n_tok, int kv_dim) {
-    return n_threads * attention_scratch_per_thread(n_ctx, n_tok, kv_dim);
+    return n_threads * attention_scratch_per_thread(n_ctx, n_tok, kv_dim) + kAttentionAlignFloats +
+           static_cast<int64_t>(n_tok) * kv_dim;
 }
 
 } // namespace gl
