@@ -95,6 +95,10 @@ void KvCache::set_head_major(bool on) {
     on = on && gl::type_info(cfg_.type_k).block_size == 1 &&
          gl::type_info(cfg_.type_v).block_size == 1;
     if (on == head_major_) return;
+    if (n_past_ == 0) { // nothing cached to move (Forward sets the layout on a fresh cache)
+        head_major_ = on;
+        return;
+    }
     // Each layer out as rows in the old layout, back in the new one.
     std::vector<uint8_t> k(cfg_.n_ctx * row_k_), v(cfg_.n_ctx * row_v_);
     for (int l = 0; l < cfg_.n_layer; l++) {
