@@ -322,13 +322,9 @@ void dot_tile(int64_t hd, const void* tile, int width, int lo, int hi, const flo
     if (width != kKeyTile)
         return ref::dot_tile(kType, hd, tile, width, lo, hi, q, nh, scale, out, os);
     const auto* k = static_cast<const typename Load::Elem*>(tile);
-    for (int j0 = 0; j0 < nh; j0 += 4) {
-        const float* qj = q + j0 * hd;
-        float* o = out + j0 * os;
-        with_static_count<4>(std::min(nh - j0, 4), [&](auto n) {
-            dot_tile_n<Load, decltype(n)::value>(hd, k, lo, hi, qj, scale, o, os);
-        });
-    }
+    for_static_groups<4>(nh, [&](auto n, int j0) {
+        dot_tile_n<Load, decltype(n)::value>(hd, k, lo, hi, q + j0 * hd, scale, out + j0 * os, os);
+    });
 }
 
 // Eight rows at a time, each with its own accumulator, sharing every load of

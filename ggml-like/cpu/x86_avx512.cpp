@@ -557,13 +557,10 @@ template <typename Load>
 void dot_tile(int64_t hd, const void* tile, int width, int lo, int hi, const float* q, int nh,
               float scale, float* out, size_t os) {
     const auto* k = static_cast<const typename Load::Elem*>(tile);
-    for (int j0 = 0; j0 < nh; j0 += kKeyTileHeads) {
-        const float* qj = q + j0 * hd;
-        float* o = out + j0 * os;
-        with_static_count<kKeyTileHeads>(std::min(nh - j0, kKeyTileHeads), [&](auto n) {
-            dot_tile_n<Load, decltype(n)::value>(hd, k, width, lo, hi, qj, scale, o, os);
-        });
-    }
+    for_static_groups<kKeyTileHeads>(nh, [&](auto n, int j0) {
+        dot_tile_n<Load, decltype(n)::value>(hd, k, width, lo, hi, q + j0 * hd, scale,
+                                             out + j0 * os, os);
+    });
 }
 
 // Callers prefetch (attention streams a chunk of rows through several heads).
