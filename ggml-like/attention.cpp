@@ -5,9 +5,15 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "ggml-like/gemm.h"
 #include "ggml-like/ops.h"
 #include "ggml-like/quants.h"
 #include "ggml-like/thread_pool.h"
+
+#if defined(__x86_64__)
+#include "ggml-like/cpu/x86_amx.h"
+#define GL_HAVE_AMX 1
+#endif
 
 namespace gl {
 
@@ -231,7 +237,7 @@ void attend_heads(const AttentionArgs& a, const uint8_t* new_tiles, int t, int h
     // mostly from L2 or L3, where the hardware prefetchers keep up and
     // software prefetches only hold the line-fill buffers (TinyLlama Q4_0,
     // pp4096: 226.8/222.5 tok/s without them, 217.8/212.4 with).
-    const bool prefetch = a.n_tok < kKeyTile;
+    const bool prefetch = a.n_tok < kAttentionPromptBatch;
     // Scores sc[j * kChunkKeys + i] of n keys are in place; turn them into
     // softmax weights against each head's running max, then add the chunk's
     // n V rows (at `rows`, `stride` bytes apart) for all heads in one pass.
@@ -379,9 +385,76 @@ template <typename E> void tile_keys(const AttentionArgs& a, uint8_t* dst) {
         }
 }
 
+#if GL_HAVE_AMX
+// A prompt batch over F16 keys and values on AMX tiles (amx::attend_rows):
+// work items are (KV head, run of tokens) with up to amx::kAttnRows query
+// rows, so each converted block of keys serves many queries. Only where
+// every rule is the plain causal one: the whole key set (no subset, no
+// log-sum-exp), no query past the ring's slide, cached keys in tiles.
+// Returns false, having done nothing, elsewhere.
+template <typename Slot>
+bool prompt_on_tiles(ThreadPool& pool, const AttentionArgs& a, const KeySubset& keys, float* lse,
+                     const uint8_t* new_tiles, int64_t per_thread, const Slot& slot) {
+    const KeySubset all;
+    const int hd = a.head_dim, n_rep = a.n_head / a.n_head_kv;
+    if (lse || keys.slot_begin != all.slot_begin || keys.slot_end != all.slot_end ||
+        keys.pos_begin != all.pos_begin || keys.pos_end != all.pos_end || !keys.with_new)
+        return false;
+    if (a.k_type != Type::F16 || a.v_type != Type::F16 || hd % 32 != 0 || hd > 256 ||
+        n_rep > amx::kAttnRows || a.n_tok < kAttentionPromptBatch ||
+        (a.slot_pos && !a.k_head_bytes) || a.pos[a.n_tok - 1] >= a.n_ctx || !gemm::amx_enabled())
+        return false;
+    if (amx::attend_rows_scratch_floats(hd) + kAttentionAlignFloats > per_thread) return false;
+    const int tokens = amx::kAttnRows / n_rep; // per item
+    const int64_t blocks = (a.n_tok + tokens - 1) / tokens;
+    const size_t e = sizeof(uint16_t);
+    pool.parallel_for(
+        a.n_head_kv * blocks,
+        [&](int64_t b, int64_t end, int ith) {
+            amx::AttnRows rows;
+            for (int64_t w = b; w < end; w++) {
+                const int g = static_cast<int>(w / blocks);
+                const int t0 = static_cast<int>(w % blocks) * tokens;
+                const int t1 = std::min(a.n_tok, t0 + tokens);
+                rows.n = 0;
+                for (int t = t0; t < t1; t++)
+                    for (int j = 0; j < n_rep; j++, rows.n++) {
+                        const int64_t qi =
+                            (static_cast<int64_t>(t) * a.n_head + g * n_rep + j) * hd;
+                        rows.q[rows.n] = a.q + qi;
+                        rows.out[rows.n] = a.out + qi;
+                        rows.pos[rows.n] = a.pos[t];
+                    }
+                amx::AttnKeys segs[2];
+                int n_segs = 0;
+                if (a.slot_pos) {
+                    amx::AttnKeys& k = segs[n_segs++];
+                    k.k = reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(a.k_slots) +
+                                                            g * a.k_head_bytes);
+                    k.n_keys = k.end = a.n_ctx;
+                    k.v = static_cast<const uint8_t*>(a.v_slots) +
+                          g * (a.v_slot_bytes ? a.v_head_bytes : hd * e);
+                    k.v_stride = a.v_slot_bytes ? a.v_slot_bytes : a.v_row_bytes;
+                    k.pos = a.slot_pos;
+                }
+                amx::AttnKeys& k = segs[n_segs++];
+                k.k = reinterpret_cast<const uint16_t*>(new_tiles + g * a.n_tok * hd * e);
+                k.n_keys = a.n_tok;
+                k.end = t1;
+                k.v = static_cast<const uint8_t*>(a.v_new) + g * hd * e;
+                k.v_stride = a.v_row_bytes;
+                k.pos = a.pos;
+                amx::attend_rows(rows, hd, a.scale, segs, n_segs, slot(ith));
+            }
+        },
+        static_cast<int64_t>(a.n_tok) * (a.n_ctx + a.n_tok) * a.n_head * hd * 2);
+    return true;
+}
+#endif
+
 void attend_all(ThreadPool& pool, const AttentionArgs& a, const KeySubset& keys, float* lse) {
     const int64_t per_thread =
-        attention_scratch_per_thread(a.n_ctx, a.n_tok, a.n_head_kv * a.head_dim);
+        attention_scratch_per_thread(a.n_ctx, a.n_tok, a.n_head_kv * a.head_dim, a.head_dim);
     const bool grouped = type_info(a.k_type).block_size == 1 && type_info(a.v_type).block_size == 1;
     if (!grouped && (a.k_head_bytes || a.v_slot_bytes))
         std::abort(); // head-major slots are for float caches (KvCache never makes others)
@@ -434,6 +507,9 @@ void attend_all(ThreadPool& pool, const AttentionArgs& a, const KeySubset& keys,
             tile_keys<uint32_t>(a, dst);
         new_tiles = dst;
     }
+#if GL_HAVE_AMX
+    if (new_tiles && prompt_on_tiles(pool, a, keys, lse, new_tiles, per_thread, slot)) return;
+#endif
     pool.parallel_for(
         items * splits,
         [&](int64_t b, int64_t e, int ith) {

@@ -84,6 +84,9 @@ void attention_partial(ThreadPool& pool, const AttentionArgs& a, const KeySubset
 // out rows are [n_tok][n_head][head_dim].
 void attention_merge(int64_t n_tok, int n_head, int head_dim, float* out, float* lse,
                      const float* out2, const float* lse2);
+// Batches of at least this many tokens count as prompt batches (no software
+// prefetches; on AMX, the prompt tile path).
+constexpr int kAttentionPromptBatch = 16;
 // Scratch floats attention needs, per thread, in this order:
 //  - scores: of all keys for one head, or of a chunk of keys for up to 8 heads;
 //  - a work area: room to dequantize one head's K and V (and the blocks
@@ -92,7 +95,9 @@ void attention_merge(int64_t n_tok, int n_head, int head_dim, float* out, float*
 //    chunks);
 //  - the runs of visible keys (at most one per key, three ints each);
 // and after all threads' areas, shared, room for the batch's own keys as key
-// tiles (n_tok x kv_dim elements of up to 4 bytes).
+// tiles (n_tok x kv_dim elements of up to 4 bytes). For a prompt batch the
+// scores and work area together also hold the AMX path's query, output and
+// key/value tiles (attention_prompt_floats).
 // Scores, work area and key tiles start on 64-byte boundaries (16 floats of
 // slack): 512-bit loads and stores that straddle two cache lines cost twice.
 constexpr int64_t kAttentionRunFloats = 3;
@@ -102,18 +107,25 @@ inline int64_t attention_scores_floats(int n_ctx, int n_tok) {
     const int64_t n = std::max<int64_t>(static_cast<int64_t>(n_ctx) + n_tok, 8 * 64);
     return (n + kAttentionAlignFloats - 1) / kAttentionAlignFloats * kAttentionAlignFloats;
 }
-inline int64_t attention_work_floats(int kv_dim) {
-    return std::max<int64_t>(
+// The AMX prompt path's area for 128 query rows (see amx::attend_rows).
+inline int64_t attention_prompt_floats(int head_dim) {
+    return 320 * static_cast<int64_t>(head_dim) + 1280;
+}
+inline int64_t attention_work_floats(int kv_dim, int head_dim, int n_tok) {
+    const int64_t grouped = std::max<int64_t>(
         2 * (static_cast<int64_t>(kv_dim) + 256),
         std::min<int64_t>(kAttentionTileFloats, 2 * 64 * static_cast<int64_t>(kv_dim)));
+    return n_tok >= kAttentionPromptBatch ? std::max(grouped, attention_prompt_floats(head_dim))
+                                          : grouped;
 }
-inline int64_t attention_scratch_per_thread(int n_ctx, int n_tok, int kv_dim) {
+inline int64_t attention_scratch_per_thread(int n_ctx, int n_tok, int kv_dim, int head_dim) {
     return kAttentionAlignFloats + attention_scores_floats(n_ctx, n_tok) +
-           attention_work_floats(kv_dim) + kAttentionRunFloats * (n_ctx + n_tok);
+           attention_work_floats(kv_dim, head_dim, n_tok) + kAttentionRunFloats * (n_ctx + n_tok);
 }
-inline int64_t attention_scratch_floats(int n_threads, int n_ctx, int n_tok, int kv_dim) {
-    return n_threads * attention_scratch_per_thread(n_ctx, n_tok, kv_dim) + kAttentionAlignFloats +
-           static_cast<int64_t>(n_tok) * kv_dim;
+inline int64_t attention_scratch_floats(int n_threads, int n_ctx, int n_tok, int kv_dim,
+                                        int head_dim) {
+    return n_threads * attention_scratch_per_thread(n_ctx, n_tok, kv_dim, head_dim) +
+           kAttentionAlignFloats + static_cast<int64_t>(n_tok) * kv_dim;
 }
 
 } // namespace gl

@@ -82,7 +82,7 @@ Forward::Forward(const Model& m, KvCache& kv, Placement placement, int max_batch
         }
         if (place_.head == be) need(m.output);
         be->reserve(mm, attends ? gl::attention_scratch_floats(be->n_threads(), kv.n_ctx(),
-                                                               max_batch, hp.kv_dim())
+                                                               max_batch, hp.kv_dim(), hp.head_dim)
                                 : 0);
     }
     backends_ = place_.distinct();

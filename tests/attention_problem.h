@@ -76,12 +76,42 @@ struct AttentionProblem {
         a.window = window;
         a.sink_k = sink_k.data();
         a.out = out.data();
-        scratch.resize(gl::attention_scratch_floats(2, c.n_ctx, c.n_tok, kvd));
+        scratch.resize(gl::attention_scratch_floats(2, c.n_ctx, c.n_tok, kvd, c.head_dim));
         a.scratch = scratch.data();
     }
     // Not copyable: `a` points into the vectors.
     AttentionProblem(const AttentionProblem&) = delete;
     AttentionProblem& operator=(const AttentionProblem&) = delete;
+};
+
+// A problem's slots copied head-major, as KvCache::set_head_major stores
+// them (keys as key tiles, values [kv head][slot][head_dim]), with p.a
+// pointed at the copies.
+struct HeadMajorSlots {
+    std::vector<uint8_t> k, v;
+    explicit HeadMajorSlots(AttentionProblem& p) {
+        const AttentionCase& c = p.c;
+        auto to_heads = [&](const std::vector<uint8_t>& r, gl::Type t, bool tiles) {
+            const size_t e = gl::type_info(t).type_size, hb = e * c.head_dim, rb = hb * c.n_head_kv;
+            std::vector<uint8_t> h(r.size());
+            for (int s = 0; s < c.n_ctx; s++)
+                for (int kv = 0; kv < c.n_head_kv; kv++)
+                    for (int d = 0; d < c.head_dim; d++) {
+                        const int64_t i = tiles ? gl::key_tile_index(s, d, c.head_dim, c.n_ctx)
+                                                : static_cast<int64_t>(s) * c.head_dim + d;
+                        std::memcpy(h.data() + kv * c.n_ctx * hb + i * e,
+                                    r.data() + s * rb + kv * hb + d * e, e);
+                    }
+            return h;
+        };
+        k = to_heads(p.ks, c.tk, true);
+        v = to_heads(p.vs, c.tv, false);
+        p.a.k_slots = k.data();
+        p.a.v_slots = v.data();
+        p.a.k_head_bytes = gl::row_size(c.tk, c.head_dim) * c.n_ctx;
+        p.a.v_slot_bytes = gl::row_size(c.tv, c.head_dim);
+        p.a.v_head_bytes = p.a.v_slot_bytes * c.n_ctx;
+    }
 };
 
 // Largest |got[i] - want[i]|; a NaN in got counts as 1e30 (an output never

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ggml-like/attention.h"
+#include "ggml-like/gemm.h"
 #include "ggml-like/quants.h"
 #include "attention_problem.h"
 #include "ggml-like/thread_pool.h"
@@ -182,8 +183,8 @@ TEST_CASE("attention: key splits over many threads equal one thread") {
              " n_ctx ", c.n_ctx, " past ", c.past);
         Problem p1(c, seed), p7(c, seed);
         seed++;
-        p7.scratch.resize(
-            gl::attention_scratch_floats(7, c.n_ctx, c.n_tok, c.n_head_kv * c.head_dim));
+        p7.scratch.resize(gl::attention_scratch_floats(7, c.n_ctx, c.n_tok,
+                                                       c.n_head_kv * c.head_dim, c.head_dim));
         p7.a.scratch = p7.scratch.data();
         gl::attention(one, p1.a);
         gl::attention(many, p7.a);
@@ -222,32 +223,11 @@ TEST_CASE("attention: head-major slots (keys in tiles) give the output of rows")
             Problem rows(c, seed), heads(c, seed);
             seed++;
             for (Problem* p : {&rows, &heads}) {
-                p->scratch.resize(gl::attention_scratch_floats(threads, c.n_ctx, c.n_tok,
-                                                               c.n_head_kv * c.head_dim));
+                p->scratch.resize(gl::attention_scratch_floats(
+                    threads, c.n_ctx, c.n_tok, c.n_head_kv * c.head_dim, c.head_dim));
                 p->a.scratch = p->scratch.data();
             }
-            // Head-major copies of the slots: values as slices, keys as tiles.
-            auto to_heads = [&](const std::vector<uint8_t>& r, Type t, bool tiles) {
-                const size_t e = gl::type_info(t).type_size, hb = e * c.head_dim,
-                             rb = hb * c.n_head_kv;
-                std::vector<uint8_t> h(r.size());
-                for (int s = 0; s < c.n_ctx; s++)
-                    for (int k = 0; k < c.n_head_kv; k++)
-                        for (int d = 0; d < c.head_dim; d++) {
-                            const int64_t i = tiles ? gl::key_tile_index(s, d, c.head_dim, c.n_ctx)
-                                                    : static_cast<int64_t>(s) * c.head_dim + d;
-                            std::memcpy(h.data() + k * c.n_ctx * hb + i * e,
-                                        r.data() + s * rb + k * hb + d * e, e);
-                        }
-                return h;
-            };
-            const std::vector<uint8_t> hk = to_heads(heads.ks, c.tk, true),
-                                       hv = to_heads(heads.vs, c.tv, false);
-            heads.a.k_slots = hk.data();
-            heads.a.v_slots = hv.data();
-            heads.a.k_head_bytes = gl::row_size(c.tk, c.head_dim) * c.n_ctx;
-            heads.a.v_slot_bytes = gl::row_size(c.tv, c.head_dim);
-            heads.a.v_head_bytes = heads.a.v_slot_bytes * c.n_ctx;
+            const kvtest::HeadMajorSlots hm(heads);
             gl::attention(pool, rows.a);
             gl::attention(pool, heads.a);
             CHECK(kvtest::max_abs_diff(heads.out, rows.out) < 1e-5);
@@ -262,6 +242,49 @@ TEST_CASE("attention: head-major slots (keys in tiles) give the output of rows")
                 CHECK(kvtest::max_abs_diff(ph.out, pr.out) < 1e-5);
                 CHECK(kvtest::max_abs_diff(ph.lse, pr.lse) < 1e-5);
             }
+        }
+    }
+}
+
+TEST_CASE("attention: prompt batches on AMX tiles match the F32 path") {
+    // F16 caches, head-major, batches of 16+ tokens that do not slide: the
+    // AMX path (hi/lo bf16 products, exact to ~2^-16) against the grouped
+    // F32 path of the same problem. Token runs that end mid-item, GQA groups
+    // of 1 to 9 heads, head sizes 32 to 128, an empty ring, a ring whose
+    // last key tile is short.
+    if (!gl::gemm::amx_enabled()) {
+        MESSAGE("no AMX here: the tile path is not used");
+        return;
+    }
+    const Case cases[] = {
+        {37, 32, 4, 64, 512, 4, 100, Type::F16, Type::F16}, // TinyLlama shape
+        {16, 6, 2, 32, 64, 4, 0, Type::F16, Type::F16},     // empty ring, GQA 3:1
+        {130, 4, 4, 128, 300, 0, 57, Type::F16, Type::F16}, // MHA: 128 tokens an item
+        {20, 14, 2, 64, 40, 4, 17, Type::F16, Type::F16},   // short last tile (40 slots)
+        {50, 9, 1, 96, 200, 4, 33, Type::F16, Type::F16},   // 9 heads a group, 14 tokens an item
+    };
+    uint32_t seed = 4242;
+    for (int threads : {1, 3}) {
+        gl::ThreadPool pool(threads);
+        for (const Case& c : cases) {
+            INFO("threads ", threads, " n_tok ", c.n_tok, " heads ", c.n_head, "/", c.n_head_kv,
+                 " hd ", c.head_dim, " n_ctx ", c.n_ctx, " past ", c.past);
+            Problem f32(c, seed), tiles(c, seed);
+            seed++;
+            const kvtest::HeadMajorSlots h1(f32), h2(tiles);
+            for (Problem* p : {&f32, &tiles}) {
+                p->scratch.resize(gl::attention_scratch_floats(
+                    threads, c.n_ctx, c.n_tok, c.n_head_kv * c.head_dim, c.head_dim));
+                p->a.scratch = p->scratch.data();
+            }
+            gl::gemm::force_off(true);
+            gl::attention(pool, f32.a);
+            gl::gemm::force_off(false);
+            gl::attention(pool, tiles.a);
+            const double diff = kvtest::max_abs_diff(tiles.out, f32.out);
+            MESSAGE("max |diff| ", diff);
+            CHECK(diff < 2e-4);
+            CHECK(diff > 0); // bit-identical would mean the tile path did not run
         }
     }
 }

@@ -226,7 +226,7 @@ using AttnData = kvtest::AttentionProblem;
 // Attention of problem d on `be` against the CPU backend: max |diff|.
 double backend_vs_cpu(gl::Backend& cpu, gl::Backend& be, AttnData& d) {
     const AttnCase& c = d.c;
-    cpu.reserve(0, gl::attention_scratch_floats(1, c.n_ctx, c.n_tok, c.n_head_kv * c.head_dim));
+    cpu.reserve(0, gl::attention_scratch_floats(1, c.n_ctx, c.n_tok, c.n_head_kv * c.head_dim, c.head_dim));
     cpu.attention(d.a);
     const std::vector<float> want = d.out;
     std::fill(d.out.begin(), d.out.end(), NAN);
@@ -353,7 +353,7 @@ TEST_CASE(
         AttnData d(c, seed++);
         const size_t qd = static_cast<size_t>(c.n_tok) * c.n_head * c.head_dim;
         cpu->reserve(0,
-                     gl::attention_scratch_floats(1, c.n_ctx, c.n_tok, c.n_head_kv * c.head_dim));
+                     gl::attention_scratch_floats(1, c.n_ctx, c.n_tok, c.n_head_kv * c.head_dim, c.head_dim));
         cpu->attention(d.a);
         std::vector<float> got(qd);
         emulate_attention(d.a, got.data());

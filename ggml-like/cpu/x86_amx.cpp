@@ -41,15 +41,6 @@ constexpr TileConfig all_tiles_16x64() {
     return c;
 }
 
-// The configuration is a constant in memory: built on the stack in a
-// function that did nothing else, GCC 12 dropped the stores of the rows and
-// columns (it does not see LDTILECFG read them) and the instruction faulted
-// on the garbage left there.
-void configure_tiles() {
-    alignas(64) static constexpr TileConfig kConfig = all_tiles_16x64();
-    _tile_loadconfig(&kConfig);
-}
-
 __m512i bf16_pairs(const float* p) { // 32 floats -> 32 bf16
     return reinterpret_cast<__m512i>(
         _mm512_cvtne2ps_pbh(_mm512_loadu_ps(p + 16), _mm512_loadu_ps(p)));
@@ -89,6 +80,15 @@ void transpose16(const __m512i in[16], __m512i out[16]) {
 }
 
 } // namespace
+
+// The configuration is a constant in memory: built on the stack in a
+// function that did nothing else, GCC 12 dropped the stores of the rows and
+// columns (it does not see LDTILECFG read them) and the instruction faulted
+// on the garbage left there.
+void configure_tiles() {
+    alignas(64) static constexpr TileConfig kConfig = all_tiles_16x64();
+    _tile_loadconfig(&kConfig);
+}
 
 void panel_row(const float* src, int64_t n_in, int r, uint16_t* panel) {
     uint16_t* dst = panel + (r / 16) * 512 + (r % 16) * 32;

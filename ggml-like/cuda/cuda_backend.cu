@@ -743,7 +743,8 @@ class CudaBackend final : public Backend {
         cold_out_.resize(static_cast<size_t>(n_q) * a.head_dim);
         cold_lse_.resize(static_cast<size_t>(n_q));
         const int64_t sc =
-            attention_scratch_floats(cpu_pool_->size(), a.n_ctx, a.n_tok, static_cast<int>(kvd));
+            attention_scratch_floats(cpu_pool_->size(), a.n_ctx, a.n_tok, static_cast<int>(kvd),
+                                     a.head_dim);
         if (static_cast<int64_t>(cpu_scratch_.size()) < sc) cpu_scratch_.resize(sc);
         AttentionArgs c = a;
         c.out = cold_out_.data();
