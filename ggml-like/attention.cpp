@@ -394,7 +394,7 @@ template <typename E> void tile_keys(const AttentionArgs& a, uint8_t* dst) {
 // Returns false, having done nothing, elsewhere.
 template <typename Slot>
 bool prompt_on_tiles(ThreadPool& pool, const AttentionArgs& a, const KeySubset& keys, float* lse,
-                     const uint8_t* new_tiles, int64_t per_thread, const Slot& slot) {
+                     const uint8_t* new_tiles, const Slot& slot) {
     const KeySubset all;
     const int hd = a.head_dim, n_rep = a.n_head / a.n_head_kv;
     if (lse || keys.slot_begin != all.slot_begin || keys.slot_end != all.slot_end ||
@@ -404,7 +404,6 @@ bool prompt_on_tiles(ThreadPool& pool, const AttentionArgs& a, const KeySubset& 
         n_rep > amx::kAttnRows || a.n_tok < kAttentionPromptBatch ||
         (a.slot_pos && !a.k_head_bytes) || a.pos[a.n_tok - 1] >= a.n_ctx || !gemm::amx_enabled())
         return false;
-    if (amx::attend_rows_scratch_floats(hd) + kAttentionAlignFloats > per_thread) return false;
     const int tokens = amx::kAttnRows / n_rep; // per item
     const int64_t blocks = (a.n_tok + tokens - 1) / tokens;
     const size_t e = sizeof(uint16_t);
@@ -508,7 +507,7 @@ void attend_all(ThreadPool& pool, const AttentionArgs& a, const KeySubset& keys,
         new_tiles = dst;
     }
 #if GL_HAVE_AMX
-    if (new_tiles && prompt_on_tiles(pool, a, keys, lse, new_tiles, per_thread, slot)) return;
+    if (new_tiles && prompt_on_tiles(pool, a, keys, lse, new_tiles, slot)) return;
 #endif
     pool.parallel_for(
         items * splits,

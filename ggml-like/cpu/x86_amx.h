@@ -64,10 +64,9 @@ struct AttnRows {
     float* out[kAttnRows];
     int64_t pos[kAttnRows];
 };
-// Floats of scratch attend_rows needs (64-byte aligned).
-int64_t attend_rows_scratch_floats(int head_dim);
 // out[r] = softmax over the visible keys of (scale * q[r] . k) times v; rows
-// that see no key get zeros.
+// that see no key get zeros. `scratch`: gl::attention_prompt_floats(head_dim)
+// floats, 64-byte aligned.
 void attend_rows(const AttnRows& rows, int head_dim, float scale, const AttnKeys* segs, int n_segs,
                  float* scratch);
 

@@ -16,8 +16,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
+#include "ggml-like/attention.h"
 #include "ggml-like/quants.h"
 
 namespace gl::amx {
@@ -40,7 +42,7 @@ inline __m512i bf16_row(__m512 f0, __m512 f1) {
 }
 
 // Two 16-float rows a and b as the pairs (a0, b0), (a1, b1), ...: a B-tile row.
-inline __m512i bf16_pairs(__m512 a, __m512 b) {
+inline __m512i bf16_interleave(__m512 a, __m512 b) {
     alignas(64) static constexpr uint16_t kInterleave[32] = {
         0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
         8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
@@ -52,8 +54,8 @@ inline void put_pairs(__m512 a, __m512 b, uint16_t* hi, uint16_t* lo, int row) {
     __m512 ah, al, bh, bl;
     split(a, ah, al);
     split(b, bh, bl);
-    _mm512_store_si512(hi + row * 32, bf16_pairs(ah, bh));
-    _mm512_store_si512(lo + row * 32, bf16_pairs(al, bl));
+    _mm512_store_si512(hi + row * 32, bf16_interleave(ah, bh));
+    _mm512_store_si512(lo + row * 32, bf16_interleave(al, bl));
 }
 
 inline __m512 load_f16(const uint16_t* p, __mmask16 m) {
@@ -61,17 +63,6 @@ inline __m512 load_f16(const uint16_t* p, __mmask16 m) {
 }
 
 } // namespace
-
-int64_t attend_rows_scratch_floats(int head_dim) {
-    const int n_ks = head_dim / 32, n_qt = kAttnRows / 16;
-    return int64_t{n_qt} * n_ks * 2 * kTileElems / 2 // query tiles (bf16)
-           + int64_t{kAttnRows} * head_dim           // output rows
-           + 2 * kAttnRows                           // running max and sum
-           + 2 * n_ks * 2 * kTileElems / 2           // key tiles
-           + (head_dim / 16) * 2 * kTileElems / 2    // value tiles
-           + 16 * kAttnBlockKeys                     // scores
-           + 2 * kTileElems / 2;                     // weights
-}
 
 void attend_rows(const AttnRows& rows, int hd, float scale, const AttnKeys* segs, int n_segs,
                  float* scratch) {
@@ -84,6 +75,8 @@ void attend_rows(const AttnRows& rows, int hd, float scale, const AttnKeys* segs
     uint16_t* vb = kb + 2 * n_ks * 2 * kTileElems;         // [c][hi, lo]
     auto* s = reinterpret_cast<float*>(vb + n_vc * 2 * kTileElems);
     auto* pa = reinterpret_cast<uint16_t*>(s + 16 * kAttnBlockKeys); // [hi, lo]
+    if (reinterpret_cast<float*>(pa + 2 * kTileElems) > scratch + attention_prompt_floats(hd))
+        std::abort(); // the layout above outgrew attention_prompt_floats
 
     // Scaled queries, split, as A tiles; rows past n are zero.
     const __m512 vscale = _mm512_set1_ps(scale);
