@@ -54,8 +54,8 @@ class KvCache {
     size_t row_bytes_k() const { return row_k_; }
     size_t row_bytes_v() const { return row_v_; }
 
-    const void* k_slots(int layer) const { return k_[layer].get(); }
-    const void* v_slots(int layer) const { return v_[layer].get(); }
+    const void* k_slots(int layer) const { return k_[layer]; }
+    const void* v_slots(int layer) const { return v_[layer]; }
     // Head-major slots instead of rows: per layer, each KV head's keys and
     // values are one contiguous stream, not a head_dim slice of every row
     // (TinyLlama shape, depth 4096: attention 8.9 instead of 11.7 ms per
@@ -74,7 +74,9 @@ class KvCache {
     // Copy slots [0, n) of a layer out as rows (either layout).
     void read_rows(int layer, int n, void* k_rows, void* v_rows) const;
     const int64_t* slot_pos() const { return slot_pos_.data(); }
-    float* sink_k(int layer) { return sink_k_.data() + static_cast<size_t>(layer) * cfg_.keep * kv_dim(); }
+    float* sink_k(int layer) {
+        return sink_k_.data() + static_cast<size_t>(layer) * cfg_.keep * kv_dim();
+    }
     const float* sink_k(int layer) const {
         return sink_k_.data() + static_cast<size_t>(layer) * cfg_.keep * kv_dim();
     }
@@ -100,11 +102,15 @@ class KvCache {
     KvCacheConfig cfg_;
     size_t row_k_ = 0, row_v_ = 0;
     bool head_major_ = false;
-    void put_row(int layer, int slot, const uint8_t* k_row, const uint8_t* v_row, const RowCopy& copy);
-    struct Free { void operator()(void* p) const; };
-    std::vector<std::unique_ptr<uint8_t[], Free>> k_, v_; // [n_layer] of [n_ctx][row]
-    std::vector<int64_t> slot_pos_;                      // [n_ctx], -1 = empty
-    std::vector<float> sink_k_;                          // [n_layer][keep][kv_dim]
+    void put_row(int layer, int slot, const uint8_t* k_row, const uint8_t* v_row,
+                 const RowCopy& copy);
+    struct Free {
+        void operator()(void* p) const;
+    };
+    std::unique_ptr<uint8_t[], Free> block_; // all layers' slots
+    std::vector<uint8_t*> k_, v_;            // [n_layer] of [n_ctx][row], in block_
+    std::vector<int64_t> slot_pos_;          // [n_ctx], -1 = empty
+    std::vector<float> sink_k_;              // [n_layer][keep][kv_dim]
     int64_t n_past_ = 0;
 };
 
