@@ -461,3 +461,37 @@ TEST_CASE("cli: generation runs far past a 64-token context") {
     CHECK(r2.out.size() > 80);
     CHECK(starts_with(r.out, r2.out));
 }
+
+TEST_CASE("cli: bench --json reports pp, tg and, with --attention, a decode step's attention") {
+    // stories260K: 5 layers, 4 KV heads of 8 dimensions.
+    const auto r = run({"bench", "-m", kStories, "-p", "32", "-n", "4", "-d", "0,64", "-t", "1",
+                        "-r", "2", "--attention", "--json"});
+    INFO(describe(r));
+    REQUIRE(r.status == 0);
+    const json j = json::parse(r.out);
+    REQUIRE(j.is_array());
+    std::vector<std::string> tests;
+    for (const json& o : j) tests.push_back(o["test"].get<std::string>());
+    CHECK(tests == std::vector<std::string>{"pp32", "tg4", "tg4@d64", "attention@d64"});
+    for (const json& o : j) {
+        INFO(o.dump());
+        if (o.contains("tokens_per_second")) {
+            CHECK(o["tokens_per_second"].get<double>() > 0);
+            continue;
+        }
+        // The K/V bytes a token reads at depth 64: 5 layers x 64 slots x
+        // (K + V) x 32 elements x 2 bytes (F16).
+        CHECK(o["ring_bytes_per_token"].get<double>() == 5.0 * 64 * 2 * 32 * 2);
+        for (const char* k : {"ms_per_token_ring_from_dram", "ms_per_token_ring_in_cache",
+                              "ms_per_token_read_only"})
+            CHECK(o[k].get<double>() > 0);
+    }
+    // A q8_0 cache keeps rows: 34 bytes per 32 elements.
+    const auto q = run({"bench", "-m", kStories, "-p", "0", "-n", "0", "-d", "64", "-t", "1", "-r",
+                        "1", "--attention", "--json", "--ctk", "q8_0", "--ctv", "q8_0"});
+    INFO(describe(q));
+    REQUIRE(q.status == 0);
+    const json jq = json::parse(q.out);
+    REQUIRE(jq.size() == 1);
+    CHECK(jq[0]["ring_bytes_per_token"].get<double>() == 5.0 * 64 * 2 * 34);
+}

@@ -19,7 +19,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/bench_attention.h"
 #include "cli/common.h"
+#include "cli/read_stream.h"
 #include "error.h"
 #include "forward.h"
 #include "ggml-like/gemm.h"
@@ -65,25 +67,6 @@ std::vector<int> parse_int_list(const std::string& s, const char* what) {
 // misses in flight (measured here: 15 GB/s per core without, 16.5 with 2 KiB
 // ahead; 24 vs 31 GB/s on two cores), and the dot kernels do prefetch, so a
 // plain loop would understate the roof and overstate the fraction.
-template <int kDistance> [[gnu::noinline]] uint64_t sum_stream(const uint64_t* b, const uint64_t* e) {
-    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    const uint64_t* p = b;
-    for (; p + 16 <= e; p += 16) { // 128 bytes: two cache lines
-        if constexpr (kDistance > 0) {
-            __builtin_prefetch(reinterpret_cast<const char*>(p) + kDistance);
-            __builtin_prefetch(reinterpret_cast<const char*>(p) + kDistance + 64);
-        }
-        for (int i = 0; i < 16; i += 4) {
-            s0 += p[i];
-            s1 += p[i + 1];
-            s2 += p[i + 2];
-            s3 += p[i + 3];
-        }
-    }
-    for (; p < e; p++) s0 += *p;
-    return s0 + s1 + s2 + s3;
-}
-
 double measure_read_bandwidth(gl::ThreadPool& pool) {
     const size_t n = (1024ull << 20) / sizeof(uint64_t);
     std::vector<uint64_t> buf(n);
@@ -142,7 +125,7 @@ int run_bench(int argc, char** argv) {
     std::string device;    // "" = cpu, or cuda with -ngl
     CommonOptions offload; // -ngl, --kv-gpu-window
     int reps = 5, batch = 512;
-    bool json = false, roofline = false;
+    bool json = false, roofline = false, attention = false;
     CLI::App app{"kvrun bench: prompt and generation speed (mean ± sd over repetitions)", "kvrun bench"};
     app.add_option("-m,--model", models, "GGUF model(s); repeat -m for several")->required();
     app.add_option("-p,--n-prompt", pp_s, "prompt lengths, comma-separated (0 = skip)")->capture_default_str();
@@ -156,6 +139,9 @@ int run_bench(int argc, char** argv) {
     app.add_option("--device", device, "cpu, cuda or cuda:N (default: cpu, or cuda with -ngl)");
     add_offload_options(app, offload);
     app.add_flag("--roofline", roofline, "measure read bandwidth and thread hand-off cost; report tg bytes/token, its bandwidth fraction and hand-offs per token");
+    app.add_flag("--attention", attention,
+                 "also time a decode step's attention at each depth > 0 (CPU): the ring from DRAM after "
+                 "each layer's weights, the ring in cache, and a plain read of the same bytes");
     app.add_flag("--json", json, "print JSON instead of a markdown table");
     try {
         app.parse(argc, argv);
@@ -168,6 +154,12 @@ int run_bench(int argc, char** argv) {
     install_interrupt_handler();
 
     std::vector<Row> rows;
+    struct AttentionRow {
+        std::string model;
+        int threads = 0, depth = 0;
+        AttentionTimes t;
+    };
+    std::vector<AttentionRow> attention_rows;
     std::map<int, double> bandwidth;  // per thread count
     std::map<int, double> handoff_us; // per thread count
     for (const std::string& path : models) {
@@ -228,6 +220,11 @@ int run_bench(int argc, char** argv) {
                 }
                 rows.push_back({name, "pp" + std::to_string(pp), threads, stat_of(v), 0, 0});
             }
+            if (attention)
+                for (int depth : depths)
+                    if (depth > 0 && !interrupted())
+                        attention_rows.push_back(
+                            {name, threads, depth, bench_attention(lm->model, tk, tv, depth, threads, reps)});
             for (int depth : depths)
                 for (int tg : tgs) {
                     if (tg == 0) continue;
@@ -274,12 +271,22 @@ int run_bench(int argc, char** argv) {
             }
             j.push_back(o);
         }
+        for (const AttentionRow& r : attention_rows)
+            j.push_back({{"model", r.model},
+                         {"test", "attention@d" + std::to_string(r.depth)},
+                         {"threads", r.threads},
+                         {"ms_per_token_ring_from_dram", r.t.from_dram},
+                         {"ms_per_token_ring_in_cache", r.t.from_cache},
+                         {"ms_per_token_read_only", r.t.read_only},
+                         {"ring_bytes_per_token", r.t.ring_bytes}});
         fmt::print("{}\n", j.dump(2));
         return 0;
     }
-    fmt::print("| model | test | threads | tok/s | {}\n",
-               roofline ? "MB/token | GB/s read | of bandwidth | thread sync per token |" : "");
-    fmt::print("| --- | --- | ---: | ---: | {}\n", roofline ? "---: | ---: | ---: | ---: |" : "");
+    if (!rows.empty()) {
+        fmt::print("| model | test | threads | tok/s | {}\n",
+                   roofline ? "MB/token | GB/s read | of bandwidth | thread sync per token |" : "");
+        fmt::print("| --- | --- | ---: | ---: | {}\n", roofline ? "---: | ---: | ---: | ---: |" : "");
+    }
     for (const Row& r : rows) {
         std::string extra;
         if (roofline)
@@ -291,6 +298,16 @@ int run_bench(int argc, char** argv) {
                                       100 * r.handoffs_per_token * handoff_us[r.threads] * 1e-6 * r.tps.mean)
                         : "| | | |";
         fmt::print("| {} | {} | {} | {:.2f} ± {:.2f} | {}\n", r.model, r.test, r.threads, r.tps.mean, r.tps.sd, extra);
+    }
+    if (!attention_rows.empty()) {
+        fmt::print("{}attention of one decode step, ms per token (mean of {} repetitions):\n\n",
+                   rows.empty() ? "" : "\n", reps);
+        fmt::print("| model | threads | depth | K/V read | ring from DRAM | ring in cache | plain read of the ring |\n");
+        fmt::print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+        for (const AttentionRow& r : attention_rows)
+            fmt::print("| {} | {} | {} | {:.1f} MB | {:.2f} | {:.2f} | {:.2f} ({:.1f} GB/s) |\n", r.model, r.threads,
+                       r.depth, r.t.ring_bytes / 1e6, r.t.from_dram, r.t.from_cache, r.t.read_only,
+                       r.t.ring_bytes / (r.t.read_only * 1e6));
     }
     return 0;
 }
