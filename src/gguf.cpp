@@ -6,7 +6,10 @@
 // A string is u64 length + bytes; an array is u32 element type + u64 count + elements.
 #include "gguf.h"
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -239,6 +242,7 @@ GgufFile& GgufFile::operator=(GgufFile&& o) noexcept {
         base_ = o.base_;
         size_ = o.size_;
         map_ = o.map_;
+        data_copy_ = std::move(o.data_copy_);
         version_ = o.version_;
         alignment_ = o.alignment_;
         data_offset_ = o.data_offset_;
@@ -254,6 +258,60 @@ GgufFile& GgufFile::operator=(GgufFile&& o) noexcept {
 
 GgufFile::~GgufFile() {
     if (map_) munmap(map_, size_);
+}
+
+void GgufFile::FreeCopy::operator()(uint8_t* p) const { std::free(p); }
+
+bool GgufFile::move_data_to_huge_pages(const std::function<bool(const GgufTensor&)>& keep_mapped) {
+    if (!map_ || data_copy_) return false;
+    // The moved tensors in file order, each 64-byte aligned in the copy.
+    std::vector<uint64_t> at(tensors_.size(), 0);
+    std::vector<size_t> moved;
+    uint64_t n = 0;
+    for (size_t i = 0; i < tensors_.size(); i++) {
+        if (keep_mapped && keep_mapped(tensors_[i])) continue;
+        moved.push_back(i);
+        at[i] = n;
+        n += (tensors_[i].nbytes + 63) / 64 * 64;
+    }
+    if (n == 0) return false;
+    constexpr size_t kHugePage = size_t{2} << 20, kPiece = size_t{8} << 20;
+    const size_t bytes = (n + kHugePage - 1) / kHugePage * kHugePage;
+    auto* copy = static_cast<uint8_t*>(std::aligned_alloc(kHugePage, bytes));
+    if (!copy) return false;
+#if defined(MADV_HUGEPAGE)
+    madvise(copy, bytes, MADV_HUGEPAGE); // advice only
+#endif
+    struct Piece {
+        size_t tensor;
+        uint64_t off, len;
+    };
+    std::vector<Piece> pieces;
+    for (size_t i : moved)
+        for (uint64_t o = 0; o < tensors_[i].nbytes; o += kPiece)
+            pieces.push_back({i, o, std::min<uint64_t>(kPiece, tensors_[i].nbytes - o)});
+    const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    const uintptr_t map_end = reinterpret_cast<uintptr_t>(map_) + (size_ + page - 1) / page * page;
+    // Piece k on thread k % 2: the new pages' faults and zeroing are most of
+    // the time, and two cores halve it (TinyLlama Q4_0: 0.2-1 s -> 0.1-0.7 s).
+    auto copy_pieces = [&](size_t first) {
+        for (size_t k = first; k < pieces.size(); k += 2) {
+            const Piece& p = pieces[k];
+            const uint8_t* src = base_ + tensors_[p.tensor].offset + p.off;
+            std::memcpy(copy + at[p.tensor] + p.off, src, p.len);
+            // The piece's pages leave this process (a page it shares with
+            // the metadata or a kept tensor faults back in from the file).
+            const uintptr_t b = reinterpret_cast<uintptr_t>(src) / page * page;
+            const uintptr_t e = std::min(reinterpret_cast<uintptr_t>(src + p.len + page - 1) / page * page, map_end);
+            madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);
+        }
+    };
+    std::thread helper(copy_pieces, 1);
+    copy_pieces(0);
+    helper.join();
+    for (size_t i : moved) tensors_[i].data = copy + at[i];
+    data_copy_.reset(copy);
+    return true;
 }
 
 void GgufFile::parse_all() {

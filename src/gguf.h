@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -71,6 +72,17 @@ class GgufFile {
     uint32_t version() const { return version_; }
     uint64_t file_size() const { return size_; }
     const uint8_t* bytes() const { return base_; } // the whole mapped file
+    // Moves the tensors (but those keep_mapped says to leave) out of the
+    // file mapping into anonymous memory advised onto transparent huge
+    // pages, and points them at it; the metadata stays mapped. Streaming
+    // weights through 4 KiB pages costs a TLB walk per page, dearer still
+    // under a hypervisor's nested paging (see LoadedModel::load). Copied in
+    // pieces, each piece's mapped pages dropped right after it
+    // (MADV_DONTNEED; the page cache keeps them), so resident memory never
+    // holds the weights twice. False, with nothing changed, for a parsed
+    // buffer, when nothing is to move or the memory cannot be allocated.
+    bool move_data_to_huge_pages(const std::function<bool(const GgufTensor&)>& keep_mapped = {});
+    bool data_moved() const { return data_copy_ != nullptr; }
     uint64_t alignment() const { return alignment_; }
     uint64_t data_offset() const { return data_offset_; }
 
@@ -98,6 +110,10 @@ class GgufFile {
     const uint8_t* base_ = nullptr;
     uint64_t size_ = 0;
     void* map_ = nullptr; // owned mapping (null when parsing a caller's buffer)
+    struct FreeCopy {
+        void operator()(uint8_t* p) const;
+    };
+    std::unique_ptr<uint8_t, FreeCopy> data_copy_; // the tensor data, once moved
     uint32_t version_ = 0;
     uint64_t alignment_ = 32;
     uint64_t data_offset_ = 0;

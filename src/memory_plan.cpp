@@ -46,8 +46,10 @@ MemoryPlan plan_memory(const GgufFile& f, const Hparams& hp, int64_t n_ctx, gl::
                        int threads) {
     MemoryPlan p;
     p.mem_available = mem_available_bytes();
-    for (const auto& t : f.tensors()) p.weights += t.nbytes;
-    if (!f.tensors().empty()) p.weights_resident = resident_bytes(f.bytes() + f.data_offset(), f.file_size() - f.data_offset());
+    for (const auto& t : f.tensors()) {
+        p.weights += t.nbytes;
+        p.weights_resident += resident_bytes(t.data, t.nbytes); // mapped, or moved (GgufFile)
+    }
     p.kv_per_token = static_cast<uint64_t>(hp.n_layer) *
                      (gl::row_size(tk, hp.kv_dim()) + gl::row_size(tv, hp.kv_dim()));
     p.n_ctx = n_ctx;

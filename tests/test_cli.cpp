@@ -196,6 +196,19 @@ TEST_CASE("cli: greedy stories260K continuation equals the golden text") {
     CHECK(contains(s.err, "generated 100 tok"));
     CHECK(!contains(s.out, "[kvrun]"));
     CHECK(!contains(s.err, "little girl")); // no generated text on stderr
+
+    // The same with the weights moved onto huge pages (forced: this model is
+    // below the size where kvrun moves them by itself) and with them kept in
+    // the file mapping.
+    for (const char* mode : {"1", "0"}) {
+        setenv("KVRUN_HUGEPAGES", mode, 1);
+        const auto h = run({"-m", kStories, "-p", kPrompt, "-n", "100", "--temp", "0", "-v"});
+        unsetenv("KVRUN_HUGEPAGES");
+        INFO(mode, describe(h));
+        CHECK(h.status == 0);
+        CHECK(h.out == expected);
+        CHECK(contains(h.err, *mode == '1' ? "moved onto huge pages" : "in the file mapping"));
+    }
 }
 
 TEST_CASE("cli: --echo, -f FILE and -f - give the same continuation as -p") {

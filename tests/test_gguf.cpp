@@ -20,6 +20,7 @@
 #include "ggml-like/types.h"
 #include "gguf.h"
 #include "gguf_writer.h"
+#include "memory_plan.h"
 #include "model.h"
 #include "test_util.h"
 
@@ -1210,4 +1211,45 @@ TEST_CASE("model: missing keys and tensors, wrong shapes and architectures are n
         GgufFile f = GgufFile::open(kvtest::shared("vocab/ggml-vocab-llama-spm.gguf"));
         CHECK(contains(expect_bad_model([&] { Model::load(f); }), "token_embd.weight"));
     }
+}
+
+TEST_CASE("gguf: tensors moved onto huge pages are the same bytes, resident, and survive a move") {
+    const std::string path = kvtest::shared("models/stories260K.gguf");
+    GgufFile mapped = GgufFile::open(path);
+    GgufFile moved = GgufFile::open(path);
+    const uint8_t* map_begin = moved.bytes();
+    const uint8_t* map_end = map_begin + moved.file_size();
+    auto in_map = [&](const void* p) {
+        return static_cast<const uint8_t*>(p) >= map_begin && static_cast<const uint8_t*>(p) < map_end;
+    };
+    // Everything but the token embedding moves.
+    auto keep = [](const GgufTensor& t) { return t.name == "token_embd.weight"; };
+    REQUIRE(moved.move_data_to_huge_pages(keep));
+    CHECK(moved.data_moved());
+    CHECK(!moved.move_data_to_huge_pages()); // once only
+    // A move keeps the copy, and the tensors pointing into it.
+    GgufFile kept = std::move(moved);
+    REQUIRE(kept.tensors().size() == mapped.tensors().size());
+    REQUIRE(kept.tensors().size() > 2);
+    for (size_t i = 0; i < kept.tensors().size(); i++) {
+        const GgufTensor& a = kept.tensors()[i];
+        const GgufTensor& b = mapped.tensors()[i];
+        INFO(a.name);
+        CHECK(in_map(a.data) == keep(a));
+        CHECK(a.nbytes == b.nbytes);
+        CHECK(std::memcmp(a.data, b.data, a.nbytes) == 0);
+        if (!keep(a)) CHECK(resident_bytes(a.data, a.nbytes) == a.nbytes);
+        CHECK(reinterpret_cast<uintptr_t>(a.data) % 32 == 0); // SIMD loads as from the file
+    }
+    // The metadata is still read from the mapping.
+    CHECK(kept.need_str("general.architecture") == mapped.need_str("general.architecture"));
+    // A model bound to the moved file reads the copy.
+    const Model m = Model::load(kept);
+    CHECK(in_map(m.token_embd.data));
+    CHECK(!in_map(m.layers.front().wq.data));
+    CHECK(m.layers.front().wq.data == kept.tensor("blk.0.attn_q.weight")->data);
+    // Nothing to move: false, nothing changed.
+    GgufFile none = GgufFile::open(path);
+    CHECK(!none.move_data_to_huge_pages([](const GgufTensor&) { return true; }));
+    CHECK(!none.data_moved());
 }
