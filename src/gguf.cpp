@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <system_error>
 #include <thread>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -306,9 +307,16 @@ bool GgufFile::move_data_to_huge_pages(const std::function<bool(const GgufTensor
             madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);
         }
     };
-    std::thread helper(copy_pieces, 1);
+    std::thread helper;
+    try {
+        helper = std::thread(copy_pieces, 1);
+    } catch (const std::system_error&) { // no second thread: this one does both halves
+    }
     copy_pieces(0);
-    helper.join();
+    if (helper.joinable())
+        helper.join();
+    else
+        copy_pieces(1);
     for (size_t i : moved) tensors_[i].data = copy + at[i];
     data_copy_.reset(copy);
     return true;
