@@ -3,11 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <sstream>
-#include <sys/mman.h>
-#include <unistd.h>
-#include <vector>
 
 #include "cli/common.h"
 #include "ggml-like/types.h"
@@ -18,29 +14,6 @@ namespace {
 // Kept free for the allocator, the binary, stacks and the rest of the system.
 constexpr uint64_t kReserve = 64ull << 20;
 } // namespace
-
-uint64_t mem_available_bytes() {
-    if (const char* e = std::getenv("KVRUN_MEM_AVAILABLE")) return std::strtoull(e, nullptr, 10);
-    std::ifstream in("/proc/meminfo");
-    std::string key;
-    uint64_t kb = 0;
-    std::string unit;
-    while (in >> key >> kb >> unit)
-        if (key == "MemAvailable:") return kb * 1024;
-    return 0;
-}
-
-uint64_t resident_bytes(const void* p, uint64_t n) {
-    if (!p || n == 0) return 0;
-    const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-    const auto start = reinterpret_cast<uintptr_t>(p) / page * page;
-    const uint64_t len = reinterpret_cast<uintptr_t>(p) + n - start;
-    std::vector<unsigned char> vec((len + page - 1) / page);
-    if (mincore(reinterpret_cast<void*>(start), len, vec.data()) != 0) return 0;
-    uint64_t pages = 0;
-    for (unsigned char v : vec) pages += v & 1;
-    return std::min<uint64_t>(pages * page, n);
-}
 
 MemoryPlan plan_memory(const GgufFile& f, const Hparams& hp, int64_t n_ctx, gl::Type tk, gl::Type tv, int batch,
                        int threads) {

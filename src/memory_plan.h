@@ -13,12 +13,10 @@
 
 #include "gguf.h"
 #include "model.h"
+#include "system_memory.h"
 
 namespace kvrun {
 
-uint64_t mem_available_bytes();
-// Bytes of [p, p + n) currently resident (mincore); 0 if unknown.
-uint64_t resident_bytes(const void* p, uint64_t n);
 
 struct MemoryPlan {
     uint64_t mem_available = 0;

@@ -7,7 +7,7 @@
 #include <sys/resource.h>
 
 #include "error.h"
-#include "memory_plan.h"
+#include "system_memory.h"
 
 namespace kvrun {
 
