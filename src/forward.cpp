@@ -251,24 +251,9 @@ void Forward::layer(int l, int n, int64_t pos0) {
     a.q = q_.data();
     a.q_unrot = any_slid ? q_unrot_.data() : nullptr;
     a.pos = pos_.data();
-    a.k_type = kv_.config().type_k;
-    a.v_type = kv_.config().type_v;
-    a.k_row_bytes = kv_.row_bytes_k();
-    a.v_row_bytes = kv_.row_bytes_v();
-    a.n_ctx = kv_.n_ctx();
-    a.k_slots = kv_.k_slots(l);
-    a.v_slots = kv_.v_slots(l);
-    if (kv_.head_major()) {
-        a.k_head_bytes = kv_.head_bytes_k();
-        a.v_slot_bytes = kv_.slot_bytes_v();
-        a.v_head_bytes = kv_.head_bytes_v();
-    }
-    a.slot_pos = kv_.slot_pos();
+    kv_.attention_slots(l, a);
     a.k_new = kc_.data();
     a.v_new = vc_.data();
-    a.n_sink = kv_.keep();
-    a.window = kv_.window();
-    a.sink_k = kv_.sink_k(l);
     a.out = att_.data();
     be.attention(a);
     kv_.write(l, pos0, n, kc_.data(), vc_.data(), [&be](void* dst, const void* src, size_t bytes) {

@@ -84,6 +84,25 @@ int KvCache::slot_of(int64_t pos) const {
 }
 
 size_t KvCache::ring_bytes() const { return ring_bytes_for(cfg_); }
+
+void KvCache::attention_slots(int layer, gl::AttentionArgs& a) const {
+    a.k_type = cfg_.type_k;
+    a.v_type = cfg_.type_v;
+    a.k_row_bytes = row_k_;
+    a.v_row_bytes = row_v_;
+    a.n_ctx = cfg_.n_ctx;
+    a.k_slots = k_slots(layer);
+    a.v_slots = v_slots(layer);
+    // 0 = rows (see gl::AttentionArgs)
+    a.k_head_bytes = head_bytes_k();
+    a.v_slot_bytes = head_major_ ? slot_bytes_v() : 0;
+    a.v_head_bytes = head_bytes_v();
+    a.slot_pos = slot_pos();
+    a.n_sink = cfg_.keep;
+    a.window = window();
+    a.sink_k = sink_k(layer);
+}
+
 size_t KvCache::sink_bytes() const { return sink_k_.size() * sizeof(float); }
 
 namespace {

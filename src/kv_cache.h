@@ -18,6 +18,7 @@
 #include <memory>
 #include <vector>
 
+#include "ggml-like/attention.h"
 #include "ggml-like/types.h"
 
 namespace kvrun {
@@ -71,6 +72,10 @@ class KvCache {
     size_t slot_bytes_v() const { return head_major_ ? row_v_ / cfg_.n_head_kv : row_v_; }
     size_t head_bytes_k() const { return head_major_ ? row_k_ / cfg_.n_head_kv * cfg_.n_ctx : 0; }
     size_t head_bytes_v() const { return head_major_ ? slot_bytes_v() * cfg_.n_ctx : 0; }
+    // A layer's cached slots for gl::attention: the cache fields of `a`
+    // (types, row sizes, n_ctx, slots in either layout, the positions they
+    // hold, the sinks); the caller fills the batch's own.
+    void attention_slots(int layer, gl::AttentionArgs& a) const;
     // Copy slots [0, n) of a layer out as rows (either layout).
     void read_rows(int layer, int n, void* k_rows, void* v_rows) const;
     const int64_t* slot_pos() const { return slot_pos_.data(); }

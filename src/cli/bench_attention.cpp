@@ -93,24 +93,9 @@ AttentionTimes bench_attention(const Model& m, gl::Type tk, gl::Type tv, int dep
         a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
         a.q = q.data();
         a.pos = &pos;
-        a.k_type = tk;
-        a.v_type = tv;
-        a.k_row_bytes = kv.row_bytes_k();
-        a.v_row_bytes = kv.row_bytes_v();
-        a.n_ctx = kv.n_ctx();
-        a.k_slots = kv.k_slots(l);
-        a.v_slots = kv.v_slots(l);
-        if (kv.head_major()) {
-            a.k_head_bytes = kv.head_bytes_k();
-            a.v_slot_bytes = kv.slot_bytes_v();
-            a.v_head_bytes = kv.head_bytes_v();
-        }
-        a.slot_pos = kv.slot_pos();
+        kv.attention_slots(l, a);
         a.k_new = k_new.data();
         a.v_new = v_new.data();
-        a.n_sink = kv.keep();
-        a.window = kv.window();
-        a.sink_k = kv.sink_k(l);
         a.out = out.data();
         a.scratch = scratch.data();
         return a;
