@@ -22,7 +22,8 @@ namespace {
 constexpr int kSpinIters = 20000;
 } // namespace
 
-ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads < 1 ? 1 : n_threads) {
+ThreadPool::ThreadPool(int n_threads)
+    : n_threads_(n_threads < 1 ? 1 : n_threads), blocks_(static_cast<size_t>(n_threads_)) {
     threads_.reserve(n_threads_ - 1);
     for (int i = 1; i < n_threads_; i++) threads_.emplace_back([this, i] { worker(i); });
 }
@@ -46,9 +47,16 @@ void ThreadPool::run_chunks(int64_t n_chunks, ChunkTask fn, void* ctx) {
     task_ = fn;
     ctx_ = ctx;
     done_.store(0, std::memory_order_relaxed);
-    // Release: a thread whose claim reads this value (or a later one of the
-    // same loop) sees task_, ctx_ and done_ above.
-    claim_.store(static_cast<uint64_t>(n_chunks) << 16, std::memory_order_release);
+    n_chunks_.store(n_chunks, std::memory_order_relaxed);
+    // Release: a thread whose claim reads one of these values (or a later
+    // one of the same loop) sees task_, ctx_, n_chunks_ and done_ above.
+    // A worker still looking for work of the previous loop finds its blocks
+    // empty, or claims a chunk of this one and runs this task.
+    for (int t = 0; t < n_threads_; t++) {
+        const auto b = static_cast<uint64_t>(n_chunks * t / n_threads_);
+        const auto e = static_cast<uint64_t>(n_chunks * (t + 1) / n_threads_);
+        blocks_[t].store(b | e << 32, std::memory_order_release);
+    }
     epoch_.fetch_add(1, std::memory_order_release);
     epoch_.notify_all();
     work_chunks(0);
@@ -64,12 +72,26 @@ void ThreadPool::run_chunks(int64_t n_chunks, ChunkTask fn, void* ctx) {
     }
 }
 
+int64_t ThreadPool::claim(int ith) {
+    for (int i = 0; i < n_threads_; i++) {
+        const bool own = i == 0;
+        std::atomic<uint64_t>& w = blocks_[(ith + i) % n_threads_];
+        uint64_t cur = w.load(std::memory_order_acquire);
+        for (;;) {
+            const uint64_t front = cur & 0xffffffffu, end = cur >> 32;
+            if (front >= end) break;
+            const uint64_t next = own ? (front + 1) | end << 32 : front | (end - 1) << 32;
+            if (w.compare_exchange_weak(cur, next, std::memory_order_acq_rel,
+                                        std::memory_order_acquire))
+                return static_cast<int64_t>(own ? front : end - 1);
+        }
+    }
+    return -1;
+}
+
 void ThreadPool::work_chunks(int ith) {
-    for (;;) {
-        const uint64_t c = claim_.fetch_add(1, std::memory_order_acq_rel);
-        const int64_t k = static_cast<int64_t>(c & 0xffff);
-        const int64_t n = static_cast<int64_t>((c >> 16) & 0xffff);
-        if (k >= n) return;
+    for (int64_t k; (k = claim(ith)) >= 0;) {
+        const int64_t n = n_chunks_.load(std::memory_order_relaxed);
         task_(ctx_, k, ith);
         if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == n) done_.notify_one();
     }

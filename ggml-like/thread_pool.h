@@ -5,13 +5,16 @@
 // (C++20 atomic wait, a futex on Linux), and the caller thread works too.
 // No allocation happens per call.
 //
-// A loop is cut into a few chunks per thread that threads claim from a shared
-// counter, and it ends when every chunk is done, not when every thread has
-// checked in. On a busy machine (a compiler or a browser on the other core)
-// a descheduled worker then costs its share of the work, which the running
-// threads take over, instead of a scheduler time slice at every loop: with one
-// thread-per-loop hand-offs generation fell to a ninth of its speed while one
-// compile job ran beside it.
+// A loop is cut into a few chunks per thread, one contiguous block of them
+// per thread; each thread runs its own block's chunks in order, then takes
+// the last chunks of blocks not yet done, and the loop ends when every chunk
+// is done, not when every thread has checked in. On a busy machine (a
+// compiler or a browser on the other core) a descheduled worker then costs
+// its share of the work, which the running threads take over, instead of a
+// scheduler time slice at every loop: with one thread-per-loop hand-offs
+// generation fell to a ninth of its speed while one compile job ran beside
+// it (with a busy loop on the other core: 24.6 tok/s here, 23.8 with chunks
+// claimed from one shared counter).
 #pragma once
 
 #include <atomic>
@@ -75,6 +78,8 @@ class ThreadPool {
     void worker(int ith);
     // Claims and runs chunks of the current loop until none are left.
     void work_chunks(int ith);
+    // The next chunk for thread ith (see blocks_), or -1 when none is left.
+    int64_t claim(int ith);
 
     int n_threads_;
     uint64_t handoffs_ = 0; // touched only by the calling thread
@@ -84,11 +89,17 @@ class ThreadPool {
     // that chunk is done.
     ChunkTask task_ = nullptr;
     void* ctx_ = nullptr;
-    // The current loop: bits 16..31 its chunk count, 0..15 the next chunk to
-    // hand out (each loop stores a fresh value). A claim is a fetch_add; claims past the
-    // count fail, at most one per thread per loop, so the field cannot
-    // overflow into the count.
-    std::atomic<uint64_t> claim_{0};
+    // The current loop's chunks, one contiguous block per thread: block t's
+    // next chunk in bits 0..31, its end in 32..63 (each loop stores fresh
+    // values, released after task_, ctx_, n_chunks_ and done_). A thread
+    // takes its own block's chunks from the front, in order, so it streams
+    // through consecutive memory (its prefetches run on into its own next
+    // chunk); once that is empty it takes other blocks' last chunks. With
+    // chunks claimed in turn from one counter, each thread jumped to a new
+    // region at every chunk and TinyLlama Q4_0 generated 45 instead of 49
+    // tok/s. Claims are compare-and-swaps on the block's word.
+    std::vector<std::atomic<uint64_t>> blocks_;
+    std::atomic<int64_t> n_chunks_{0};
     std::atomic<int64_t> done_{0};   // chunks of the current loop finished
     std::atomic<uint64_t> epoch_{0}; // bumped to wake sleeping workers
     std::atomic<bool> stop_{false};

@@ -3,6 +3,7 @@
 // taken over by the others (a descheduled worker must not stall the loop).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -77,4 +78,33 @@ TEST_CASE("thread pool: the caller takes over the chunks a stalled worker does n
     CHECK(by_caller.load() + by_worker.load() == n);
     CHECK(by_worker.load() == 1);
     CHECK(ms >= 400); // the loop waited for the worker's claimed chunk
+}
+
+TEST_CASE("thread pool: each thread runs its own block of chunks in order, from its start") {
+    // Streaming through consecutive memory is the point (see blocks_): the
+    // caller's chunks of the first half come in order from 0, the worker's
+    // of the second half in order from n / 2; others' chunks only as steals.
+    // Each chunk takes 2 ms, so that both threads take part.
+    gl::ThreadPool pool(2);
+    const int64_t n = 2 * gl::ThreadPool::kChunksPerThread;
+    int worker_took_part = 0;
+    for (int rep = 0; rep < 10; rep++) {
+        std::vector<int64_t> order[2];
+        pool.parallel_for(n, [&](int64_t b, int64_t, int ith) {
+            order[ith].push_back(b);
+            std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        });
+        worker_took_part += !order[1].empty();
+        REQUIRE(order[0].size() + order[1].size() == static_cast<size_t>(n));
+        REQUIRE(!order[0].empty());
+        CHECK(order[0].front() == 0);
+        for (int t = 0; t < 2; t++) {
+            std::vector<int64_t> own;
+            for (int64_t b : order[t])
+                if ((b < n / 2) == (t == 0)) own.push_back(b);
+            CHECK(std::is_sorted(own.begin(), own.end()));
+            if (!own.empty()) CHECK(own.front() == (t == 0 ? 0 : n / 2));
+        }
+    }
+    CHECK(worker_took_part > 0);
 }
