@@ -16,7 +16,10 @@ struct LoadedModel {
     GgufFile file;
     Model model;
     Tokenizer tokenizer;
-    static std::unique_ptr<LoadedModel> load(const std::string& path);
+    // weights_on_cpu: the CPU backend will stream the weights (false when
+    // every layer runs on the GPU), so they move onto huge pages if they can
+    // (see session.cpp).
+    static std::unique_ptr<LoadedModel> load(const std::string& path, bool weights_on_cpu = true);
 };
 
 // -c auto: room for the prompt plus the requested tokens (-n; when unlimited,

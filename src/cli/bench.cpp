@@ -173,7 +173,10 @@ int run_bench(int argc, char** argv) {
     std::map<int, double> bandwidth;  // per thread count
     std::map<int, double> handoff_us; // per thread count
     for (const std::string& path : models) {
-        auto lm = LoadedModel::load(path);
+        CommonOptions placement;
+        placement.device = device;
+        placement.n_gpu_layers = offload.n_gpu_layers;
+        auto lm = LoadedModel::load(path, !offloads_every_layer(placement));
         const Hparams& hp = lm->model.hp;
         const std::string name = path.substr(path.find_last_of('/') + 1);
         // Bytes one generated token reads: every weight matrix once, one embedding row.

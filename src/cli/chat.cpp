@@ -259,7 +259,7 @@ int run_chat(int argc, char** argv) {
     }
 
     install_interrupt_handler();
-    auto lm = LoadedModel::load(o.common.model);
+    auto lm = LoadedModel::load(o.common.model, !offloads_every_layer(o.common));
     ChatTemplate tmpl = ChatTemplate::for_model(lm->file, lm->tokenizer, o.chat_template);
     const int threads = resolve_threads(o.common.threads);
     const int n_ctx = pick_context(o, *lm, tk, tv, threads);

@@ -158,6 +158,10 @@ std::unique_ptr<gl::Backend> make_backend(const CommonOptions& o, int threads) {
     fail(Exit::usage, "--device {}: unknown device (use cpu, cuda or cuda:N)", d);
 }
 
+bool offloads_every_layer(const CommonOptions& o) {
+    return o.n_gpu_layers == "all" || (o.n_gpu_layers.empty() && is_cuda_device(o.device));
+}
+
 int resolve_gpu_layers(const CommonOptions& o, int n_layer) {
     const std::string& d = o.device;
     if (!d.empty() && d != "cpu" && !is_cuda_device(d))

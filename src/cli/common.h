@@ -43,6 +43,11 @@ std::unique_ptr<gl::Backend> make_backend(const CommonOptions& o, int threads);
 // all, else all with --device cuda and none otherwise. Throws Error(usage)
 // for junk or for -ngl N > 0 with --device cpu.
 int resolve_gpu_layers(const CommonOptions& o, int n_layer);
+// Whether the options put every layer on the GPU (-ngl all, or --device cuda
+// without -ngl), known before the model is: then the CPU never streams the
+// weights, and loading leaves them in the file mapping. Invalid options are
+// left for resolve_gpu_layers to reject.
+bool offloads_every_layer(const CommonOptions& o);
 
 // The backends of a run and which layers each runs (Placement in forward.h):
 // the first n_gpu_layers on the GPU, the rest and, unless the GPU holds every

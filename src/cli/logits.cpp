@@ -34,7 +34,7 @@ int run_logits(int argc, char** argv) {
     const gl::Type tk = parse_cache_type(c.cache_type_k, "--cache-type-k");
     const gl::Type tv = parse_cache_type(c.cache_type_v, "--cache-type-v");
 
-    auto lm = LoadedModel::load(c.model);
+    auto lm = LoadedModel::load(c.model, !offloads_every_layer(c));
     const Hparams& hp = lm->model.hp;
     std::vector<int32_t> ids = *t_opt ? parse_token_list(tokens_s) : lm->tokenizer.encode(read_prompt(prompt, "", true), true, true);
     for (int32_t id : ids)

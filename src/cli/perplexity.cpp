@@ -41,7 +41,7 @@ int run_perplexity(int argc, char** argv) {
     const gl::Type tv = parse_cache_type(c.cache_type_v, "--cache-type-v");
     const std::string text = read_prompt("", file, false);
     install_interrupt_handler();
-    auto lm = LoadedModel::load(c.model);
+    auto lm = LoadedModel::load(c.model, !offloads_every_layer(c));
     const Hparams& hp = lm->model.hp;
     const std::vector<int32_t> tokens = lm->tokenizer.encode(text, true, false);
     int64_t n_chunks = static_cast<int64_t>(tokens.size()) / n_ctx;

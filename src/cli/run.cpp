@@ -131,7 +131,7 @@ int run_generate(int argc, char** argv) {
         read_prompt(o.prompt, piped ? std::string("-") : o.prompt_file, static_cast<bool>(*p_opt));
     install_interrupt_handler();
     const auto t_load = Clock::now();
-    auto lm = LoadedModel::load(o.common.model);
+    auto lm = LoadedModel::load(o.common.model, !offloads_every_layer(o.common));
     const Hparams& hp = lm->model.hp;
     const Tokenizer& tok = lm->tokenizer;
     std::vector<int32_t> tokens;
