@@ -261,8 +261,6 @@ GgufFile::~GgufFile() {
     if (map_) munmap(map_, size_);
 }
 
-void GgufFile::FreeCopy::operator()(uint8_t* p) const { std::free(p); }
-
 bool GgufFile::move_data_to_huge_pages(const std::function<bool(const GgufTensor&)>& keep_mapped) {
     if (!map_ || data_copy_) return false;
     // The moved tensors in file order, each 64-byte aligned in the copy.
@@ -276,13 +274,9 @@ bool GgufFile::move_data_to_huge_pages(const std::function<bool(const GgufTensor
         n += (tensors_[i].nbytes + 63) / 64 * 64;
     }
     if (n == 0) return false;
-    constexpr size_t kHugePage = size_t{2} << 20, kPiece = size_t{8} << 20;
-    const size_t bytes = (n + kHugePage - 1) / kHugePage * kHugePage;
-    auto* copy = static_cast<uint8_t*>(std::aligned_alloc(kHugePage, bytes));
+    constexpr size_t kPiece = size_t{8} << 20;
+    HugeBytes copy = allocate_huge(n);
     if (!copy) return false;
-#if defined(MADV_HUGEPAGE)
-    madvise(copy, bytes, MADV_HUGEPAGE); // advice only
-#endif
     struct Piece {
         size_t tensor;
         uint64_t off, len;
@@ -299,7 +293,7 @@ bool GgufFile::move_data_to_huge_pages(const std::function<bool(const GgufTensor
         for (size_t k = first; k < pieces.size(); k += 2) {
             const Piece& p = pieces[k];
             const uint8_t* src = base_ + tensors_[p.tensor].offset + p.off;
-            std::memcpy(copy + at[p.tensor] + p.off, src, p.len);
+            std::memcpy(copy.get() + at[p.tensor] + p.off, src, p.len);
             // The piece's pages leave this process (a page it shares with
             // the metadata or a kept tensor faults back in from the file).
             const uintptr_t b = reinterpret_cast<uintptr_t>(src) / page * page;
@@ -317,8 +311,8 @@ bool GgufFile::move_data_to_huge_pages(const std::function<bool(const GgufTensor
         helper.join();
     else
         copy_pieces(1);
-    for (size_t i : moved) tensors_[i].data = copy + at[i];
-    data_copy_.reset(copy);
+    for (size_t i : moved) tensors_[i].data = copy.get() + at[i];
+    data_copy_ = std::move(copy);
     return true;
 }
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ggml-like/types.h"
+#include "system_memory.h"
 
 namespace kvrun {
 
@@ -110,10 +111,7 @@ class GgufFile {
     const uint8_t* base_ = nullptr;
     uint64_t size_ = 0;
     void* map_ = nullptr; // owned mapping (null when parsing a caller's buffer)
-    struct FreeCopy {
-        void operator()(uint8_t* p) const;
-    };
-    std::unique_ptr<uint8_t, FreeCopy> data_copy_; // the tensor data, once moved
+    HugeBytes data_copy_; // the moved tensors' data
     uint32_t version_ = 0;
     uint64_t alignment_ = 32;
     uint64_t data_offset_ = 0;

@@ -4,20 +4,10 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
-
 #include "error.h"
 #include "ggml-like/quants.h"
 
 namespace kvrun {
-
-void KvCache::Free::operator()(void* p) const { std::free(p); }
-
-namespace {
-constexpr size_t kHugePage = size_t{2} << 20;
-} // namespace
 
 bool kv_cache_type_ok(gl::Type t) {
     switch (t) {
@@ -50,29 +40,17 @@ KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg) {
     row_k_ = gl::row_size(cfg.type_k, kv_dim());
     row_v_ = gl::row_size(cfg.type_v, kv_dim());
     // One block for every layer's K and V slots, each 64-byte aligned (SIMD
-    // loads of a row never split a cache line needlessly), on transparent
-    // huge pages where the kernel allows them (Linux, THP "madvise"): a
-    // decode step reads every layer's slots from DRAM, and with 4 KiB pages
-    // each 4 KiB costs a TLB walk (`kvrun bench --attention`, TinyLlama Q4_0
-    // at depth 4096: a plain read of the ring 20.5 -> 27-28 GB/s, attention
-    // 7.0-7.4 -> 6.3-6.8 ms a token). The block is rounded up to whole
-    // huge pages so the last one holds nothing else; the padding beyond the
-    // slots is never touched, so it costs at most one 2 MiB page resident.
+    // loads of a row never split a cache line needlessly), on huge pages
+    // (allocate_huge): a decode step reads every layer's slots from DRAM
+    // (`kvrun bench --attention`, TinyLlama Q4_0 at depth 4096: a plain read
+    // of the ring 20.5 -> 27-28 GB/s, attention 7.0-7.4 -> 6.3-6.8 ms a token).
     auto aligned = [](size_t n) { return (n + 63) / 64 * 64; };
-    const size_t k_bytes = aligned(row_k_ * cfg.n_ctx), v_bytes = aligned(row_v_ * cfg.n_ctx);
-    const size_t used = cfg.n_layer * (k_bytes + v_bytes);
-    const size_t total = used >= kHugePage ? (used + kHugePage - 1) / kHugePage * kHugePage : used;
-    void* p = std::aligned_alloc(used >= kHugePage ? kHugePage : 64, total);
-    if (!p) fail(Exit::out_of_memory, "cannot allocate {} bytes for the KV cache", used);
-#if defined(MADV_HUGEPAGE)
-    if (used >= kHugePage) madvise(p, total, MADV_HUGEPAGE); // advice only: fine if refused
-#endif
-    std::memset(p, 0, used);
-    block_.reset(static_cast<uint8_t*>(p));
-    for (int l = 0; l < cfg.n_layer; l++) {
-        k_.push_back(block_.get() + l * (k_bytes + v_bytes));
-        v_.push_back(k_.back() + k_bytes);
-    }
+    k_bytes_ = aligned(row_k_ * cfg.n_ctx);
+    layer_bytes_ = k_bytes_ + aligned(row_v_ * cfg.n_ctx);
+    const size_t used = cfg.n_layer * layer_bytes_;
+    block_ = allocate_huge(used);
+    if (!block_) fail(Exit::out_of_memory, "cannot allocate {} bytes for the KV cache", used);
+    std::memset(block_.get(), 0, used);
     slot_pos_.assign(cfg.n_ctx, -1);
     sink_k_.assign(static_cast<size_t>(cfg.n_layer) * cfg.keep * kv_dim(), 0.0f);
 }
@@ -148,8 +126,8 @@ void KvCache::set_head_major(bool on) {
 }
 
 void KvCache::put_row(int layer, int s, const uint8_t* kr, const uint8_t* vr, const RowCopy& copy) {
-    uint8_t* kb = k_[layer];
-    uint8_t* vb = v_[layer];
+    uint8_t* kb = k_at(layer);
+    uint8_t* vb = kb + k_bytes_;
     if (!head_major_) {
         copy(kb + s * row_k_, kr, row_k_);
         copy(vb + s * row_v_, vr, row_v_);
@@ -171,8 +149,8 @@ void KvCache::read_rows(int layer, int n, void* k_rows, void* v_rows) const {
     KV_ASSERT(layer >= 0 && layer < cfg_.n_layer && n >= 0 && n <= cfg_.n_ctx);
     auto* ko = static_cast<uint8_t*>(k_rows);
     auto* vo = static_cast<uint8_t*>(v_rows);
-    const uint8_t* kb = k_[layer];
-    const uint8_t* vb = v_[layer];
+    const uint8_t* kb = k_at(layer);
+    const uint8_t* vb = kb + k_bytes_;
     if (!head_major_) {
         std::memcpy(ko, kb, n * row_k_);
         std::memcpy(vo, vb, n * row_v_);

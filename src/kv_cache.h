@@ -20,6 +20,7 @@
 
 #include "ggml-like/attention.h"
 #include "ggml-like/types.h"
+#include "system_memory.h"
 
 namespace kvrun {
 
@@ -55,8 +56,8 @@ class KvCache {
     size_t row_bytes_k() const { return row_k_; }
     size_t row_bytes_v() const { return row_v_; }
 
-    const void* k_slots(int layer) const { return k_[layer]; }
-    const void* v_slots(int layer) const { return v_[layer]; }
+    const void* k_slots(int layer) const { return k_at(layer); }
+    const void* v_slots(int layer) const { return k_at(layer) + k_bytes_; }
     // Head-major slots instead of rows: per layer, each KV head's keys and
     // values are one contiguous stream, not a head_dim slice of every row
     // (TinyLlama shape, depth 4096: attention 8.9 instead of 11.7 ms per
@@ -109,13 +110,13 @@ class KvCache {
     bool head_major_ = false;
     void put_row(int layer, int slot, const uint8_t* k_row, const uint8_t* v_row,
                  const RowCopy& copy);
-    struct Free {
-        void operator()(void* p) const;
-    };
-    std::unique_ptr<uint8_t[], Free> block_; // all layers' slots
-    std::vector<uint8_t*> k_, v_;            // [n_layer] of [n_ctx][row], in block_
-    std::vector<int64_t> slot_pos_;          // [n_ctx], -1 = empty
-    std::vector<float> sink_k_;              // [n_layer][keep][kv_dim]
+    // All layers' slots (allocate_huge): layer l's K slots at l *
+    // layer_bytes_, its V slots k_bytes_ further.
+    HugeBytes block_;
+    size_t k_bytes_ = 0, layer_bytes_ = 0;
+    uint8_t* k_at(int layer) const { return block_.get() + layer * layer_bytes_; }
+    std::vector<int64_t> slot_pos_; // [n_ctx], -1 = empty
+    std::vector<float> sink_k_;     // [n_layer][keep][kv_dim]
     int64_t n_past_ = 0;
 };
 

@@ -21,6 +21,18 @@ uint64_t mem_available_bytes() {
     return 0;
 }
 
+HugeBytes allocate_huge(size_t bytes) {
+    constexpr size_t kHugePage = size_t{2} << 20;
+    const bool huge = bytes >= kHugePage;
+    const size_t align = huge ? kHugePage : 64;
+    const size_t total = (std::max<size_t>(bytes, 1) + align - 1) / align * align;
+    HugeBytes p(static_cast<uint8_t*>(std::aligned_alloc(align, total)));
+#if defined(MADV_HUGEPAGE)
+    if (p && huge) madvise(p.get(), total, MADV_HUGEPAGE);
+#endif
+    return p;
+}
+
 uint64_t resident_bytes(const void* p, uint64_t n) {
     if (!p || n == 0) return 0;
     const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));

@@ -16,7 +16,6 @@
 #include <random>
 #include <map>
 #include <sstream>
-#include <sys/mman.h>
 
 #include <nlohmann/json.hpp>
 
@@ -29,6 +28,7 @@
 #include "ggml-like/quants.h"
 #include "ggml-like/thread_pool.h"
 #include "session.h"
+#include "system_memory.h"
 
 namespace kvrun::cli {
 
@@ -73,13 +73,9 @@ std::vector<int> parse_int_list(const std::string& s, const char* what) {
 // 31.6 instead of 34.9 GB/s here.
 double measure_read_bandwidth(gl::ThreadPool& pool) {
     const size_t n = (1024ull << 20) / sizeof(uint64_t);
-    std::unique_ptr<uint64_t, decltype(&std::free)> mem(
-        static_cast<uint64_t*>(std::aligned_alloc(size_t{2} << 20, n * sizeof(uint64_t))), &std::free);
+    const HugeBytes mem = allocate_huge(n * sizeof(uint64_t));
     if (!mem) fail(Exit::out_of_memory, "cannot allocate 1 GiB to measure the read bandwidth");
-#if defined(MADV_HUGEPAGE)
-    madvise(mem.get(), n * sizeof(uint64_t), MADV_HUGEPAGE); // advice only
-#endif
-    uint64_t* buf = mem.get();
+    auto* buf = reinterpret_cast<uint64_t*>(mem.get());
     pool.parallel_for(static_cast<int64_t>(n), [&](int64_t b, int64_t e, int) {
         for (int64_t i = b; i < e; i++) buf[i] = static_cast<uint64_t>(i) * 2654435761u;
     });
@@ -266,11 +262,13 @@ int run_bench(int argc, char** argv) {
         // After the runs above, whose caches are gone by now: the attention
         // benchmark fills a ring of its own.
         if (attention)
-            for (int tc : thread_counts)
+            for (int tc : thread_counts) {
+                const int threads = resolve_threads(tc);
                 for (int depth : depths)
                     if (depth > 0 && !interrupted())
-                        attention_rows.push_back({name, resolve_threads(tc), depth,
-                                                  bench_attention(lm->model, tk, tv, depth, resolve_threads(tc), reps)});
+                        attention_rows.push_back(
+                            {name, threads, depth, bench_attention(lm->model, tk, tv, depth, threads, reps)});
+            }
     }
 
     if (json) {
