@@ -3,7 +3,8 @@
 # shapes (made on demand with `kvrun synth`, never committed) in Q4_0, Q8_0
 # and Q4_K_M, prompt 256 and generate 64, with the roofline (bytes read per
 # generated token, fraction of this machine's read bandwidth), generation at
-# depth 4096 against depth 0, and peak RSS.
+# depth 4096 against depth 0, and peak RSS; with --profile, where each
+# generated token's time goes (per weight matrix, attention, the rest).
 # Usage: scripts/bench.sh [THREADS] [REPS]   (models cached in $KVRUN_BENCH_DIR, default /tmp/kvrun-bench)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,10 +27,10 @@ for t in q4_0 q8_0 q4_k_m; do
   fi
   models+=(-m "$f")
 done
-./kvrun bench "${models[@]}" -p 256 -n 64 -t "$threads" -r "$reps" --roofline
+./kvrun bench "${models[@]}" -p 256 -n 64 -t "$threads" -r "$reps" --roofline --profile
 echo
 echo "generation with 4096 tokens already in the (F16) cache, against an empty cache:"
-./kvrun bench "${models[@]}" -p 0 -n 32 -d 0,4096 -t "$threads" -r "$reps" |
+./kvrun bench "${models[@]}" -p 0 -n 32 -d 0,4096 -t "$threads" -r "$reps" --profile |
   awk -F'|' '
     { print }
     $3 ~ /tg[0-9]+ *$/ { gsub(/ /, "", $2); split($5, v, " "); d0[$2] = v[1] }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 
 #include "error.h"
@@ -10,6 +11,12 @@
 #include "ggml-like/quants.h"
 
 namespace kvrun {
+
+namespace {
+double bytes_of(const gl::Tensor& w) {
+    return static_cast<double>(w.row_bytes) * static_cast<double>(w.ne1);
+}
+} // namespace
 
 Placement Placement::all(gl::Backend& be, int n_layer) {
     return split(be, be, n_layer, n_layer);
@@ -168,6 +175,7 @@ const float* Forward::eval(const int32_t* tokens, int n, bool all_logits) {
 void Forward::step(const int32_t* tokens, int n, int first, int64_t pos0) {
     const Hparams& hp = m_.hp;
     const int half = hp.rope_dims / 2;
+    std::optional<OpTimer> embed(std::in_place, profile_, Op::other);
     for (int i = 0; i < n; i++) {
         gl::cpu::dequantize_row(m_.token_embd.type, m_.token_embd.row(tokens[i]),
                                 x_.data() + static_cast<size_t>(i) * hp.n_embd, hp.n_embd);
@@ -180,6 +188,7 @@ void Forward::step(const int32_t* tokens, int n, int first, int64_t pos0) {
     wrote(cos_.data(), sizeof(float) * static_cast<size_t>(n) * half);
     wrote(sin_.data(), sizeof(float) * static_cast<size_t>(n) * half);
     wrote(pos_.data(), sizeof(int64_t) * static_cast<size_t>(n));
+    embed.reset();
 
     gl::Backend* cur = place_.layers.empty() ? place_.head : place_.layers[0];
     for (int l = 0; l < hp.n_layer; l++) {
@@ -194,9 +203,12 @@ void Forward::step(const int32_t* tokens, int n, int first, int64_t pos0) {
     const int rows = n - first;
     float* xn = xb_.data();
     gl::Backend& be = *place_.head;
-    be.rmsnorm(x_.data() + static_cast<size_t>(first) * hp.n_embd, m_.output_norm.data(), hp.n_embd,
-               rows, hp.rms_eps, xn);
-    be.matmul(m_.output, xn, rows, logits_.data());
+    {
+        OpTimer t(profile_, Op::norms);
+        be.rmsnorm(x_.data() + static_cast<size_t>(first) * hp.n_embd, m_.output_norm.data(),
+                   hp.n_embd, rows, hp.rms_eps, xn);
+    }
+    matmul(be, Op::output, m_.output, xn, rows, logits_.data());
     be.host_read(logits_.data(), sizeof(float) * static_cast<size_t>(rows) * hp.n_vocab);
 }
 
@@ -207,10 +219,11 @@ void Forward::layer(int l, int n, int64_t pos0) {
     const int qd = hp.q_dim(), kvd = hp.kv_dim();
 
     // ---- attention block ----
-    be.rmsnorm(x_.data(), L.attn_norm.data(), hp.n_embd, n, hp.rms_eps, xb_.data());
-    be.matmul(L.wq, xb_.data(), n, q_.data());
-    be.matmul(L.wk, xb_.data(), n, k_.data());
-    be.matmul(L.wv, xb_.data(), n, v_.data());
+    rmsnorm(be, L.attn_norm, n, xb_.data());
+    matmul(be, Op::attn_q, L.wq, xb_.data(), n, q_.data());
+    matmul(be, Op::attn_k, L.wk, xb_.data(), n, k_.data());
+    matmul(be, Op::attn_v, L.wv, xb_.data(), n, v_.data());
+    std::optional<OpTimer> other(std::in_place, profile_, Op::other);
     if (!L.bq.empty())
         for (int i = 0; i < n; i++) {
             be.add(q_.data() + static_cast<size_t>(i) * qd, L.bq.data(), qd);
@@ -241,6 +254,7 @@ void Forward::layer(int l, int n, int64_t pos0) {
             hp.rope_neox);
     be.convert_rows(kv_.config().type_k, k_.data(), kvd, n, kc_.data());
     be.convert_rows(kv_.config().type_v, v_.data(), kvd, n, vc_.data());
+    other.reset();
 
     gl::AttentionArgs a;
     a.n_tok = n;
@@ -255,21 +269,45 @@ void Forward::layer(int l, int n, int64_t pos0) {
     a.k_new = kc_.data();
     a.v_new = vc_.data();
     a.out = att_.data();
-    be.attention(a);
-    kv_.write(l, pos0, n, kc_.data(), vc_.data(), [&be](void* dst, const void* src, size_t bytes) {
-        be.copy_to_host(src, dst, bytes);
-    });
+    {
+        // The slots in view (the batch's own keys included), K and V.
+        const double kv_bytes = static_cast<double>(std::min<int64_t>(pos0 + n, kv_.n_ctx())) *
+                                static_cast<double>(kv_.row_bytes_k() + kv_.row_bytes_v());
+        OpTimer t(profile_, Op::attention, kv_bytes);
+        be.attention(a);
+        kv_.write(
+            l, pos0, n, kc_.data(), vc_.data(),
+            [&be](void* dst, const void* src, size_t bytes) { be.copy_to_host(src, dst, bytes); });
+    }
 
-    be.matmul(L.wo, att_.data(), n, xb_.data());
-    be.add(x_.data(), xb_.data(), static_cast<int64_t>(n) * hp.n_embd);
+    matmul(be, Op::attn_output, L.wo, att_.data(), n, xb_.data());
+    add_residual(be, n);
 
     // ---- feed-forward block (SwiGLU) ----
-    be.rmsnorm(x_.data(), L.ffn_norm.data(), hp.n_embd, n, hp.rms_eps, xb_.data());
-    be.matmul(L.w_gate, xb_.data(), n, hb_.data());
-    be.matmul(L.w_up, xb_.data(), n, hb2_.data());
-    be.silu_mul(hb_.data(), hb2_.data(), static_cast<int64_t>(n) * hp.n_ff);
-    be.matmul(L.w_down, hb_.data(), n, xb_.data());
-    be.add(x_.data(), xb_.data(), static_cast<int64_t>(n) * hp.n_embd);
+    rmsnorm(be, L.ffn_norm, n, xb_.data());
+    matmul(be, Op::ffn_gate, L.w_gate, xb_.data(), n, hb_.data());
+    matmul(be, Op::ffn_up, L.w_up, xb_.data(), n, hb2_.data());
+    {
+        OpTimer t(profile_, Op::other);
+        be.silu_mul(hb_.data(), hb2_.data(), static_cast<int64_t>(n) * hp.n_ff);
+    }
+    matmul(be, Op::ffn_down, L.w_down, hb_.data(), n, xb_.data());
+    add_residual(be, n);
+}
+
+void Forward::matmul(gl::Backend& be, Op op, const gl::Tensor& w, const float* x, int n, float* y) {
+    OpTimer t(profile_, op, bytes_of(w));
+    be.matmul(w, x, n, y);
+}
+
+void Forward::rmsnorm(gl::Backend& be, const std::vector<float>& w, int n, float* out) {
+    OpTimer t(profile_, Op::norms);
+    be.rmsnorm(x_.data(), w.data(), m_.hp.n_embd, n, m_.hp.rms_eps, out);
+}
+
+void Forward::add_residual(gl::Backend& be, int n) {
+    OpTimer t(profile_, Op::other);
+    be.add(x_.data(), xb_.data(), static_cast<int64_t>(n) * m_.hp.n_embd);
 }
 
 } // namespace kvrun

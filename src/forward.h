@@ -11,6 +11,7 @@
 #include "ggml-like/backend.h"
 #include "kv_cache.h"
 #include "model.h"
+#include "op_profile.h"
 
 namespace kvrun {
 
@@ -47,12 +48,20 @@ class Forward {
     // Evaluate n (<= max_batch) tokens at positions kv.n_past() .. + n - 1.
     // Returns logits: n rows of n_vocab if all_logits, else the last row only.
     const float* eval(const int32_t* tokens, int n, bool all_logits);
+    // Time every op of the following evals into `p` (null: stop). Only
+    // meaningful where every backend is the CPU one (see op_profile.h).
+    void set_profile(OpProfile* p) { profile_ = p; }
 
   private:
     // Embedding, layers and head of one batch (no commit): may run twice
     // when a backend lost a recorded step (Backend::end_step).
     void step(const int32_t* tokens, int n, int first, int64_t pos0);
     void layer(int l, int n, int64_t pos0);
+    // be's op, timed into profile_ (when set) as `op`, with w's bytes.
+    void matmul(gl::Backend& be, Op op, const gl::Tensor& w, const float* x, int n, float* y);
+    // out = rmsnorm(x_) * w, n rows; x_ += xb_, n rows (timed as norms, other).
+    void rmsnorm(gl::Backend& be, const std::vector<float>& w, int n, float* out);
+    void add_residual(gl::Backend& be, int n);
     // The residual stream x_ (n rows) moves from backend `from` to `to`.
     void cross(gl::Backend* from, gl::Backend* to, int n);
     // The activation buffers, registered with every backend (Backend::track).
@@ -80,6 +89,7 @@ class Forward {
     std::vector<float> sink_cos_, sin_sink_; // [rope_dims/2]
     std::vector<int64_t> pos_;    // [B]
     std::vector<float> logits_;   // [B or 1][n_vocab]
+    OpProfile* profile_ = nullptr;
 };
 
 } // namespace kvrun

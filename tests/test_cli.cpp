@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <set>
 #include <sstream>
@@ -473,6 +474,68 @@ TEST_CASE("cli: generation runs far past a 64-token context") {
     CHECK(r2.status == 0);
     CHECK(r2.out.size() > 80);
     CHECK(starts_with(r.out, r2.out));
+}
+
+TEST_CASE("cli: bench --profile splits a generated token's time by op, with each op's bytes") {
+    // stories260K: 5 layers, 4 KV heads of 8 dimensions, F16 cache. Four
+    // tokens from depth 0 see 1, 2, 3 and 4 slots.
+    const auto r = run({"bench", "-m", kStories, "-p", "0", "-n", "4", "-t", "2", "-r", "2",
+                        "--profile", "--json"});
+    INFO(describe(r));
+    REQUIRE(r.status == 0);
+    const json j = json::parse(r.out);
+    REQUIRE(j.size() == 1);
+    REQUIRE(j[0].contains("profile"));
+    const json& p = j[0]["profile"];
+    std::map<std::string, json> ops;
+    for (const json& o : p["ops"]) ops[o["op"].get<std::string>()] = o;
+    // Each weight matrix once per layer (the output head once), with the
+    // bytes the GGUF file gives its tensor.
+    const kvrun::GgufFile f = kvrun::GgufFile::open(kStories);
+    const int n_layer = 5;
+    for (const char* w :
+         {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"}) {
+        INFO(w);
+        REQUIRE(ops.count(w));
+        CHECK(ops[w]["calls_per_token"].get<double>() == n_layer);
+        double bytes = 0;
+        for (int l = 0; l < n_layer; l++) {
+            const kvrun::GgufTensor* t = f.tensor("blk." + std::to_string(l) + "." + w + ".weight");
+            REQUIRE(t);
+            bytes += static_cast<double>(t->nbytes);
+        }
+        CHECK(ops[w]["bytes_per_token"].get<double>() == bytes);
+    }
+    const kvrun::GgufTensor* out = f.tensor("output.weight");
+    if (!out) out = f.tensor("token_embd.weight"); // tied
+    REQUIRE(out);
+    CHECK(ops["output"]["calls_per_token"].get<double>() == 1);
+    CHECK(ops["output"]["bytes_per_token"].get<double>() == static_cast<double>(out->nbytes));
+    // Attention reads the slots in view, K and V: 2.5 on average, 5 layers,
+    // 32 elements of 2 bytes each.
+    CHECK(ops["attention"]["calls_per_token"].get<double>() == n_layer);
+    CHECK(ops["attention"]["bytes_per_token"].get<double>() == 2.5 * n_layer * 2 * 32 * 2);
+    // Norms: two a layer and the output's; other ops: the embedding row, and
+    // per layer RoPE with the K/V conversion, SwiGLU, two residual adds.
+    CHECK(ops["norms"]["calls_per_token"].get<double>() == 2 * n_layer + 1);
+    CHECK(ops["other"]["calls_per_token"].get<double>() == 1 + 4 * n_layer);
+    // The ops are disjoint stretches of the timed tokens.
+    double in_ops = 0;
+    for (const auto& [name, o] : ops) {
+        CHECK(o["seconds_per_token"].get<double>() > 0);
+        in_ops += o["seconds_per_token"].get<double>();
+    }
+    CHECK(in_ops <= p["seconds_per_token"].get<double>());
+    CHECK(p["seconds_per_token"].get<double>() * j[0]["tokens_per_second"].get<double>() ==
+          doctest::Approx(1.0).epsilon(0.2));
+    // The markdown form names every op and the time outside them.
+    const auto m =
+        run({"bench", "-m", kStories, "-p", "0", "-n", "4", "-t", "1", "-r", "1", "--profile"});
+    INFO(describe(m));
+    REQUIRE(m.status == 0);
+    for (const char* w :
+         {"| attn_q | 5 |", "| output | 1 |", "| attention | 5 |", "| outside the ops |"})
+        CHECK(m.out.find(w) != std::string::npos);
 }
 
 TEST_CASE("cli: bench --json reports pp, tg and, with --attention, a decode step's attention") {

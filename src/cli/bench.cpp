@@ -121,7 +121,57 @@ struct Row {
     double bytes_per_token = 0; // tg only
     double bw_fraction = 0;     // tg with --roofline
     double handoffs_per_token = 0; // tg on the CPU: thread-pool hand-offs per token
+    // tg with --profile: every op of the timed tokens, summed, and their count
+    // and wall time (the ops' times add up to at most that).
+    OpProfile profile{};
+    double profiled_tokens = 0, profiled_seconds = 0;
 };
+
+// --profile, one tg row: per op, calls, MB, ms per token, share of the token's
+// time and the rate it read its bytes at ("of bandwidth" with --roofline),
+// then the time outside every op (Forward's own bookkeeping).
+void print_profile(const Row& r, double bandwidth) {
+    const double tokens = r.profiled_tokens, per_token_s = r.profiled_seconds / tokens;
+    fmt::print("\nprofile of {} on {}, {} threads: {:.2f} ms per token\n\n", r.test, r.model,
+               r.threads, per_token_s * 1e3);
+    fmt::print("| op | calls/token | MB/token | ms/token | share | GB/s read |{}\n",
+               bandwidth > 0 ? " of bandwidth |" : "");
+    fmt::print("| --- | ---: | ---: | ---: | ---: | ---: |{}\n", bandwidth > 0 ? " ---: |" : "");
+    double in_ops = 0;
+    for (size_t i = 0; i < r.profile.ops.size(); i++) {
+        const OpProfile::Entry& e = r.profile.ops[i];
+        if (e.calls == 0) continue;
+        in_ops += e.seconds;
+        const double s = e.seconds / tokens;
+        std::string rate = " |", mb;
+        if (e.bytes > 0) {
+            mb = fmt::format("{:.1f}", e.bytes / tokens / 1e6);
+            rate = fmt::format(" {:.1f} |", e.bytes / e.seconds / 1e9);
+            if (bandwidth > 0)
+                rate += fmt::format(" {:.0f}% |", 100 * e.bytes / e.seconds / bandwidth);
+        } else if (bandwidth > 0) {
+            rate += " |";
+        }
+        fmt::print("| {} | {:g} | {} | {:.3f} | {:.1f}% |{}\n", op_name(static_cast<Op>(i)),
+                   e.calls / tokens, mb, s * 1e3, 100 * s / per_token_s, rate);
+    }
+    const double outside = std::max(0.0, r.profiled_seconds - in_ops) / tokens;
+    fmt::print("| outside the ops | | | {:.3f} | {:.1f}% | |{}\n", outside * 1e3,
+               100 * outside / per_token_s, bandwidth > 0 ? " |" : "");
+}
+
+nlohmann::json profile_json(const Row& r) {
+    nlohmann::json ops = nlohmann::json::array();
+    for (size_t i = 0; i < r.profile.ops.size(); i++) {
+        const OpProfile::Entry& e = r.profile.ops[i];
+        if (e.calls == 0) continue;
+        ops.push_back({{"op", op_name(static_cast<Op>(i))},
+                       {"calls_per_token", e.calls / r.profiled_tokens},
+                       {"bytes_per_token", e.bytes / r.profiled_tokens},
+                       {"seconds_per_token", e.seconds / r.profiled_tokens}});
+    }
+    return {{"seconds_per_token", r.profiled_seconds / r.profiled_tokens}, {"ops", ops}};
+}
 
 } // namespace
 
@@ -131,7 +181,7 @@ int run_bench(int argc, char** argv) {
     std::string device;    // "" = cpu, or cuda with -ngl
     CommonOptions offload; // -ngl, --kv-gpu-window
     int reps = 5, batch = 512;
-    bool json = false, roofline = false, attention = false;
+    bool json = false, roofline = false, attention = false, profile = false;
     CLI::App app{"kvrun bench: prompt and generation speed (mean ± sd over repetitions)", "kvrun bench"};
     app.add_option("-m,--model", models, "GGUF model(s); repeat -m for several")->required();
     app.add_option("-p,--n-prompt", pp_s, "prompt lengths, comma-separated (0 = skip)")->capture_default_str();
@@ -148,6 +198,10 @@ int run_bench(int argc, char** argv) {
     app.add_flag("--attention", attention,
                  "also time a decode step's attention at each depth > 0 (CPU): the ring from DRAM after "
                  "each layer's weights, the ring in cache, and a plain read of the same bytes");
+    app.add_flag(
+        "--profile", profile,
+        "time each op of the tg runs (CPU): per weight matrix, attention, norms and the rest, "
+        "with the bytes each reads and the rate it reads them at");
     app.add_flag("--json", json, "print JSON instead of a markdown table");
     try {
         app.parse(argc, argv);
@@ -203,6 +257,10 @@ int run_bench(int argc, char** argv) {
             co.n_gpu_layers = offload.n_gpu_layers;
             co.kv_gpu_window = offload.kv_gpu_window;
             const Backends be = make_backends(co, threads, hp.n_layer);
+            if (profile && be.gpu)
+                fail(Exit::usage,
+                     "--profile times ops on the CPU; a GPU queues its work and returns "
+                     "before it is done (run without -ngl and --device cuda)");
             KvCache kv({hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx, 4, tk, tv});
             Forward fwd(lm->model, kv, be.placement(), std::min(batch, n_ctx));
             auto eval_all = [&](const int32_t* t, int n) {
@@ -234,6 +292,8 @@ int run_bench(int argc, char** argv) {
                     if (tg == 0) continue;
                     std::vector<double> v;
                     double handoffs = 0;
+                    OpProfile prof;
+                    double timed_s = 0;
                     for (int r = 0; r < reps && !interrupted(); r++) {
                         // The depth's tokens are evaluated once: later repetitions
                         // cut the cache back to them (a 4096-token prefill is a
@@ -243,9 +303,13 @@ int run_bench(int argc, char** argv) {
                             eval_all(toks.data(), depth);
                         }
                         const uint64_t h0 = be.cpu ? be.cpu->handoffs() : 0;
+                        if (profile) fwd.set_profile(&prof);
                         const auto t0 = Clock::now();
                         for (int i = 0; i < tg; i++) fwd.eval(&toks[depth + i], 1, false);
-                        v.push_back(tg / std::chrono::duration<double>(Clock::now() - t0).count());
+                        const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+                        fwd.set_profile(nullptr);
+                        v.push_back(tg / s);
+                        timed_s += s;
                         handoffs = static_cast<double>((be.cpu ? be.cpu->handoffs() : 0) - h0) / tg;
                     }
                     Row row{name, "tg" + std::to_string(tg) + (depth ? "@d" + std::to_string(depth) : ""), threads,
@@ -256,6 +320,12 @@ int run_bench(int argc, char** argv) {
                     row.bytes_per_token = weight_bytes_per_token + kv_bytes;
                     if (roofline) row.bw_fraction = row.tps.mean * row.bytes_per_token / bandwidth[threads];
                     row.handoffs_per_token = handoffs;
+                    if (profile) {
+                        row.profile = prof;
+                        row.profiled_tokens =
+                            static_cast<double>(tg) * static_cast<double>(v.size());
+                        row.profiled_seconds = timed_s;
+                    }
                     rows.push_back(row);
                 }
         }
@@ -283,6 +353,7 @@ int run_bench(int argc, char** argv) {
                 o["handoffs_per_token"] = r.handoffs_per_token;
                 o["handoff_seconds"] = handoff_us[r.threads] * 1e-6;
             }
+            if (r.profiled_tokens > 0) o["profile"] = profile_json(r);
             j.push_back(o);
         }
         for (const AttentionRow& r : attention_rows)
@@ -323,6 +394,8 @@ int run_bench(int argc, char** argv) {
                        r.depth, r.t.ring_bytes / 1e6, r.t.from_dram, r.t.from_cache, r.t.read_only,
                        r.t.ring_bytes / (r.t.read_only * 1e6));
     }
+    for (const Row& r : rows)
+        if (r.profiled_tokens > 0) print_profile(r, roofline ? bandwidth[r.threads] : 0);
     return 0;
 }
 
