@@ -476,19 +476,26 @@ TEST_CASE("cli: generation runs far past a 64-token context") {
     CHECK(starts_with(r.out, r2.out));
 }
 
-TEST_CASE("cli: bench --profile splits a generated token's time by op, with each op's bytes") {
+TEST_CASE("cli: bench --profile splits a token's time by op, with each op's bytes") {
     // stories260K: 5 layers, 4 KV heads of 8 dimensions, F16 cache. Four
-    // tokens from depth 0 see 1, 2, 3 and 4 slots.
-    const auto r = run({"bench", "-m", kStories, "-p", "0", "-n", "4", "-t", "2", "-r", "2",
+    // generated tokens from depth 0 see 1, 2, 3 and 4 slots; the 8-token
+    // prompt is one batch.
+    const auto r = run({"bench", "-m", kStories, "-p", "8", "-n", "4", "-t", "2", "-r", "2",
                         "--profile", "--json"});
     INFO(describe(r));
     REQUIRE(r.status == 0);
     const json j = json::parse(r.out);
-    REQUIRE(j.size() == 1);
-    REQUIRE(j[0].contains("profile"));
-    const json& p = j[0]["profile"];
-    std::map<std::string, json> ops;
-    for (const json& o : p["ops"]) ops[o["op"].get<std::string>()] = o;
+    REQUIRE(j.size() == 2);
+    REQUIRE(j[0]["test"] == "pp8");
+    REQUIRE(j[1]["test"] == "tg4");
+    auto ops_of = [](const json& row) {
+        REQUIRE(row.contains("profile"));
+        std::map<std::string, json> ops;
+        for (const json& o : row["profile"]["ops"]) ops[o["op"].get<std::string>()] = o;
+        return ops;
+    };
+    std::map<std::string, json> ops = ops_of(j[1]), pp = ops_of(j[0]);
+    const json& p = j[1]["profile"];
     // Each weight matrix once per layer (the output head once), with the
     // bytes the GGUF file gives its tensor.
     const kvrun::GgufFile f = kvrun::GgufFile::open(kStories);
@@ -505,6 +512,9 @@ TEST_CASE("cli: bench --profile splits a generated token's time by op, with each
             bytes += static_cast<double>(t->nbytes);
         }
         CHECK(ops[w]["bytes_per_token"].get<double>() == bytes);
+        // The prompt's batch reads each matrix once for its 8 tokens.
+        CHECK(pp[w]["calls_per_token"].get<double>() == n_layer / 8.0);
+        CHECK(pp[w]["bytes_per_token"].get<double>() == bytes / 8);
     }
     const kvrun::GgufTensor* out = f.tensor("output.weight");
     if (!out) out = f.tensor("token_embd.weight"); // tied
@@ -526,7 +536,7 @@ TEST_CASE("cli: bench --profile splits a generated token's time by op, with each
         in_ops += o["seconds_per_token"].get<double>();
     }
     CHECK(in_ops <= p["seconds_per_token"].get<double>());
-    CHECK(p["seconds_per_token"].get<double>() * j[0]["tokens_per_second"].get<double>() ==
+    CHECK(p["seconds_per_token"].get<double>() * j[1]["tokens_per_second"].get<double>() ==
           doctest::Approx(1.0).epsilon(0.2));
     // The markdown form names every op and the time outside them.
     const auto m =

@@ -121,15 +121,17 @@ struct Row {
     double bytes_per_token = 0; // tg only
     double bw_fraction = 0;     // tg with --roofline
     double handoffs_per_token = 0; // tg on the CPU: thread-pool hand-offs per token
-    // tg with --profile: every op of the timed tokens, summed, and their count
+    // With --profile: every op of the timed tokens, summed, and their count
     // and wall time (the ops' times add up to at most that).
     OpProfile profile{};
     double profiled_tokens = 0, profiled_seconds = 0;
 };
 
-// --profile, one tg row: per op, calls, MB, ms per token, share of the token's
+// --profile, one pp or tg row: per op, calls, MB, ms per token, share of the
 // time and the rate it read its bytes at ("of bandwidth" with --roofline),
-// then the time outside every op (Forward's own bookkeeping).
+// then the time outside every op (Forward's own bookkeeping). A prompt batch
+// reads each weight once for all its tokens, so its MB and calls per token
+// are a batch's divided by the batch's tokens.
 void print_profile(const Row& r, double bandwidth) {
     const double tokens = r.profiled_tokens, per_token_s = r.profiled_seconds / tokens;
     fmt::print("\nprofile of {} on {}, {} threads: {:.2f} ms per token\n\n", r.test, r.model,
@@ -152,7 +154,7 @@ void print_profile(const Row& r, double bandwidth) {
         } else if (bandwidth > 0) {
             rate += " |";
         }
-        fmt::print("| {} | {:g} | {} | {:.3f} | {:.1f}% |{}\n", op_name(static_cast<Op>(i)),
+        fmt::print("| {} | {:.3g} | {} | {:.3f} | {:.1f}% |{}\n", op_name(static_cast<Op>(i)),
                    e.calls / tokens, mb, s * 1e3, 100 * s / per_token_s, rate);
     }
     const double outside = std::max(0.0, r.profiled_seconds - in_ops) / tokens;
@@ -200,8 +202,8 @@ int run_bench(int argc, char** argv) {
                  "each layer's weights, the ring in cache, and a plain read of the same bytes");
     app.add_flag(
         "--profile", profile,
-        "time each op of the tg runs (CPU): per weight matrix, attention, norms and the rest, "
-        "with the bytes each reads and the rate it reads them at");
+        "time each op of the pp and tg runs (CPU): per weight matrix, attention, norms and the "
+        "rest, with the bytes each reads and the rate it reads them at");
     app.add_flag("--json", json, "print JSON instead of a markdown table");
     try {
         app.parse(argc, argv);
@@ -279,13 +281,25 @@ int run_bench(int argc, char** argv) {
             for (int pp : pps) {
                 if (pp == 0) continue;
                 std::vector<double> v;
+                OpProfile prof;
+                double timed_s = 0;
                 for (int r = 0; r < reps && !interrupted(); r++) {
                     kv.clear();
+                    if (profile) fwd.set_profile(&prof);
                     const auto t0 = Clock::now();
                     eval_all(toks.data(), pp);
-                    v.push_back(pp / std::chrono::duration<double>(Clock::now() - t0).count());
+                    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+                    fwd.set_profile(nullptr);
+                    v.push_back(pp / s);
+                    timed_s += s;
                 }
-                rows.push_back({name, "pp" + std::to_string(pp), threads, stat_of(v), 0, 0});
+                Row row{name, "pp" + std::to_string(pp), threads, stat_of(v), 0, 0};
+                if (profile) {
+                    row.profile = prof;
+                    row.profiled_tokens = static_cast<double>(pp) * static_cast<double>(v.size());
+                    row.profiled_seconds = timed_s;
+                }
+                rows.push_back(row);
             }
             for (int depth : depths)
                 for (int tg : tgs) {
