@@ -125,6 +125,12 @@ struct Row {
     // and wall time (the ops' times add up to at most that).
     OpProfile profile{};
     double profiled_tokens = 0, profiled_seconds = 0;
+
+    void attach(const OpProfile& p, double tokens, double seconds) {
+        profile = p;
+        profiled_tokens = tokens;
+        profiled_seconds = seconds;
+    }
 };
 
 // --profile, one pp or tg row: per op, calls, MB, ms per token, share of the
@@ -265,6 +271,15 @@ int run_bench(int argc, char** argv) {
                      "before it is done (run without -ngl and --device cuda)");
             KvCache kv({hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx, 4, tk, tv});
             Forward fwd(lm->model, kv, be.placement(), std::min(batch, n_ctx));
+            // One timed repetition, seconds; under --profile its ops are timed into `prof`.
+            auto timed = [&](OpProfile& prof, auto&& body) {
+                if (profile) fwd.set_profile(&prof);
+                const auto t0 = Clock::now();
+                body();
+                const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+                fwd.set_profile(nullptr);
+                return s;
+            };
             auto eval_all = [&](const int32_t* t, int n) {
                 for (int i = 0; i < n;) {
                     const int nb = std::min(fwd.max_batch(), n - i);
@@ -285,20 +300,12 @@ int run_bench(int argc, char** argv) {
                 double timed_s = 0;
                 for (int r = 0; r < reps && !interrupted(); r++) {
                     kv.clear();
-                    if (profile) fwd.set_profile(&prof);
-                    const auto t0 = Clock::now();
-                    eval_all(toks.data(), pp);
-                    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-                    fwd.set_profile(nullptr);
+                    const double s = timed(prof, [&] { eval_all(toks.data(), pp); });
                     v.push_back(pp / s);
                     timed_s += s;
                 }
                 Row row{name, "pp" + std::to_string(pp), threads, stat_of(v), 0, 0};
-                if (profile) {
-                    row.profile = prof;
-                    row.profiled_tokens = static_cast<double>(pp) * static_cast<double>(v.size());
-                    row.profiled_seconds = timed_s;
-                }
+                if (profile) row.attach(prof, static_cast<double>(pp) * v.size(), timed_s);
                 rows.push_back(row);
             }
             for (int depth : depths)
@@ -317,11 +324,9 @@ int run_bench(int argc, char** argv) {
                             eval_all(toks.data(), depth);
                         }
                         const uint64_t h0 = be.cpu ? be.cpu->handoffs() : 0;
-                        if (profile) fwd.set_profile(&prof);
-                        const auto t0 = Clock::now();
-                        for (int i = 0; i < tg; i++) fwd.eval(&toks[depth + i], 1, false);
-                        const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-                        fwd.set_profile(nullptr);
+                        const double s = timed(prof, [&] {
+                            for (int i = 0; i < tg; i++) fwd.eval(&toks[depth + i], 1, false);
+                        });
                         v.push_back(tg / s);
                         timed_s += s;
                         handoffs = static_cast<double>((be.cpu ? be.cpu->handoffs() : 0) - h0) / tg;
@@ -334,12 +339,7 @@ int run_bench(int argc, char** argv) {
                     row.bytes_per_token = weight_bytes_per_token + kv_bytes;
                     if (roofline) row.bw_fraction = row.tps.mean * row.bytes_per_token / bandwidth[threads];
                     row.handoffs_per_token = handoffs;
-                    if (profile) {
-                        row.profile = prof;
-                        row.profiled_tokens =
-                            static_cast<double>(tg) * static_cast<double>(v.size());
-                        row.profiled_seconds = timed_s;
-                    }
+                    if (profile) row.attach(prof, static_cast<double>(tg) * v.size(), timed_s);
                     rows.push_back(row);
                 }
         }
