@@ -17,6 +17,8 @@ struct Tensor {
     const void* data = nullptr;
 
     const uint8_t* row(int64_t r) const { return static_cast<const uint8_t*>(data) + r * row_bytes; }
+    // The bytes a pass over every row reads (rows row_bytes apart).
+    size_t bytes() const { return row_bytes * static_cast<size_t>(ne1); }
     explicit operator bool() const { return data != nullptr; }
 };
 

@@ -12,12 +12,6 @@
 
 namespace kvrun {
 
-namespace {
-double bytes_of(const gl::Tensor& w) {
-    return static_cast<double>(w.row_bytes) * static_cast<double>(w.ne1);
-}
-} // namespace
-
 Placement Placement::all(gl::Backend& be, int n_layer) {
     return split(be, be, n_layer, n_layer);
 }
@@ -83,8 +77,7 @@ Forward::Forward(const Model& m, KvCache& kv, Placement placement, int max_batch
         for (int l = 0; l < hp.n_layer; l++) {
             if (place_.layers[l] != be) continue;
             const LayerWeights& L = m.layers[l];
-            for (const gl::Tensor* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
-                need(*w);
+            for (const gl::Tensor* w : L.matrices()) need(*w);
             attends = true;
         }
         if (place_.head == be) need(m.output);
@@ -203,11 +196,7 @@ void Forward::step(const int32_t* tokens, int n, int first, int64_t pos0) {
     const int rows = n - first;
     float* xn = xb_.data();
     gl::Backend& be = *place_.head;
-    {
-        OpTimer t(profile_, Op::norms);
-        be.rmsnorm(x_.data() + static_cast<size_t>(first) * hp.n_embd, m_.output_norm.data(),
-                   hp.n_embd, rows, hp.rms_eps, xn);
-    }
+    rmsnorm(be, x_.data() + static_cast<size_t>(first) * hp.n_embd, m_.output_norm, rows, xn);
     matmul(be, Op::output, m_.output, xn, rows, logits_.data());
     be.host_read(logits_.data(), sizeof(float) * static_cast<size_t>(rows) * hp.n_vocab);
 }
@@ -219,7 +208,7 @@ void Forward::layer(int l, int n, int64_t pos0) {
     const int qd = hp.q_dim(), kvd = hp.kv_dim();
 
     // ---- attention block ----
-    rmsnorm(be, L.attn_norm, n, xb_.data());
+    rmsnorm(be, x_.data(), L.attn_norm, n, xb_.data());
     matmul(be, Op::attn_q, L.wq, xb_.data(), n, q_.data());
     matmul(be, Op::attn_k, L.wk, xb_.data(), n, k_.data());
     matmul(be, Op::attn_v, L.wv, xb_.data(), n, v_.data());
@@ -284,7 +273,7 @@ void Forward::layer(int l, int n, int64_t pos0) {
     add_residual(be, n);
 
     // ---- feed-forward block (SwiGLU) ----
-    rmsnorm(be, L.ffn_norm, n, xb_.data());
+    rmsnorm(be, x_.data(), L.ffn_norm, n, xb_.data());
     matmul(be, Op::ffn_gate, L.w_gate, xb_.data(), n, hb_.data());
     matmul(be, Op::ffn_up, L.w_up, xb_.data(), n, hb2_.data());
     {
@@ -296,13 +285,14 @@ void Forward::layer(int l, int n, int64_t pos0) {
 }
 
 void Forward::matmul(gl::Backend& be, Op op, const gl::Tensor& w, const float* x, int n, float* y) {
-    OpTimer t(profile_, op, bytes_of(w));
+    OpTimer t(profile_, op, static_cast<double>(w.bytes()));
     be.matmul(w, x, n, y);
 }
 
-void Forward::rmsnorm(gl::Backend& be, const std::vector<float>& w, int n, float* out) {
+void Forward::rmsnorm(gl::Backend& be, const float* x, const std::vector<float>& w, int rows,
+                      float* out) {
     OpTimer t(profile_, Op::norms);
-    be.rmsnorm(x_.data(), w.data(), m_.hp.n_embd, n, m_.hp.rms_eps, out);
+    be.rmsnorm(x, w.data(), m_.hp.n_embd, rows, m_.hp.rms_eps, out);
 }
 
 void Forward::add_residual(gl::Backend& be, int n) {

@@ -59,8 +59,10 @@ class Forward {
     void layer(int l, int n, int64_t pos0);
     // be's op, timed into profile_ (when set) as `op`, with w's bytes.
     void matmul(gl::Backend& be, Op op, const gl::Tensor& w, const float* x, int n, float* y);
-    // out = rmsnorm(x_) * w, n rows; x_ += xb_, n rows (timed as norms, other).
-    void rmsnorm(gl::Backend& be, const std::vector<float>& w, int n, float* out);
+    // out = rmsnorm(x) * w for `rows` rows of n_embd; x_ += xb_ for n rows
+    // (timed as norms, other).
+    void rmsnorm(gl::Backend& be, const float* x, const std::vector<float>& w, int rows,
+                 float* out);
     void add_residual(gl::Backend& be, int n);
     // The residual stream x_ (n rows) moves from backend `from` to `to`.
     void cross(gl::Backend* from, gl::Backend* to, int n);

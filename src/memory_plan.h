@@ -17,7 +17,6 @@
 
 namespace kvrun {
 
-
 struct MemoryPlan {
     uint64_t mem_available = 0;
     uint64_t weights = 0;          // tensor bytes in the file

@@ -3,6 +3,7 @@
 // file (no copy); small 1-D tensors (norms, biases) are converted to F32.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -38,6 +39,11 @@ struct LayerWeights {
     std::vector<float> ffn_norm;             // [n_embd]
     gl::Tensor w_gate, w_up;                 // [n_embd] -> [n_ff]
     gl::Tensor w_down;                       // [n_ff] -> [n_embd]
+
+    // The weight matrices, in the order a token uses them.
+    std::array<const gl::Tensor*, 7> matrices() const {
+        return {&wq, &wk, &wv, &wo, &w_gate, &w_up, &w_down};
+    }
 };
 
 struct Model {

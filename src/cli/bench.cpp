@@ -240,9 +240,9 @@ int run_bench(int argc, char** argv) {
         // Bytes one generated token reads: every weight matrix once, one embedding row.
         double weight_bytes_per_token = static_cast<double>(lm->model.token_embd.row_bytes);
         for (const auto& L : lm->model.layers)
-            for (const gl::Tensor* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
-                weight_bytes_per_token += static_cast<double>(w->row_bytes) * w->ne1;
-        weight_bytes_per_token += static_cast<double>(lm->model.output.row_bytes) * lm->model.output.ne1;
+            for (const gl::Tensor* w : L.matrices())
+                weight_bytes_per_token += static_cast<double>(w->bytes());
+        weight_bytes_per_token += static_cast<double>(lm->model.output.bytes());
 
         // Which kernels the figures below come from (the same model runs 2-3x
         // apart between paths).

@@ -106,8 +106,8 @@ AttentionTimes bench_attention(const Model& m, gl::Type tk, gl::Type tv, int dep
     AttentionTimes t;
     for (int l = 0; l < hp.n_layer; l++) {
         const LayerWeights& L = m.layers[l];
-        for (const gl::Tensor* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
-            weights[l].push_back({static_cast<const uint8_t*>(w->data), w->row_bytes * w->ne1});
+        for (const gl::Tensor* w : L.matrices())
+            weights[l].push_back({static_cast<const uint8_t*>(w->data), w->bytes()});
         auto add = [&](const void* p, size_t bytes) {
             ring[l].push_back({static_cast<const uint8_t*>(p), bytes});
             t.ring_bytes += static_cast<double>(bytes);
