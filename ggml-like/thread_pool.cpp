@@ -55,7 +55,7 @@ void ThreadPool::run_chunks(int64_t n_chunks, ChunkTask fn, void* ctx) {
     for (int t = 0; t < n_threads_; t++) {
         const auto b = static_cast<uint64_t>(n_chunks * t / n_threads_);
         const auto e = static_cast<uint64_t>(n_chunks * (t + 1) / n_threads_);
-        blocks_[t].store(b | e << 32, std::memory_order_release);
+        blocks_[t].word.store(b | e << 32, std::memory_order_release);
     }
     epoch_.fetch_add(1, std::memory_order_release);
     epoch_.notify_all();
@@ -75,7 +75,7 @@ void ThreadPool::run_chunks(int64_t n_chunks, ChunkTask fn, void* ctx) {
 int64_t ThreadPool::claim(int ith) {
     for (int i = 0; i < n_threads_; i++) {
         const bool own = i == 0;
-        std::atomic<uint64_t>& w = blocks_[(ith + i) % n_threads_];
+        std::atomic<uint64_t>& w = blocks_[(ith + i) % n_threads_].word;
         uint64_t cur = w.load(std::memory_order_acquire);
         for (;;) {
             const uint64_t front = cur & 0xffffffffu, end = cur >> 32;
@@ -90,11 +90,13 @@ int64_t ThreadPool::claim(int ith) {
 }
 
 void ThreadPool::work_chunks(int ith) {
-    for (int64_t k; (k = claim(ith)) >= 0;) {
-        const int64_t n = n_chunks_.load(std::memory_order_relaxed);
+    int64_t ran = 0, n = 0;
+    for (int64_t k; (k = claim(ith)) >= 0; ran++) {
+        if (ran == 0) n = n_chunks_.load(std::memory_order_relaxed);
         task_(ctx_, k, ith);
-        if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == n) done_.notify_one();
     }
+    // Once, when this thread finds no chunk left: the loop cannot end before.
+    if (ran > 0 && done_.fetch_add(ran, std::memory_order_acq_rel) + ran == n) done_.notify_one();
 }
 
 void ThreadPool::worker(int ith) {
