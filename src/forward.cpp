@@ -168,20 +168,21 @@ const float* Forward::eval(const int32_t* tokens, int n, bool all_logits) {
 void Forward::step(const int32_t* tokens, int n, int first, int64_t pos0) {
     const Hparams& hp = m_.hp;
     const int half = hp.rope_dims / 2;
-    std::optional<OpTimer> embed(std::in_place, profile_, Op::other);
-    for (int i = 0; i < n; i++) {
-        gl::cpu::dequantize_row(m_.token_embd.type, m_.token_embd.row(tokens[i]),
-                                x_.data() + static_cast<size_t>(i) * hp.n_embd, hp.n_embd);
-        pos_[i] = pos0 + i;
-        gl::ops::rope_angles(static_cast<double>(pos0 + i), half, m_.rope_inv_freq.data(),
-                             cos_.data() + static_cast<size_t>(i) * half,
-                             sin_.data() + static_cast<size_t>(i) * half);
+    {
+        OpTimer t(profile_, Op::other);
+        for (int i = 0; i < n; i++) {
+            gl::cpu::dequantize_row(m_.token_embd.type, m_.token_embd.row(tokens[i]),
+                                    x_.data() + static_cast<size_t>(i) * hp.n_embd, hp.n_embd);
+            pos_[i] = pos0 + i;
+            gl::ops::rope_angles(static_cast<double>(pos0 + i), half, m_.rope_inv_freq.data(),
+                                 cos_.data() + static_cast<size_t>(i) * half,
+                                 sin_.data() + static_cast<size_t>(i) * half);
+        }
+        wrote(x_.data(), sizeof(float) * static_cast<size_t>(n) * hp.n_embd);
+        wrote(cos_.data(), sizeof(float) * static_cast<size_t>(n) * half);
+        wrote(sin_.data(), sizeof(float) * static_cast<size_t>(n) * half);
+        wrote(pos_.data(), sizeof(int64_t) * static_cast<size_t>(n));
     }
-    wrote(x_.data(), sizeof(float) * static_cast<size_t>(n) * hp.n_embd);
-    wrote(cos_.data(), sizeof(float) * static_cast<size_t>(n) * half);
-    wrote(sin_.data(), sizeof(float) * static_cast<size_t>(n) * half);
-    wrote(pos_.data(), sizeof(int64_t) * static_cast<size_t>(n));
-    embed.reset();
 
     gl::Backend* cur = place_.layers.empty() ? place_.head : place_.layers[0];
     for (int l = 0; l < hp.n_layer; l++) {

@@ -72,7 +72,7 @@ void touch_value(const GgufValue& v) {
 
 void touch_matrix(const gl::Tensor& t) {
     if (!t) return;
-    touch(t.data, t.row_bytes * static_cast<uint64_t>(t.ne1));
+    touch(t.data, t.bytes());
 }
 
 // ---- seeds ------------------------------------------------------------------
