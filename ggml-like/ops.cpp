@@ -76,12 +76,6 @@ size_t matmul_scratch_bytes(Type weight, int64_t n_in, int64_t n_tok, int n_thre
     return std::max(dot, tiles);
 }
 
-namespace {
-// Rows per work unit: enough to amortize the loop, small enough that both
-// threads stay busy on the narrow matrices of small models.
-constexpr int64_t kRowChunk = 16;
-} // namespace
-
 void matmul(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, float* y,
             void* scratch) {
     if (gemm::applies(w.type, w.ne0, n_tok))

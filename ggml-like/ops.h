@@ -35,4 +35,9 @@ size_t matmul_scratch_bytes(Type weight, int64_t n_in, int64_t n_tok, int n_thre
 // gemm::matmul_tiles where it applies, else one dot product per (row, token).
 void matmul(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, float* y, void* scratch);
 
+// Weight rows per work unit of matmul's parallel loop (one dot product per
+// row and token): enough to amortize the loop, small enough that both
+// threads stay busy on the narrow matrices of small models.
+inline constexpr int64_t kRowChunk = 16;
+
 } // namespace gl::ops

@@ -4,7 +4,9 @@
 # and Q4_K_M, prompt 256 and generate 64, with the roofline (bytes read per
 # generated token, fraction of this machine's read bandwidth), generation at
 # depth 4096 against depth 0, and peak RSS; with --profile, where each
-# generated token's time goes (per weight matrix, attention, the rest).
+# generated token's time goes (per weight matrix, attention, the rest), and
+# (--matrices) how fast the token's weight matrices stream when only read and
+# when multiplied, through the same parallel loops.
 # Usage: scripts/bench.sh [THREADS] [REPS]   (models cached in $KVRUN_BENCH_DIR, default /tmp/kvrun-bench)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +29,7 @@ for t in q4_0 q8_0 q4_k_m; do
   fi
   models+=(-m "$f")
 done
-./kvrun bench "${models[@]}" -p 256 -n 64 -t "$threads" -r "$reps" --roofline --profile
+./kvrun bench "${models[@]}" -p 256 -n 64 -t "$threads" -r "$reps" --roofline --matrices --profile
 echo
 echo "generation with 4096 tokens already in the (F16) cache, against an empty cache:"
 ./kvrun bench "${models[@]}" -p 0 -n 32 -d 0,4096 -t "$threads" -r "$reps" --profile |

@@ -548,6 +548,33 @@ TEST_CASE("cli: bench --profile splits a token's time by op, with each op's byte
         CHECK(m.out.find(w) != std::string::npos);
 }
 
+TEST_CASE("cli: bench --matrices streams a token's weight matrices, read and multiplied") {
+    // stories260K (F32): per layer Q and O 64x64, K and V 32x64, gate, up and
+    // down 172x64; the output matrix 512x64.
+    const double bytes = 4.0 * (5 * (2 * 64 * 64 + 2 * 32 * 64 + 3 * 172 * 64) + 512 * 64);
+    const auto r = run({"bench", "-m", kStories, "-p", "0", "-n", "0", "-t", "2", "-r", "2",
+                        "--matrices", "--json"});
+    INFO(describe(r));
+    REQUIRE(r.status == 0);
+    const json j = json::parse(r.out);
+    REQUIRE(j.size() == 1);
+    CHECK(j[0]["test"] == "matrices");
+    CHECK(j[0]["matrix_bytes_per_token"].get<double>() == bytes);
+    CHECK(j[0]["ms_per_token_read"].get<double>() > 0);
+    CHECK(j[0]["ms_per_token_matmul"].get<double>() > 0);
+
+    const auto t =
+        run({"bench", "-m", kStories, "-p", "0", "-n", "0", "-t", "1", "-r", "1", "--matrices"});
+    INFO(describe(t));
+    REQUIRE(t.status == 0);
+    CHECK(t.out.find("| stories260K.gguf | 1 | 1.0 MB |") != std::string::npos);
+
+    // With nothing to measure, a usage error rather than an empty table.
+    const auto none = run({"bench", "-m", kStories, "-p", "0", "-n", "0"});
+    CHECK(none.status == 2);
+    CHECK(none.err.find("nothing to measure") != std::string::npos);
+}
+
 TEST_CASE("cli: bench --json reports pp, tg and, with --attention, a decode step's attention") {
     // stories260K: 5 layers, 4 KV heads of 8 dimensions.
     const auto r = run({"bench", "-m", kStories, "-p", "32", "-n", "4", "-d", "0,64", "-t", "1",

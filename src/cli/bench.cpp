@@ -7,7 +7,9 @@
 //     (filled untimed), as generation does.
 // --roofline measures this machine's read bandwidth with the same threads and
 // prints, for tg, the bytes each token reads (weights + KV at that depth) and
-// the fraction of the bandwidth achieved.
+// the fraction of the bandwidth achieved. --attention and --matrices time a
+// token's attention and its weight matrices apart (bench_attention.h,
+// bench_matrices.h).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -20,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/bench_attention.h"
+#include "cli/bench_matrices.h"
 #include "cli/common.h"
 #include "cli/read_stream.h"
 #include "error.h"
@@ -189,7 +192,7 @@ int run_bench(int argc, char** argv) {
     std::string device;    // "" = cpu, or cuda with -ngl
     CommonOptions offload; // -ngl, --kv-gpu-window
     int reps = 5, batch = 512;
-    bool json = false, roofline = false, attention = false, profile = false;
+    bool json = false, roofline = false, attention = false, matrices = false, profile = false;
     CLI::App app{"kvrun bench: prompt and generation speed (mean ± sd over repetitions)", "kvrun bench"};
     app.add_option("-m,--model", models, "GGUF model(s); repeat -m for several")->required();
     app.add_option("-p,--n-prompt", pp_s, "prompt lengths, comma-separated (0 = skip)")->capture_default_str();
@@ -206,6 +209,9 @@ int run_bench(int argc, char** argv) {
     app.add_flag("--attention", attention,
                  "also time a decode step's attention at each depth > 0 (CPU): the ring from DRAM after "
                  "each layer's weights, the ring in cache, and a plain read of the same bytes");
+    app.add_flag("--matrices", matrices,
+                 "also stream the weight matrices one token reads (CPU), in its order through the "
+                 "same parallel loops: a plain read of each, and the matrix-vector kernels");
     app.add_flag(
         "--profile", profile,
         "time each op of the pp and tg runs (CPU): per weight matrix, attention, norms and the "
@@ -219,6 +225,12 @@ int run_bench(int argc, char** argv) {
     const gl::Type tk = parse_cache_type(ctk, "--ctk"), tv = parse_cache_type(ctv, "--ctv");
     const std::vector<int> pps = parse_int_list(pp_s, "-p"), tgs = parse_int_list(tg_s, "-n"),
                            depths = parse_int_list(depth_s, "-d"), thread_counts = parse_int_list(threads_s, "-t");
+    const auto positive = [](const std::vector<int>& v) {
+        return std::any_of(v.begin(), v.end(), [](int x) { return x > 0; });
+    };
+    if (!positive(pps) && !positive(tgs) && !matrices && !(attention && positive(depths)))
+        fail(Exit::usage,
+             "nothing to measure: -p and -n are 0 (add --matrices, or --attention with -d)");
     install_interrupt_handler();
 
     std::vector<Row> rows;
@@ -228,6 +240,12 @@ int run_bench(int argc, char** argv) {
         AttentionTimes t;
     };
     std::vector<AttentionRow> attention_rows;
+    struct MatrixRow {
+        std::string model;
+        int threads = 0;
+        MatrixTimes t;
+    };
+    std::vector<MatrixRow> matrix_rows;
     std::map<int, double> bandwidth;  // per thread count
     std::map<int, double> handoff_us; // per thread count
     for (const std::string& path : models) {
@@ -257,8 +275,11 @@ int run_bench(int argc, char** argv) {
         std::vector<int32_t> toks(std::max(max_pp, max_depth + max_tg) + 1);
         for (auto& t : toks) t = static_cast<int32_t>(rng() % hp.n_vocab);
         const int n_ctx = std::max(max_pp, max_depth + max_tg) + 1;
+        // Nothing to evaluate (-p 0 -n 0, for --attention or --matrices alone):
+        // no cache or forward pass to set up.
+        const bool evaluates = max_pp > 0 || max_tg > 0;
 
-        for (int tc : thread_counts) {
+        for (int tc : evaluates ? thread_counts : std::vector<int>{}) {
             const int threads = resolve_threads(tc);
             CommonOptions co;
             co.device = device;
@@ -353,6 +374,13 @@ int run_bench(int argc, char** argv) {
                         attention_rows.push_back(
                             {name, threads, depth, bench_attention(lm->model, tk, tv, depth, threads, reps)});
             }
+        if (matrices)
+            for (int tc : thread_counts)
+                if (!interrupted()) {
+                    const int threads = resolve_threads(tc);
+                    matrix_rows.push_back(
+                        {name, threads, bench_matrices(lm->model, threads, reps)});
+                }
     }
 
     if (json) {
@@ -378,6 +406,13 @@ int run_bench(int argc, char** argv) {
                          {"ms_per_token_ring_in_cache", r.t.from_cache},
                          {"ms_per_token_read_only", r.t.read_only},
                          {"ring_bytes_per_token", r.t.ring_bytes}});
+        for (const MatrixRow& r : matrix_rows)
+            j.push_back({{"model", r.model},
+                         {"test", "matrices"},
+                         {"threads", r.threads},
+                         {"matrix_bytes_per_token", r.t.bytes},
+                         {"ms_per_token_read", r.t.read_ms},
+                         {"ms_per_token_matmul", r.t.matmul_ms}});
         fmt::print("{}\n", j.dump(2));
         return 0;
     }
@@ -407,6 +442,19 @@ int run_bench(int argc, char** argv) {
             fmt::print("| {} | {} | {} | {:.1f} MB | {:.2f} | {:.2f} | {:.2f} ({:.1f} GB/s) |\n", r.model, r.threads,
                        r.depth, r.t.ring_bytes / 1e6, r.t.from_dram, r.t.from_cache, r.t.read_only,
                        r.t.ring_bytes / (r.t.read_only * 1e6));
+    }
+    if (!matrix_rows.empty()) {
+        fmt::print("{}weight matrices of one token, in its order, ms per token (mean of {} "
+                   "repetitions):\n\n",
+                   rows.empty() && attention_rows.empty() ? "" : "\n", reps);
+        fmt::print("| model | threads | bytes | plain read | ops::matmul | matmul / read |\n");
+        fmt::print("| --- | ---: | ---: | ---: | ---: | ---: |\n");
+        for (const MatrixRow& r : matrix_rows)
+            fmt::print(
+                "| {} | {} | {:.1f} MB | {:.2f} ({:.1f} GB/s) | {:.2f} ({:.1f} GB/s) | {:.0f}% |\n",
+                r.model, r.threads, r.t.bytes / 1e6, r.t.read_ms, r.t.bytes / (r.t.read_ms * 1e6),
+                r.t.matmul_ms, r.t.bytes / (r.t.matmul_ms * 1e6),
+                100 * r.t.read_ms / r.t.matmul_ms);
     }
     for (const Row& r : rows)
         if (r.profiled_tokens > 0) print_profile(r, roofline ? bandwidth[r.threads] : 0);
