@@ -66,11 +66,13 @@ std::vector<int> parse_int_list(const std::string& s, const char* what) {
 }
 
 // Read bandwidth, bytes/s: sum a buffer far larger than the caches, with
-// each thread streaming its own contiguous part. The best of several software
-// prefetch distances is kept: without prefetching one core cannot keep enough
-// misses in flight (measured here: 15 GB/s per core without, 16.5 with 2 KiB
-// ahead; 24 vs 31 GB/s on two cores), and the dot kernels do prefetch, so a
-// plain loop would understate the roof and overstate the fraction. The
+// each thread streaming its own contiguous part. The best of several reads is
+// kept: 64-bit words with software prefetches at several distances, and the
+// kernels' own gl::cpu::sum_bytes (a vector load a line). Without prefetching
+// one core cannot keep enough misses in flight (measured here: 15 GB/s per
+// core without, 16.5 with 2 KiB ahead; 24 vs 31 GB/s on two cores), and the
+// dot kernels do prefetch, so a plain loop would understate the roof and
+// overstate the fraction. The
 // buffer is on transparent huge pages where Linux allows, as kvrun's weights
 // and KV cache are (see LoadedModel::load): on 4 KiB pages this loop read
 // 31.6 instead of 34.9 GB/s here.
@@ -83,7 +85,10 @@ double measure_read_bandwidth(gl::ThreadPool& pool) {
         for (int64_t i = b; i < e; i++) buf[i] = static_cast<uint64_t>(i) * 2654435761u;
     });
     using SumFn = uint64_t (*)(const uint64_t*, const uint64_t*);
-    const SumFn variants[] = {sum_stream<0>, sum_stream<1024>, sum_stream<2048>, sum_stream<4096>};
+    const SumFn variants[] = {sum_stream<0>, sum_stream<1024>, sum_stream<2048>, sum_stream<4096>,
+                              [](const uint64_t* b, const uint64_t* e) {
+                                  return gl::cpu::sum_bytes(b, (e - b) * int64_t{8});
+                              }};
     double best = 0;
     for (SumFn sum : variants)
         for (int rep = 0; rep < 2; rep++) {

@@ -5,8 +5,8 @@
 #include <random>
 #include <vector>
 
-#include "cli/read_stream.h"
 #include "ggml-like/ops.h"
+#include "ggml-like/quants.h"
 #include "ggml-like/thread_pool.h"
 
 namespace kvrun::cli {
@@ -17,15 +17,6 @@ using Clock = std::chrono::steady_clock;
 
 double ms_since(Clock::time_point t0) {
     return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-
-// The 64-bit words of [b, e): the read skips the few bytes at either end that
-// are not 8-aligned (a tensor's rows need not be).
-const uint64_t* words_from(const uint8_t* p) {
-    return reinterpret_cast<const uint64_t*>((reinterpret_cast<uintptr_t>(p) + 7) & ~uintptr_t{7});
-}
-const uint64_t* words_to(const uint8_t* p) {
-    return reinterpret_cast<const uint64_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t{7});
 }
 
 } // namespace
@@ -55,7 +46,9 @@ MatrixTimes bench_matrices(const Model& m, int threads, int reps) {
     gl::ThreadPool pool(threads);
     std::vector<uint64_t> sums(static_cast<size_t>(threads), 0);
     // The same loop as ops::matmul's: kRowChunk-row units, the same cost, so
-    // the pool hands each thread the same rows; each reads them in one stream.
+    // the pool hands each thread the same rows; each reads them in one stream
+    // with the kernels' plain read (a vector load a line: 64-bit words, 8
+    // loads a line, read 10% slower here).
     auto read = [&](const gl::Tensor& w) {
         const int64_t units = (w.ne1 + gl::ops::kRowChunk - 1) / gl::ops::kRowChunk;
         pool.parallel_for(
@@ -63,7 +56,7 @@ MatrixTimes bench_matrices(const Model& m, int threads, int reps) {
             [&](int64_t b, int64_t e, int ith) {
                 const uint8_t* p = w.row(b * gl::ops::kRowChunk);
                 const uint8_t* end = w.row(std::min(w.ne1, e * gl::ops::kRowChunk));
-                sums[static_cast<size_t>(ith)] += sum_stream<2048>(words_from(p), words_to(end));
+                sums[static_cast<size_t>(ith)] += gl::cpu::sum_bytes(p, end - p);
             },
             w.ne1 * w.ne0);
     };
