@@ -167,6 +167,16 @@ kvtest::RunResult run_1t(std::vector<std::string> args) {
     return kvtest::run_kvrun(args);
 }
 
+// `kvrun bench ARGS --json`, which must succeed: its rows.
+json bench_json(std::vector<std::string> args) {
+    args.insert(args.begin(), "bench");
+    args.push_back("--json");
+    const auto r = run(args);
+    INFO(describe(r));
+    REQUIRE(r.status == 0);
+    return json::parse(r.out);
+}
+
 } // namespace
 
 TEST_CASE("cli: greedy stories260K continuation equals the golden text") {
@@ -480,11 +490,8 @@ TEST_CASE("cli: bench --profile splits a token's time by op, with each op's byte
     // stories260K: 5 layers, 4 KV heads of 8 dimensions, F16 cache. Four
     // generated tokens from depth 0 see 1, 2, 3 and 4 slots; the 8-token
     // prompt is one batch.
-    const auto r = run({"bench", "-m", kStories, "-p", "8", "-n", "4", "-t", "2", "-r", "2",
-                        "--profile", "--json"});
-    INFO(describe(r));
-    REQUIRE(r.status == 0);
-    const json j = json::parse(r.out);
+    const json j =
+        bench_json({"-m", kStories, "-p", "8", "-n", "4", "-t", "2", "-r", "2", "--profile"});
     REQUIRE(j.size() == 2);
     REQUIRE(j[0]["test"] == "pp8");
     REQUIRE(j[1]["test"] == "tg4");
@@ -552,11 +559,8 @@ TEST_CASE("cli: bench --matrices streams a token's weight matrices, read and mul
     // stories260K (F32): per layer Q and O 64x64, K and V 32x64, gate, up and
     // down 172x64; the output matrix 512x64.
     const double bytes = 4.0 * (5 * (2 * 64 * 64 + 2 * 32 * 64 + 3 * 172 * 64) + 512 * 64);
-    const auto r = run({"bench", "-m", kStories, "-p", "0", "-n", "0", "-t", "2", "-r", "2",
-                        "--matrices", "--json"});
-    INFO(describe(r));
-    REQUIRE(r.status == 0);
-    const json j = json::parse(r.out);
+    const json j =
+        bench_json({"-m", kStories, "-p", "0", "-n", "0", "-t", "2", "-r", "2", "--matrices"});
     REQUIRE(j.size() == 1);
     CHECK(j[0]["test"] == "matrices");
     CHECK(j[0]["matrix_bytes_per_token"].get<double>() == bytes);
@@ -571,17 +575,14 @@ TEST_CASE("cli: bench --matrices streams a token's weight matrices, read and mul
 
     // With nothing to measure, a usage error rather than an empty table.
     const auto none = run({"bench", "-m", kStories, "-p", "0", "-n", "0"});
-    CHECK(none.status == 2);
+    expect_usage_error(none);
     CHECK(none.err.find("nothing to measure") != std::string::npos);
 }
 
 TEST_CASE("cli: bench --json reports pp, tg and, with --attention, a decode step's attention") {
     // stories260K: 5 layers, 4 KV heads of 8 dimensions.
-    const auto r = run({"bench", "-m", kStories, "-p", "32", "-n", "4", "-d", "0,64", "-t", "1",
-                        "-r", "2", "--attention", "--json"});
-    INFO(describe(r));
-    REQUIRE(r.status == 0);
-    const json j = json::parse(r.out);
+    const json j = bench_json(
+        {"-m", kStories, "-p", "32", "-n", "4", "-d", "0,64", "-t", "1", "-r", "2", "--attention"});
     REQUIRE(j.is_array());
     std::vector<std::string> tests;
     for (const json& o : j) tests.push_back(o["test"].get<std::string>());
@@ -600,11 +601,8 @@ TEST_CASE("cli: bench --json reports pp, tg and, with --attention, a decode step
             CHECK(o[k].get<double>() > 0);
     }
     // A q8_0 cache keeps rows: 34 bytes per 32 elements.
-    const auto q = run({"bench", "-m", kStories, "-p", "0", "-n", "0", "-d", "64", "-t", "1", "-r",
-                        "1", "--attention", "--json", "--ctk", "q8_0", "--ctv", "q8_0"});
-    INFO(describe(q));
-    REQUIRE(q.status == 0);
-    const json jq = json::parse(q.out);
+    const json jq = bench_json({"-m", kStories, "-p", "0", "-n", "0", "-d", "64", "-t", "1", "-r",
+                                "1", "--attention", "--ctk", "q8_0", "--ctv", "q8_0"});
     REQUIRE(jq.size() == 1);
     CHECK(jq[0]["ring_bytes_per_token"].get<double>() == 5.0 * 64 * 2 * 34);
 }
