@@ -12,10 +12,24 @@
 
 #if defined(__x86_64__)
 #include "ggml-like/cpu/x86_amx.h"
+#include "ggml-like/cpu/x86_fp16.h"
 #define GL_HAVE_AMX 1
+#define GL_HAVE_FP16 1
 #endif
 
 namespace gl {
+
+bool attention_half_products() {
+#if GL_HAVE_FP16
+    static const bool on = [] {
+        const char* v = std::getenv("KVRUN_ATTN_F16");
+        return !(v && std::strcmp(v, "0") == 0) && fp16::cpu_supported();
+    }();
+    return on;
+#else
+    return false;
+#endif
+}
 
 namespace {
 
@@ -228,6 +242,19 @@ void attend_heads(const AttentionArgs& a, const uint8_t* new_tiles, int t, int h
         qu[j] = a.q_unrot ? a.q_unrot + qi : nullptr;
         std::memset(out[j], 0, sizeof(float) * hd);
     }
+#if GL_HAVE_FP16
+    // A generated token's F16 keys in tiles and F16 values take
+    // half-precision products where the CPU has them (x86_fp16.h): half the
+    // FMAs, no widening.
+    const bool half = a.half_ok && a.n_tok == 1 && attention_half_products() &&
+                      nh <= fp16::kMaxHeads && hd <= fp16::kMaxHeadDim;
+    const bool half_k = half && a.k_type == Type::F16 && hd % fp16::kSpanDims == 0;
+    const bool half_v = half && a.v_type == Type::F16 && hd % 32 == 0;
+    alignas(64) uint16_t q16[fp16::kMaxHeads * fp16::kMaxHeadDim];
+    if (half_k) fp16::to_half(q[0], a.scale, static_cast<int64_t>(nh) * hd, q16);
+#else
+    constexpr bool half_k = false, half_v = false;
+#endif
     // V rows go to axpy_heads as they are where it has a kernel for their
     // type: widened inside it rather than into an F32 tile first, which saves
     // the tile's stores and a third of L1 (TinyLlama Q4_0 at depth 4096:
@@ -241,6 +268,21 @@ void attend_heads(const AttentionArgs& a, const uint8_t* new_tiles, int t, int h
     // Scores sc[j * kChunkKeys + i] of n keys are in place; turn them into
     // softmax weights against each head's running max, then add the chunk's
     // n V rows (at `rows`, `stride` bytes apart) for all heads in one pass.
+    // Where the half kernels run for a whole decode chunk, they prefetch the
+    // next chunk's K and V themselves, a line every few FMAs (see below).
+    struct Lines {
+        const uint8_t* p = nullptr;
+        int n = 0;
+        int take(int most) {
+            const int t = std::min(n, most);
+            n -= t;
+            p += 64 * t;
+            return t;
+        }
+        void flush() {
+            for (; n > 0; n--, p += 64) __builtin_prefetch(p);
+        }
+    } k_lines, v_lines;
     auto fold = [&](const uint8_t* rows, size_t stride, int n) {
         for (int j = 0; j < nh; j++) {
             float* s = sc + j * kChunkKeys;
@@ -257,7 +299,18 @@ void attend_heads(const AttentionArgs& a, const uint8_t* new_tiles, int t, int h
             }
             l[j] += cpu::exp_sum(s, n, m[j]);
         }
-        if (v_direct) {
+        if (half_v) {
+#if GL_HAVE_FP16
+            for (int j0 = 0; j0 < nh; j0 += fp16::kMaxValueHeads) {
+                const int g = std::min(fp16::kMaxValueHeads, nh - j0);
+                const float* w = sc + j0 * kChunkKeys;
+                const uint8_t* pf = v_lines.p;
+                const int pf_n = v_lines.take(n * ((hd + 63) / 64));
+                if (!fp16::add_values(hd, rows, stride, n, w, kChunkKeys, g, out + j0, pf, pf_n))
+                    cpu::axpy_heads(a.v_type, hd, rows, stride, n, w, kChunkKeys, g, out + j0);
+            }
+#endif
+        } else if (v_direct) {
             cpu::axpy_heads(a.v_type, hd, rows, stride, n, sc, kChunkKeys, nh, out);
         } else {
             const RowsF32 v = rows_f32(a.v_type, hd, rows, stride, n, v_tile);
@@ -306,8 +359,18 @@ void attend_heads(const AttentionArgs& a, const uint8_t* new_tiles, int t, int h
             int next = c1;
             const int steps = k_tiles ? (n + kKeyTile - 1) / kKeyTile + 2 : nh + 2;
             const int per_step = (chunk_keys + steps - 2) / (steps - 1);
+            // Prefetches issued in a burst at each step stall on the line-fill
+            // buffers; the half kernels spread them over their FMAs instead.
+            const bool pf_in_kernels =
+                prefetch && half_k && half_v && k_tiles && v_hm && v_stride == hd * ve;
+            if (pf_in_kernels) {
+                k_lines = {k_base + static_cast<size_t>(c1) * hd * ke,
+                           static_cast<int>((next_end - c1) * hd * ke / 64)};
+                v_lines = {v_base + c1 * v_stride,
+                           static_cast<int>((next_end - c1) * v_stride / 64)};
+            }
             auto prefetch_some = [&] {
-                if (!prefetch) return;
+                if (!prefetch || pf_in_kernels) return;
                 for (int stop = std::min(next_end, next + per_step); next < stop; next++)
                     for (int bb = 0; bb < hd * static_cast<int>(ke); bb += 64) {
                         __builtin_prefetch(k_base + next * k_stride + bb);
@@ -320,6 +383,22 @@ void attend_heads(const AttentionArgs& a, const uint8_t* new_tiles, int t, int h
                 for (int t0 = c0 / kKeyTile * kKeyTile; t0 < c1; t0 += kKeyTile) {
                     prefetch_some();
                     const int lo = std::max(c0, t0) - t0, hi = std::min(c1, t0 + kKeyTile) - t0;
+#if GL_HAVE_FP16
+                    // Two whole tiles at a time (32 keys, one half vector).
+                    if (half_k && lo == 0 && t0 + 2 * kKeyTile <= c1 &&
+                        key_tile_width(t0 + kKeyTile, tiled_keys) == kKeyTile) {
+                        const auto* ta = reinterpret_cast<const uint16_t*>(
+                            k_base + static_cast<size_t>(t0) * hd * ke);
+                        const uint8_t* pf = k_lines.p;
+                        const int pf_n = k_lines.take(hd);
+                        if (fp16::score_tiles(hd, ta, ta + kKeyTile * hd, q16, nh, sc + (t0 - c0),
+                                              kChunkKeys, pf, pf_n)) {
+                            prefetch_some();
+                            t0 += kKeyTile;
+                            continue;
+                        }
+                    }
+#endif
                     cpu::dot_tile(a.k_type, hd, k_base + static_cast<size_t>(t0) * hd * ke,
                                   key_tile_width(t0, tiled_keys), lo, hi, q[0], nh, a.scale,
                                   sc + (t0 + lo - c0), kChunkKeys);
@@ -335,6 +414,8 @@ void attend_heads(const AttentionArgs& a, const uint8_t* new_tiles, int t, int h
             }
             prefetch_some();
             fold(v_base + c0 * v_stride, v_stride, n);
+            k_lines.flush();
+            v_lines.flush();
             c0 = c1;
         }
     }

@@ -52,12 +52,25 @@ struct AttentionArgs {
     int64_t window = 0;            // n_ctx - n_sink
     const float* sink_k = nullptr; // [n_sink][n_head_kv*head_dim] F32, pre-rotated by -(n_ctx-1-j)
 
+    // A generated token's decode step (n_tok 1): may take half-precision
+    // products where attention_half_products(). Prompt tokens never do, so
+    // that a prompt's results do not depend on how it was batched (a prompt
+    // cache hit evaluates its tail apart from its head).
+    bool half_ok = false;
+
     float* out = nullptr;     // [n_tok][n_head][head_dim]
     float* scratch = nullptr; // attention_scratch_floats(...)
 };
 
 class ThreadPool;
 void attention(ThreadPool& pool, const AttentionArgs& a);
+
+// Whether F16 keys and values are attended with half-precision products
+// (AVX512-FP16: 32 products a 512-bit FMA, summed in F16 over spans of 16
+// dimensions or keys, the spans in F32; see ggml-like/cpu/x86_fp16.h). On
+// where the CPU has them, unless KVRUN_ATTN_F16=0; only for calls with
+// AttentionArgs::half_ok.
+bool attention_half_products();
 
 // ---- partial attention (hot/cold KV) -------------------------------------------------
 // The keys of one call split into disjoint subsets, each attended on its own

@@ -259,7 +259,7 @@ void ChatSession::generate(const ChatHooks& hooks, TurnStats& st) {
             }
             continue;
         }
-        const float* logits = fwd_.eval(&id, 1, false);
+        const float* logits = fwd_.eval_generated(id);
         std::copy(logits, logits + row_.size(), row_.begin());
         cached_.push_back(id);
     }

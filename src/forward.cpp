@@ -134,6 +134,15 @@ void Forward::cross(gl::Backend* from, gl::Backend* to, int n) {
     to->host_wrote(x_.data(), bytes);
 }
 
+const float* Forward::eval_generated(int32_t token) {
+    generating_ = true;
+    struct Reset {
+        bool& flag;
+        ~Reset() { flag = false; }
+    } reset{generating_};
+    return eval(&token, 1, false);
+}
+
 const float* Forward::eval(const int32_t* tokens, int n, bool all_logits) {
     const Hparams& hp = m_.hp;
     KV_ASSERT(n >= 1 && n <= max_batch_);
@@ -259,6 +268,7 @@ void Forward::layer(int l, int n, int64_t pos0) {
     a.k_new = kc_.data();
     a.v_new = vc_.data();
     a.out = att_.data();
+    a.half_ok = generating_;
     {
         // The slots in view (the batch's own keys included), K and V.
         const double kv_bytes = static_cast<double>(std::min<int64_t>(pos0 + n, kv_.n_ctx())) *

@@ -48,6 +48,10 @@ class Forward {
     // Evaluate n (<= max_batch) tokens at positions kv.n_past() .. + n - 1.
     // Returns logits: n rows of n_vocab if all_logits, else the last row only.
     const float* eval(const int32_t* tokens, int n, bool all_logits);
+    // One generated (sampled) token: as eval(&token, 1, false), but its
+    // attention may take the faster half-precision products
+    // (gl::AttentionArgs::half_ok), which prompt tokens never do.
+    const float* eval_generated(int32_t token);
     // Time every op of the following evals into `p` (null: stop). Only
     // meaningful where every backend is the CPU one (see op_profile.h).
     void set_profile(OpProfile* p) { profile_ = p; }
@@ -78,6 +82,7 @@ class Forward {
     Placement place_;
     std::vector<gl::Backend*> backends_; // place_.distinct()
     int max_batch_;
+    bool generating_ = false; // inside eval_generated
     // Activations, row-major per token:
     std::vector<float> x_;        // [B][n_embd] residual stream
     std::vector<float> xb_;       // [B][n_embd] normed input / attention projection out

@@ -27,6 +27,7 @@
 #include "cli/read_stream.h"
 #include "error.h"
 #include "forward.h"
+#include "ggml-like/attention.h"
 #include "ggml-like/gemm.h"
 #include "ggml-like/quants.h"
 #include "ggml-like/thread_pool.h"
@@ -270,9 +271,12 @@ int run_bench(int argc, char** argv) {
         // Which kernels the figures below come from (the same model runs 2-3x
         // apart between paths).
         const gl::Type wt = lm->model.layers.front().w_up.type;
-        fmt::print(stderr, "kvrun bench: {}: {} weights, {} kernels, prompt batches on {}\n", name,
-                   gl::type_name(wt), gl::cpu::isa_name(),
-                   gl::gemm::path_name(gl::gemm::path_for(wt, hp.n_embd, batch)));
+        fmt::print(stderr,
+                   "kvrun bench: {}: {} weights, {} kernels, prompt batches on {}, generated "
+                   "tokens' F16 attention in {} products\n",
+                   name, gl::type_name(wt), gl::cpu::isa_name(),
+                   gl::gemm::path_name(gl::gemm::path_for(wt, hp.n_embd, batch)),
+                   gl::attention_half_products() ? "f16" : "f32");
         std::mt19937 rng(42);
         const int max_pp = pps.empty() ? 0 : *std::max_element(pps.begin(), pps.end());
         const int max_tg = tgs.empty() ? 0 : *std::max_element(tgs.begin(), tgs.end());
@@ -351,7 +355,7 @@ int run_bench(int argc, char** argv) {
                         }
                         const uint64_t h0 = be.cpu ? be.cpu->handoffs() : 0;
                         const double s = timed(prof, [&] {
-                            for (int i = 0; i < tg; i++) fwd.eval(&toks[depth + i], 1, false);
+                            for (int i = 0; i < tg; i++) fwd.eval_generated(toks[depth + i]);
                         });
                         v.push_back(tg / s);
                         timed_s += s;

@@ -98,6 +98,7 @@ AttentionTimes bench_attention(const Model& m, gl::Type tk, gl::Type tv, int dep
         a.v_new = v_new.data();
         a.out = out.data();
         a.scratch = scratch.data();
+        a.half_ok = true; // a generated token's step
         return a;
     };
     // What one token reads per layer: its weight matrices, and the slots of

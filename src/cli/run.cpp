@@ -291,7 +291,7 @@ int run_generate(int argc, char** argv) {
             }
             continue;
         }
-        logits = fwd.eval(&id, 1, false);
+        logits = fwd.eval_generated(id);
     }
     if (!matcher.stopped()) {
         out(matcher.push(dec.flush()));
