@@ -72,7 +72,7 @@ bool score_tiles_n(int hd, const uint16_t* ka, const uint16_t* kb, const uint16_
         for (int j = 0; j < NH; j++) acc[j] = _mm512_setzero_ph();
 #pragma GCC unroll 16
         for (int d = d0; d < d0 + kSpanDims; d++) {
-            if (d < pf_lines) _mm_prefetch(reinterpret_cast<const char*>(pf + 64 * d), _MM_HINT_T0);
+            if (d < pf_lines) _mm_prefetch(reinterpret_cast<const char*>(pf + 64 * d), _MM_HINT_T1);
             const __m512i kv = _mm512_inserti64x4(
                 _mm512_castsi256_si512(
                     _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ka + d * 16))),
@@ -119,7 +119,7 @@ bool add_slice(const uint8_t* rows, size_t stride, int n, const uint16_t (*wh)[6
 #pragma GCC unroll 2
             for (int c = 0; c < NV; c++) acc[j][c] = _mm512_setzero_ph();
         for (int i = i0; i < i1; i++) {
-            if (i < pf_lines) _mm_prefetch(reinterpret_cast<const char*>(pf + 64 * i), _MM_HINT_T0);
+            if (i < pf_lines) _mm_prefetch(reinterpret_cast<const char*>(pf + 64 * i), _MM_HINT_T1);
             const auto* r = reinterpret_cast<const uint16_t*>(rows + i * stride) + k0;
             __m512h v[NV];
 #pragma GCC unroll 2
