@@ -3,6 +3,8 @@
 // unless cpu_supported().
 #include "ggml-like/cpu/x86_fp16.h"
 
+#include <cpuid.h>
+
 #include <cstring>
 
 #include "ggml-like/cpu/static_count.h"
@@ -15,9 +17,15 @@
 
 namespace gl::fp16 {
 
+// AVX512-FP16 asked through cpuid: older clang's __builtin_cpu_supports does
+// not know it. (The builtins for the AVX-512 subsets check that the OS saves
+// the registers, which FP16 shares.)
 bool cpu_supported() {
-    return __builtin_cpu_supports("avx512fp16") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    constexpr unsigned kAvx512Fp16Bit = 1u << 23; // CPUID.(7,0):EDX
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & kAvx512Fp16Bit) &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512dq");
 }
 
 void to_half(const float* x, float scale, int64_t n, uint16_t* out) {

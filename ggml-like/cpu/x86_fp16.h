@@ -35,13 +35,17 @@ void to_half(const float* x, float scale, int64_t n, uint16_t* out);
 // each (gl::key_tile_index, F16, head_dim hd: a multiple of kSpanDims, at most
 // kMaxHeadDim): q holds the heads' scaled queries in F16, hd apart; key i of
 // tile a goes to out[j * os + i], of tile b to out[j * os + 16 + i].
-// False, nothing written, if a score is not finite.
+// False, nothing written, if a score is not finite. Prefetches pf_lines
+// (at most hd) lines from pf into L2 as it goes, one per dimension: the
+// caller's next chunk, fetched between the FMAs instead of in a burst.
 bool score_tiles(int hd, const uint16_t* tile_a, const uint16_t* tile_b, const uint16_t* q, int nh,
                  float* out, size_t os, const void* pf = nullptr, int pf_lines = 0);
 
 // y[j][0..hd) += sum_i w[j * ws + i] * v_i for nh heads (1..kMaxValueHeads)
 // over n F16 value rows (v_i at rows + i * stride bytes); hd a multiple of
-// 32, at most kMaxHeadDim. False, y untouched, if a sum is not finite.
+// 32, at most kMaxHeadDim; n at most 64. False, y untouched, if a sum is
+// not finite. Prefetches pf_lines (at most n per 64 dimensions) lines from
+// pf into L2, one per row.
 bool add_values(int hd, const uint8_t* rows, size_t stride, int n, const float* w, size_t ws,
                 int nh, float* const* y, const void* pf = nullptr, int pf_lines = 0);
 
