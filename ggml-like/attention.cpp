@@ -401,7 +401,7 @@ void attend_heads(const AttentionArgs& a, const uint8_t* new_tiles, int t, int h
                                  static_cast<int>((next_end - c1) * v_stride / 64)};
                 during_values = {k_base + next_end * kb,
                                  static_cast<int>((k_end - next_end) * kb / 64)};
-                k_until = std::max(k_until, k_end);
+                k_until = k_end; // >= next_end, where the burst above stopped
             }
             auto prefetch_some = [&] {
                 if (!prefetch || pf_in_kernels) return;

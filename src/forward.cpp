@@ -134,16 +134,15 @@ void Forward::cross(gl::Backend* from, gl::Backend* to, int n) {
     to->host_wrote(x_.data(), bytes);
 }
 
-const float* Forward::eval_generated(int32_t token) {
-    generating_ = true;
-    struct Reset {
-        bool& flag;
-        ~Reset() { flag = false; }
-    } reset{generating_};
-    return eval(&token, 1, false);
+const float* Forward::eval(const int32_t* tokens, int n, bool all_logits) {
+    return run(tokens, n, all_logits, false);
 }
 
-const float* Forward::eval(const int32_t* tokens, int n, bool all_logits) {
+const float* Forward::eval_generated(int32_t token) {
+    return run(&token, 1, false, true);
+}
+
+const float* Forward::run(const int32_t* tokens, int n, bool all_logits, bool generated) {
     const Hparams& hp = m_.hp;
     KV_ASSERT(n >= 1 && n <= max_batch_);
     const int64_t pos0 = kv_.n_past();
@@ -164,7 +163,7 @@ const float* Forward::eval(const int32_t* tokens, int n, bool all_logits) {
     // land in the same slots), and the positions are committed only after.
     for (int attempt = 0;; attempt++) {
         for (gl::Backend* be : backends_) be->begin_step(n);
-        step(tokens, n, first, pos0);
+        step(tokens, n, first, pos0, generated);
         bool ok = true;
         for (gl::Backend* be : backends_) ok = be->end_step() && ok;
         if (ok) break;
@@ -174,7 +173,7 @@ const float* Forward::eval(const int32_t* tokens, int n, bool all_logits) {
     return logits_.data();
 }
 
-void Forward::step(const int32_t* tokens, int n, int first, int64_t pos0) {
+void Forward::step(const int32_t* tokens, int n, int first, int64_t pos0, bool generated) {
     const Hparams& hp = m_.hp;
     const int half = hp.rope_dims / 2;
     {
@@ -199,7 +198,7 @@ void Forward::step(const int32_t* tokens, int n, int first, int64_t pos0) {
             cross(cur, place_.layers[l], n);
             cur = place_.layers[l];
         }
-        layer(l, n, pos0);
+        layer(l, n, pos0, generated);
     }
     if (place_.head != cur) cross(cur, place_.head, n);
 
@@ -211,7 +210,7 @@ void Forward::step(const int32_t* tokens, int n, int first, int64_t pos0) {
     be.host_read(logits_.data(), sizeof(float) * static_cast<size_t>(rows) * hp.n_vocab);
 }
 
-void Forward::layer(int l, int n, int64_t pos0) {
+void Forward::layer(int l, int n, int64_t pos0, bool generated) {
     const Hparams& hp = m_.hp;
     const LayerWeights& L = m_.layers[l];
     gl::Backend& be = *place_.layers[l];
@@ -268,7 +267,7 @@ void Forward::layer(int l, int n, int64_t pos0) {
     a.k_new = kc_.data();
     a.v_new = vc_.data();
     a.out = att_.data();
-    a.half_ok = generating_;
+    a.half_ok = generated;
     {
         // The slots in view (the batch's own keys included), K and V.
         const double kv_bytes = static_cast<double>(std::min<int64_t>(pos0 + n, kv_.n_ctx())) *

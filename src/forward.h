@@ -57,10 +57,13 @@ class Forward {
     void set_profile(OpProfile* p) { profile_ = p; }
 
   private:
+    // eval and eval_generated: `generated` lets attention take the
+    // half-precision products (one sampled token).
+    const float* run(const int32_t* tokens, int n, bool all_logits, bool generated);
     // Embedding, layers and head of one batch (no commit): may run twice
     // when a backend lost a recorded step (Backend::end_step).
-    void step(const int32_t* tokens, int n, int first, int64_t pos0);
-    void layer(int l, int n, int64_t pos0);
+    void step(const int32_t* tokens, int n, int first, int64_t pos0, bool generated);
+    void layer(int l, int n, int64_t pos0, bool generated);
     // be's op, timed into profile_ (when set) as `op`, with w's bytes.
     void matmul(gl::Backend& be, Op op, const gl::Tensor& w, const float* x, int n, float* y);
     // out = rmsnorm(x) * w for `rows` rows of n_embd; x_ += xb_ for n rows
@@ -82,7 +85,6 @@ class Forward {
     Placement place_;
     std::vector<gl::Backend*> backends_; // place_.distinct()
     int max_batch_;
-    bool generating_ = false; // inside eval_generated
     // Activations, row-major per token:
     std::vector<float> x_;        // [B][n_embd] residual stream
     std::vector<float> xb_;       // [B][n_embd] normed input / attention projection out
