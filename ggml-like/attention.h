@@ -67,7 +67,7 @@ void attention(ThreadPool& pool, const AttentionArgs& a);
 
 // Whether F16 keys and values are attended with half-precision products
 // (AVX512-FP16: 32 products a 512-bit FMA, summed in F16 over spans of 16
-// dimensions or keys, the spans in F32; see ggml-like/cpu/x86_fp16.h). On
+// dimensions or keys, the spans in F32; see ggml-like/cpu/x86/fp16.h). On
 // where the CPU has them, unless KVRUN_ATTN_F16=0; only for calls with
 // AttentionArgs::half_ok.
 bool attention_half_products();

@@ -7,8 +7,8 @@
 #include <stdexcept>
 
 #include "error.h"
-#include "ggml-like/ops.h"
-#include "ggml-like/quants.h"
+#include "ggml-like/cpu/ops.h"
+#include "ggml-like/kernels.h"
 
 namespace kvrun {
 

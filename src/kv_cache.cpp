@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "error.h"
-#include "ggml-like/quants.h"
+#include "ggml-like/kernels.h"
 
 namespace kvrun {
 

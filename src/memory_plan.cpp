@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <sstream>
 
-#include "cli/common.h"
+#include "format.h"
 #include "ggml-like/types.h"
 
 namespace kvrun {
@@ -89,10 +89,10 @@ GpuPlan plan_gpu(const GgufFile& f, const Hparams& hp, int64_t n_ctx, int64_t ke
 std::string memory_advice(const MemoryPlan& p, const Hparams& hp, int64_t n_prompt) {
     std::ostringstream s;
     const uint64_t to_fault = p.weights > p.weights_resident ? p.weights - p.weights_resident : 0;
-    s << "the KV cache for " << p.n_ctx << " tokens needs " << cli::human_bytes(p.kv) << " but only "
-      << cli::human_bytes(p.max_ctx_that_fits * p.kv_per_token) << " is free for it (available "
-      << cli::human_bytes(p.mem_available) << ", less " << cli::human_bytes(to_fault)
-      << " of weights still to load and " << cli::human_bytes(p.scratch + kReserve) << " of buffers)";
+    s << "the KV cache for " << p.n_ctx << " tokens needs " << human_bytes(p.kv) << " but only "
+      << human_bytes(p.max_ctx_that_fits * p.kv_per_token) << " is free for it (available "
+      << human_bytes(p.mem_available) << ", less " << human_bytes(to_fault)
+      << " of weights still to load and " << human_bytes(p.scratch + kReserve) << " of buffers)";
     if (p.max_ctx_that_fits > n_prompt) s << "; -c " << p.max_ctx_that_fits << " would fit";
     // q8_0 K and V: 34 bytes per 32 elements
     const uint64_t q8_per_token = static_cast<uint64_t>(hp.n_layer) * 2 * gl::row_size(gl::Type::Q8_0, hp.kv_dim());

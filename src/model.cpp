@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "error.h"
-#include "ggml-like/quants.h"
+#include "ggml-like/kernels.h"
 
 namespace kvrun {
 

@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "error.h"
-#include "ggml-like/ops.h"
+#include "ggml-like/cpu/ops.h"
 
 namespace kvrun {
 

@@ -4,7 +4,7 @@
 // architecture, so this file names their tables only under the matching
 // #if and asks the CPU (cpuid / hwcaps) before using one: a binary built on an
 // AVX-512 machine must still run on an AVX2-only one.
-#include "ggml-like/quants.h"
+#include "ggml-like/kernels.h"
 
 #include <atomic>
 #include <cstdio>
@@ -21,11 +21,11 @@
 namespace gl {
 
 #if defined(__x86_64__)
-extern const KernelTable kAvx512Table; // x86_avx512.cpp
-extern const KernelTable kAvx2Table;   // x86_avx2.cpp
+extern const KernelTable kAvx512Table; // x86/avx512.cpp
+extern const KernelTable kAvx2Table;   // x86/avx2.cpp
 #endif
 #if defined(__aarch64__)
-extern const KernelTable kNeonTable; // arm_neon.cpp
+extern const KernelTable kNeonTable; // arm/neon.cpp
 #endif
 
 namespace {

@@ -14,7 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "ggml-like/quants_k.h"
+#include "ggml-like/blocks_k.h"
 
 namespace gl::rows4 {
 

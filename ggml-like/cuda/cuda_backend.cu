@@ -102,11 +102,11 @@
 #include <unordered_map>
 #include <vector>
 
-#include "ggml-like/coherence.h"
+#include "ggml-like/cuda/coherence.h"
 #include "ggml-like/cuda/dequant.h"
 #include "ggml-like/cuda/kernels.h"
-#include "ggml-like/cuda_backend.h"
-#include "ggml-like/thread_pool.h"
+#include "ggml-like/cuda/cuda_backend.h"
+#include "ggml-like/cpu/thread_pool.h"
 
 namespace gl {
 

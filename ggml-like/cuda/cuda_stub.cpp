@@ -2,7 +2,7 @@
 // CUDA compiler found): the CUDA entry points exist and say why they fail.
 #include <stdexcept>
 
-#include "ggml-like/cuda_backend.h"
+#include "ggml-like/cuda/cuda_backend.h"
 
 namespace gl {
 

@@ -1,12 +1,12 @@
 // Element access for every weight and KV type, written once for both sides:
 // the CUDA kernels call these on the device, and tests/test_cuda.cpp calls the
 // very same functions on the host and checks them bit for bit against
-// gl::ref (quants_ref.cpp / quants_k_ref.cpp) -- so the block layouts, the
+// gl::ref (ref/quants.cpp / ref/quants_k.cpp) -- so the block layouts, the
 // part most easily got wrong, are tested even on machines without a GPU.
 //
-// Layouts are read through byte offsets (not the structs of quants_k.h) so
+// Layouts are read through byte offsets (not the structs of blocks_k.h) so
 // this header needs nothing but <cstdint>; the offsets are the GGUF layouts
-// documented in types.h and quants_k.h, and the test asserts they agree with
+// documented in types.h and blocks_k.h, and the test asserts they agree with
 // offsetof() on those structs. The arithmetic mirrors the reference exactly
 // (same products, same fused multiply-add), so results are identical.
 #pragma once
@@ -142,7 +142,7 @@ GL_HD float fma_f(float a, float b, float c) {
 }
 
 GL_HD int iq4nl_level(int q) {
-    // The IQ4_NL codebook (quants_k.h kIQ4NL), as a switch so the device needs no table.
+    // The IQ4_NL codebook (blocks_k.h kIQ4NL), as a switch so the device needs no table.
     switch (q) {
     case 0:
         return -127;
@@ -372,7 +372,7 @@ inline bool kv_type_ok(Type t) {
            t == Type::Q4_0;
 }
 
-// ---- KV row quantizers (convert_rows), same arithmetic as quants_ref.cpp ------------
+// ---- KV row quantizers (convert_rows), same arithmetic as ref/quants.cpp ------------
 
 GL_HD void quantize_block_q8_0(const float* x, uint8_t* out) {
     float amax = 0.0f;

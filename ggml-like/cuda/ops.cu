@@ -1,5 +1,5 @@
 // Row and element-wise kernels: RMSNorm, RoPE, SwiGLU, add, KV row
-// conversion. Each follows ops.cpp / quants_ref.cpp operation for operation
+// conversion. Each follows ops.cpp / ref/quants.cpp operation for operation
 // (RMSNorm sums squares in double like the CPU, conversions share dequant.h's
 // bit-exact quantizers), so the CPU backend stays the reference.
 #include <cstdio>

@@ -28,9 +28,9 @@
 #include "error.h"
 #include "forward.h"
 #include "ggml-like/attention.h"
-#include "ggml-like/gemm.h"
-#include "ggml-like/quants.h"
-#include "ggml-like/thread_pool.h"
+#include "ggml-like/cpu/gemm.h"
+#include "ggml-like/kernels.h"
+#include "ggml-like/cpu/thread_pool.h"
 #include "session.h"
 #include "system_memory.h"
 

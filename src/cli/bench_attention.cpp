@@ -8,8 +8,8 @@
 
 #include "cli/read_stream.h"
 #include "ggml-like/attention.h"
-#include "ggml-like/quants.h"
-#include "ggml-like/thread_pool.h"
+#include "ggml-like/kernels.h"
+#include "ggml-like/cpu/thread_pool.h"
 #include "kv_cache.h"
 
 namespace kvrun::cli {

@@ -5,9 +5,9 @@
 #include <random>
 #include <vector>
 
-#include "ggml-like/ops.h"
-#include "ggml-like/quants.h"
-#include "ggml-like/thread_pool.h"
+#include "ggml-like/cpu/ops.h"
+#include "ggml-like/kernels.h"
+#include "ggml-like/cpu/thread_pool.h"
 
 namespace kvrun::cli {
 

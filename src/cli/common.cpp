@@ -10,8 +10,8 @@
 #include <unistd.h>
 
 #include "error.h"
-#include "ggml-like/cuda_backend.h"
-#include "ggml-like/thread_pool.h"
+#include "ggml-like/cuda/cuda_backend.h"
+#include "ggml-like/cpu/thread_pool.h"
 #include "kv_cache.h"
 #include "session.h"
 
@@ -262,13 +262,6 @@ std::string read_prompt(const std::string& text, const std::string& file, bool h
     size_t bad = 0;
     if (!valid_utf8(prompt, &bad)) fail(Exit::usage, "the prompt is not valid UTF-8 (bad byte at offset {})", bad);
     return prompt;
-}
-
-std::string human_bytes(uint64_t b) {
-    if (b >= (1ull << 30)) return fmt::format("{:.2f} GiB", b / double(1ull << 30));
-    if (b >= (1ull << 20)) return fmt::format("{:.2f} MiB", b / double(1ull << 20));
-    if (b >= (1ull << 10)) return fmt::format("{:.1f} KiB", b / 1024.0);
-    return fmt::format("{} B", b);
 }
 
 std::string gpu_memory_summary(const gl::MemoryUse& u, int n_gpu_layers, int n_layer,

@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 
 #include "ggml-like/backend.h"
+#include "format.h"
 #include "forward.h"
 #include "ggml-like/types.h"
 #include "sampler.h"
@@ -87,7 +88,6 @@ CLI::Option* add_sampling_options(CLI::App& app, SamplerParams& s);
 void show_progress(int64_t done, int64_t total);
 void clear_progress();
 
-std::string human_bytes(uint64_t b);
 // "GPU 22/22 layers: weights 600.00 MiB, KV 44.00 MiB (host 44.00 MiB), scratch
 // 9.50 MiB" from a backend's memory_use (weights mapped in place, if any,
 // after the weights); "" when u.device is false (no GPU in the run). For the

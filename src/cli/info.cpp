@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/common.h"
-#include "ggml-like/cuda_backend.h"
+#include "ggml-like/cuda/cuda_backend.h"
 #include "error.h"
 #include "kv_cache.h"
 #include "memory_plan.h"

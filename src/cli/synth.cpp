@@ -7,8 +7,8 @@
 
 #include "cli/common.h"
 #include "error.h"
-#include "ggml-like/quants.h"
-#include "ggml-like/thread_pool.h"
+#include "ggml-like/kernels.h"
+#include "ggml-like/cpu/thread_pool.h"
 #include "gguf.h"
 #include "gguf_writer.h"
 

@@ -1,0 +1,81 @@
+// The CPU backend: gl::ops and gl::attention over a thread pool.
+#include <cstdlib>
+#include <vector>
+
+#include "ggml-like/backend.h"
+#include "ggml-like/cpu/ops.h"
+#include "ggml-like/kernels.h"
+#include "ggml-like/cpu/thread_pool.h"
+
+namespace gl {
+
+namespace {
+
+class CpuBackend final : public Backend {
+  public:
+    explicit CpuBackend(int n_threads) : pool_(n_threads) {}
+
+    std::string name() const override { return std::string("cpu/") + cpu::isa_name(); }
+    int n_threads() const override { return pool_.size(); }
+    uint64_t handoffs() const override { return pool_.handoffs(); }
+
+    void reserve(size_t matmul_bytes, int64_t att_floats) override {
+        if (matmul_bytes > matmul_scratch_.size()) matmul_scratch_.resize(matmul_bytes);
+        if (att_floats > static_cast<int64_t>(att_scratch_.size())) att_scratch_.resize(att_floats);
+    }
+
+    void matmul(const Tensor& w, const float* x, int64_t n_tok, float* y) override {
+        ops::matmul(pool_, w, x, n_tok, y, matmul_scratch_.data());
+    }
+
+    void rmsnorm(const float* x, const float* w, int64_t n, int64_t rows, float eps,
+                 float* out) override {
+        pool_.parallel_for(
+            rows,
+            [&](int64_t b, int64_t e, int) {
+                for (int64_t r = b; r < e; r++) ops::rmsnorm(x + r * n, w, n, eps, out + r * n);
+            },
+            rows * n);
+    }
+
+    void rope(float* x, int64_t rows, int n_heads, int head_dim, int rope_dims, const float* cos,
+              const float* sin, bool neox) override {
+        const int64_t half = rope_dims / 2, stride = static_cast<int64_t>(n_heads) * head_dim;
+        for (int64_t r = 0; r < rows; r++)
+            ops::rope(x + r * stride, n_heads, head_dim, rope_dims, cos + r * half, sin + r * half,
+                      neox);
+    }
+
+    void silu_mul(float* gate, const float* up, int64_t n) override {
+        pool_.parallel_for(
+            n, [&](int64_t b, int64_t e, int) { ops::silu_mul(gate + b, up + b, e - b); }, n * 8);
+    }
+
+    void add(float* y, const float* x, int64_t n) override { ops::add(y, x, n); }
+
+    void convert_rows(Type t, const float* x, int64_t n, int64_t rows, void* dst) override {
+        const size_t rb = row_size(t, n);
+        for (int64_t r = 0; r < rows; r++)
+            cpu::quantize_row(t, x + r * n, static_cast<uint8_t*>(dst) + r * rb, n);
+    }
+
+    bool head_major_kv() const override { return true; }
+    void attention(const AttentionArgs& a) override {
+        AttentionArgs args = a;
+        args.scratch = att_scratch_.data();
+        gl::attention(pool_, args);
+    }
+
+  private:
+    ThreadPool pool_;
+    std::vector<uint8_t> matmul_scratch_;
+    std::vector<float> att_scratch_;
+};
+
+} // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int n_threads) {
+    return std::make_unique<CpuBackend>(n_threads);
+}
+
+} // namespace gl

@@ -1,0 +1,47 @@
+// Matrix-matrix products for prompt batches.
+//
+// The dot-product path (ops::matmul) reads every weight once per token; a
+// batch of T tokens reads and decodes each weight T times. Here each weight
+// row block is dequantized once per batch into a panel and multiplied against
+// all T tokens. Used by ops::matmul for batches of at least kMinTokens, on one
+// of two paths:
+//  - Amx: a bf16 panel on Intel AMX tiles (fp32 accumulation). Weights and
+//    activations are rounded to bf16 (8-bit mantissa), comparable to the
+//    8-bit activation blocks of the dot-product path.
+//  - Blas: an F32 panel and OpenBLAS SGEMM (builds with OpenBLAS, CPUs without
+//    AMX: on AVX2 machines without VNNI, FMA on F32 beats 8-bit dot products
+//    per instruction). Exact weights, F32 activations.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "ggml-like/tensor.h"
+#include "ggml-like/cpu/thread_pool.h"
+
+namespace gl::gemm {
+
+constexpr int64_t kMinTokens = 16;
+
+// AMX BF16 present, granted by the OS, and the active kernel table is the
+// AVX-512 one (KVRUN_ISA=avx2/scalar and KVRUN_AMX=0 turn it off).
+bool amx_enabled();
+// Force both paths off (tests compare them with the dot-product path) or back on.
+void force_off(bool off);
+
+// OpenBLAS linked in, not switched off, and the kernels are not forced scalar.
+bool blas_enabled();
+
+enum class Path { None, Amx, Blas };
+// Which path matmul takes for this weight type and batch.
+Path path_for(Type weight, int64_t n_in, int64_t n_tok);
+const char* path_name(Path p);
+// path_for(...) != Path::None.
+bool applies(Type weight, int64_t n_in, int64_t n_tok);
+// Scratch for matmul_tiles: packed tokens plus one panel per thread.
+size_t scratch_bytes(int64_t n_in, int64_t n_tok, int n_threads);
+// y[t][r] = dot(W.row(r), x[t]); requires applies(W.type, W.ne0, n_tok).
+void matmul_tiles(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, float* y,
+                  void* scratch);
+
+} // namespace gl::gemm

@@ -1,0 +1,124 @@
+// Row conversions and dot products per type, in two flavours:
+//  - gl::ref::*  plain scalar code, the reference every other path is tested against;
+//  - gl::cpu::*  the fastest path this CPU has (AVX-512, AVX2, NEON or the scalar one),
+//                chosen once at start-up.
+//
+// A dot product takes a weight row of type W and an activation row of type
+// vec_dot_type(W): quantized weights want activations quantized once per matrix
+// to Q8_0 (integer dot products), float weights want F32 activations.
+#pragma once
+
+#include "ggml-like/kv_layout.h"
+#include "ggml-like/types.h"
+
+namespace gl {
+
+// The activation type a weight type's dot product wants.
+Type vec_dot_type(Type weight);
+
+namespace ref {
+// n elements; n is a multiple of the block size. Supported types only.
+void dequantize_row(Type t, const void* src, float* dst, int64_t n);
+void quantize_row(Type t, const float* src, void* dst, int64_t n); // F32, F16, BF16, Q8_0, Q4_0
+// sum_i w[i] * a[i], with w of type `weight` and a of type vec_dot_type(weight)
+float vec_dot(Type weight, int64_t n, const void* w, const void* a);
+// y[r] = vec_dot(weight, n, w + r * row_bytes, a) for r in [0, n_rows): a
+// matrix-vector product over consecutive rows sharing one activation row.
+void matvec(Type weight, int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
+            float* y);
+// y[i] += alpha * x[i] for x of type F32, F16 or BF16 (used to accumulate V rows)
+void axpy(Type x_type, int64_t n, float alpha, const void* x, float* y);
+
+// Attention over n cached rows of a float type (F32, F16, BF16), `stride`
+// bytes apart, each starting at the head's first element:
+//   dot_rows:  out[i] = scale * dot(row i, q[0..hd))
+//   axpy_rows: y[0..hd) += sum_i w[i] * row i
+void dot_rows(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, const float* q,
+              float scale, float* out);
+void axpy_rows(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, const float* w,
+               float* y);
+// For each of nh heads j: y[j][0..hd) += sum_i w[j * w_stride + i] * row i,
+// n rows of a float type `stride` bytes apart (the rows are read once for all
+// heads).
+void axpy_heads(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, const float* w,
+                size_t w_stride, int nh, float* const* y);
+// dst[i * hd + k] = element k of row i, as float: n rows of a float type
+// (F32, F16, BF16) made one contiguous F32 tile.
+void rows_to_f32(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, float* dst);
+// Scores of up to kKeyTileHeads query heads over one key tile (see
+// key_tile_index): for heads j < nh and keys i in [lo, hi) of the tile's
+// `width` keys, out[j * out_stride + i - lo] = scale * dot(key i, q + j * hd).
+void dot_tile(Type t, int64_t hd, const void* tile, int width, int lo, int hi, const float* q,
+              int nh, float scale, float* out, size_t out_stride);
+// x[i] = exp(x[i] - mx) (exactly 0 where x[i] is -inf); returns the sum.
+float exp_sum(float* x, int64_t n, float mx);
+// Largest of x[0..n) (NaNs ignored), -inf when n == 0 or nothing is larger.
+float max_of(const float* x, int64_t n);
+// The sum of n bytes as unsigned numbers: a read of memory at its own pace,
+// the benchmarks' bandwidth probe (the sum keeps the read from being dropped).
+uint64_t sum_bytes(const void* p, int64_t n);
+} // namespace ref
+
+// One ISA's kernels; a null member means "use the reference".
+struct KernelTable {
+    const char* isa; // "scalar", "avx2", "avx512", "neon"
+    float (*vec_dot[kTypeIdLimit])(int64_t n, const void* w, const void* a);
+    void (*quantize_row[kTypeIdLimit])(const float* src, void* dst, int64_t n); // activation types
+    void (*dequantize_row[kTypeIdLimit])(const void* src, float* dst, int64_t n);
+    void (*axpy[kTypeIdLimit])(int64_t n, float alpha, const void* x, float* y);
+    // Attention kernels (see ref::dot_rows, ref::axpy_rows, ref::exp_sum).
+    void (*dot_rows[kTypeIdLimit])(int64_t hd, const void* rows, size_t stride, int64_t n,
+                                   const float* q, float scale, float* out);
+    void (*axpy_rows[kTypeIdLimit])(int64_t hd, const void* rows, size_t stride, int64_t n,
+                                    const float* w, float* y);
+    void (*rows_to_f32[kTypeIdLimit])(int64_t hd, const void* rows, size_t stride, int64_t n,
+                                      float* dst);
+    void (*axpy_heads[kTypeIdLimit])(int64_t hd, const void* rows, size_t stride, int64_t n,
+                                     const float* w, size_t w_stride, int nh, float* const* y);
+    void (*dot_tile[kTypeIdLimit])(int64_t hd, const void* tile, int width, int lo, int hi,
+                                   const float* q, int nh, float scale, float* out,
+                                   size_t out_stride);
+    float (*exp_sum)(float* x, int64_t n, float mx);
+    float (*max_of)(const float* x, int64_t n);
+    // Several rows at once (see ref::matvec), where sharing the activation
+    // between rows pays; null means a vec_dot per row.
+    void (*matvec[kTypeIdLimit])(int64_t n, const void* w, size_t row_bytes, int64_t n_rows,
+                                 const void* a, float* y);
+    uint64_t (*sum_bytes)(const void* p, int64_t n);
+};
+
+// Kernel tables compiled into this binary and usable on this CPU, best first;
+// the last one is always the scalar reference table. Tests run each against ref.
+int kernel_table_count();
+const KernelTable& kernel_table(int i);
+
+namespace cpu {
+// Dispatched to the best table (kernel_table(0)); falls back to ref per entry.
+const char* isa_name();
+float vec_dot(Type weight, int64_t n, const void* w, const void* a);
+void matvec(Type weight, int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
+            float* y);
+void quantize_row(Type t, const float* src, void* dst, int64_t n);
+void dequantize_row(Type t, const void* src, float* dst, int64_t n);
+void axpy(Type x_type, int64_t n, float alpha, const void* x, float* y);
+void dot_rows(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, const float* q,
+              float scale, float* out);
+void axpy_rows(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, const float* w,
+               float* y);
+void rows_to_f32(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, float* dst);
+void axpy_heads(Type t, int64_t hd, const void* rows, size_t stride, int64_t n, const float* w,
+                size_t w_stride, int nh, float* const* y);
+void dot_tile(Type t, int64_t hd, const void* tile, int width, int lo, int hi, const float* q,
+              int nh, float scale, float* out, size_t out_stride);
+// Whether the active table has an axpy_heads kernel for rows of type t (the
+// fallback for F16/BF16 is the reference loop: widen them to an F32 tile
+// first instead).
+bool has_axpy_heads(Type t);
+float exp_sum(float* x, int64_t n, float mx);
+float max_of(const float* x, int64_t n);
+uint64_t sum_bytes(const void* p, int64_t n);
+// Force the scalar table (KVRUN_ISA=scalar in the environment does the same).
+void force_scalar(bool on);
+} // namespace cpu
+
+} // namespace gl

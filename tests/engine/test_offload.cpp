@@ -1,0 +1,204 @@
+// Partial offload (-ngl): Forward runs each layer, and the head, on the
+// backend its Placement names. Checked on the CPU with two distinct CPU
+// backend instances behind a counting wrapper: the split must give the same
+// logits as one backend, and each backend must really get its share of the
+// work. Plus the -ngl / --device / --kv-gpu-window option rules.
+#include <doctest/doctest.h>
+
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cli/common.h"
+#include "error.h"
+#include "forward.h"
+#include "ggml-like/backend.h"
+#include "ggml-like/cuda/cuda_backend.h"
+#include "kv_cache.h"
+#include "session.h"
+#include "forward_util.h"
+#include "test_util.h"
+
+using namespace kvrun;
+
+namespace {
+
+// Forwards everything to a CPU backend and counts the calls.
+class CountingBackend final : public gl::Backend {
+  public:
+    explicit CountingBackend(int threads) : be_(gl::make_cpu_backend(threads)) {}
+    int matmuls = 0, attentions = 0, norms = 0;
+
+    std::string name() const override { return "counting " + be_->name(); }
+    int n_threads() const override { return be_->n_threads(); }
+    void reserve(size_t mm, int64_t att) override { be_->reserve(mm, att); }
+    void matmul(const gl::Tensor& w, const float* x, int64_t n_tok, float* y) override {
+        matmuls++;
+        be_->matmul(w, x, n_tok, y);
+    }
+    void rmsnorm(const float* x, const float* w, int64_t n, int64_t rows, float eps,
+                 float* out) override {
+        norms++;
+        be_->rmsnorm(x, w, n, rows, eps, out);
+    }
+    void rope(float* x, int64_t rows, int n_heads, int head_dim, int rope_dims, const float* cos,
+              const float* sin, bool neox) override {
+        be_->rope(x, rows, n_heads, head_dim, rope_dims, cos, sin, neox);
+    }
+    void silu_mul(float* gate, const float* up, int64_t n) override { be_->silu_mul(gate, up, n); }
+    void add(float* y, const float* x, int64_t n) override { be_->add(y, x, n); }
+    void convert_rows(gl::Type t, const float* x, int64_t n, int64_t rows, void* dst) override {
+        be_->convert_rows(t, x, n, rows, dst);
+    }
+    void attention(const gl::AttentionArgs& a) override {
+        attentions++;
+        be_->attention(a);
+    }
+    void reset() { matmuls = attentions = norms = 0; }
+
+  private:
+    std::unique_ptr<gl::Backend> be_;
+};
+
+} // namespace
+
+TEST_CASE("offload: layers split across two backends give the same logits as one") {
+    auto lm = LoadedModel::load(kvtest::shared("models/stories260K.gguf"));
+    const int n_layer = lm->model.hp.n_layer;
+    REQUIRE(n_layer >= 3);
+    std::vector<int32_t> toks(60);
+    std::mt19937 rng(11);
+    for (auto& t : toks) t = static_cast<int32_t>(rng() % lm->model.hp.n_vocab);
+
+    CountingBackend one(2);
+    const std::vector<float> want = kvtest::logits_of_all(*lm, Placement::all(one, n_layer), toks);
+    const int evals = 5 + (60 - 35); // 5 batches of 7 fill 35 slots, then 25 single tokens
+    CHECK(one.matmuls == evals * (7 * n_layer + 1));
+    CHECK(one.attentions == evals * n_layer);
+
+    for (int k : {0, 1, n_layer - 1, n_layer}) {
+        CAPTURE(k);
+        CountingBackend a(2), b(2); // same thread count: bit-identical arithmetic
+        const std::vector<float> got =
+            kvtest::logits_of_all(*lm, Placement::split(a, b, k, n_layer), toks);
+        REQUIRE(got.size() == want.size());
+        size_t differ = 0;
+        for (size_t i = 0; i < got.size(); i++) differ += got[i] != want[i];
+        CHECK(differ == 0);
+        // The first k layers (7 matrices each) on a, the rest on b; the head
+        // (one matrix, one norm) on a only when a holds every layer.
+        const int head_on_a = k == n_layer ? 1 : 0;
+        CHECK(a.matmuls == evals * (7 * k + head_on_a));
+        CHECK(b.matmuls == evals * (7 * (n_layer - k) + 1 - head_on_a));
+        CHECK(a.attentions == evals * k);
+        CHECK(b.attentions == evals * (n_layer - k));
+        CHECK(a.norms == evals * (2 * k + head_on_a));
+        CHECK(b.norms == evals * (2 * (n_layer - k) + 1 - head_on_a));
+    }
+
+    // The placement itself.
+    CountingBackend a(1), b(1);
+    const Placement p = Placement::split(a, b, 2, n_layer);
+    CHECK(p.layers[0] == &a);
+    CHECK(p.layers[1] == &a);
+    CHECK(p.layers[2] == &b);
+    CHECK(p.head == &b);
+    CHECK(p.distinct().size() == 2);
+    CHECK(Placement::all(a, n_layer).distinct().size() == 1);
+}
+
+TEST_CASE("offload: -ngl, --device and --kv-gpu-window rules") {
+    cli::CommonOptions o;
+    CHECK(cli::resolve_gpu_layers(o, 22) == 0); // default: CPU
+    o.device = "cuda";
+    CHECK(cli::resolve_gpu_layers(o, 22) == 22); // --device cuda alone: everything
+    o.n_gpu_layers = "7";
+    CHECK(cli::resolve_gpu_layers(o, 22) == 7);
+    o.n_gpu_layers = "99";
+    CHECK(cli::resolve_gpu_layers(o, 22) == 22); // clamped
+    o.n_gpu_layers = "all";
+    CHECK(cli::resolve_gpu_layers(o, 22) == 22);
+    o.n_gpu_layers = "0";
+    CHECK(cli::resolve_gpu_layers(o, 22) == 0);
+    o.device = "";
+    o.n_gpu_layers = "3";
+    CHECK(cli::resolve_gpu_layers(o, 22) == 3); // -ngl alone implies the GPU
+    for (const char* junk : {"x", "-1", "3x"}) {
+        o.n_gpu_layers = junk;
+        CHECK_THROWS_AS(cli::resolve_gpu_layers(o, 22), Error);
+    }
+    o.device = "cpu";
+    o.n_gpu_layers = "3";
+    CHECK_THROWS_AS(cli::resolve_gpu_layers(o, 22), Error); // contradicts --device cpu
+    o.n_gpu_layers = "0";
+    CHECK(cli::resolve_gpu_layers(o, 22) == 0);
+    o.device = "gpu";
+    CHECK_THROWS_AS(cli::resolve_gpu_layers(o, 22), Error);
+
+    // -ngl 0 and --device cpu need no GPU; a window without GPU layers is an error.
+    o = {};
+    o.n_gpu_layers = "0";
+    cli::Backends b = cli::make_backends(o, 1, 5);
+    CHECK(!b.gpu);
+    REQUIRE(b.cpu);
+    CHECK(b.placement().distinct().size() == 1);
+    o.kv_gpu_window = 64;
+    CHECK_THROWS_AS(cli::make_backends(o, 1, 5), Error);
+
+    std::string why;
+    if (!gl::cuda_available(&why)) {
+        o = {};
+        o.n_gpu_layers = "2";
+        try {
+            cli::make_backends(o, 1, 5);
+            FAIL("-ngl 2 should fail without CUDA");
+        } catch (const Error& e) {
+            CHECK(e.code() == Exit::usage);
+            CHECK(std::string(e.what()).find("-ngl 2") != std::string::npos);
+            CHECK(std::string(e.what()).find(why) != std::string::npos);
+        }
+    }
+}
+
+TEST_CASE("offload: kvrun -ngl on the command line") {
+    const std::string model = kvtest::shared("models/stories260K.gguf");
+    // -ngl 0 runs on the CPU in any build.
+    auto r = kvtest::run_kvrun({"-m", model, "-p", "Once", "-n", "3", "--temp", "0", "-ngl", "0"});
+    CHECK(r.status == 0);
+    std::string why;
+    if (!gl::cuda_available(&why)) {
+        for (const char* n : {"1", "all"}) {
+            r = kvtest::run_kvrun({"-m", model, "-p", "Once", "-n", "3", "-ngl", n});
+            CHECK(r.status == 2);
+            CHECK(r.err.find(why) != std::string::npos);
+#ifndef KVRUN_HAS_CUDA
+            CHECK(r.err.find("kvrun was built without CUDA") != std::string::npos);
+#endif
+        }
+        r = kvtest::run_kvrun({"bench", "-m", model, "-p", "8", "-n", "2", "-r", "1", "-ngl", "1"});
+        CHECK(r.status == 2);
+        CHECK(r.err.find(why) != std::string::npos);
+    }
+    r = kvtest::run_kvrun({"-m", model, "-p", "Once", "-n", "3", "-ngl", "x"});
+    CHECK(r.status == 2);
+    r = kvtest::run_kvrun({"-m", model, "-p", "Once", "-n", "3", "--kv-gpu-window", "16"});
+    CHECK(r.status == 2);
+    CHECK(r.err.find("--kv-gpu-window") != std::string::npos);
+}
+
+TEST_CASE("offload: the GPU memory summary of the stats line and chat's /stats") {
+    gl::MemoryUse u; // a CPU run: no device
+    CHECK(cli::gpu_memory_summary(u, 0, 22, 1 << 20).empty());
+    u.device = true;
+    u.weights = 600ull << 20;
+    u.kv = 44ull << 20;
+    u.scratch = 3ull << 19;
+    CHECK(cli::gpu_memory_summary(u, 22, 22, 88ull << 20) ==
+          "GPU 22/22 layers: weights 600.00 MiB, KV 44.00 MiB (host 88.00 MiB), scratch 1.50 MiB");
+    u.weights = 0;
+    u.weights_mapped = 2ull << 30; // Jetson: read in place
+    CHECK(cli::gpu_memory_summary(u, 11, 22, 1024) ==
+          "GPU 11/22 layers: weights 0 B + 2.00 GiB mapped, KV 44.00 MiB (host 1.0 KiB), scratch "
+          "1.50 MiB");
+}
