@@ -57,13 +57,10 @@ ChatSession::ChatSession(const LoadedModel& lm, ChatTemplate tmpl, int n_ctx, gl
     : lm_(lm), tmpl_(std::move(tmpl)),
       // keep = 0: the session never wraps the ring (see the header), so the
       // pinned system prompt needs no sink copies.
-      kv_(KvCacheConfig{lm.model.hp.n_layer, lm.model.hp.n_head_kv, lm.model.hp.head_dim, n_ctx, 0,
-                        type_k, type_v}),
-      fwd_(lm.model, kv_, std::move(placement), std::min(cfg.batch, n_ctx)),
+      s_(lm, KvCacheConfig::for_model(lm.model.hp, n_ctx, 0, type_k, type_v), std::move(placement),
+         std::min(cfg.batch, n_ctx)),
       sampler_(cfg.sampling, lm.model.hp.n_vocab), cfg_(std::move(cfg)),
-      end_(reply_end(tmpl_, lm.tokenizer)) {
-    row_.resize(lm.model.hp.n_vocab);
-}
+      end_(reply_end(tmpl_, lm.tokenizer)) {}
 
 std::string ChatSession::effective_system() const {
     return system_.empty() ? tmpl_.default_system() : system_;
@@ -89,31 +86,21 @@ std::vector<int32_t> ChatSession::target() const {
 }
 
 void ChatSession::rewind_to_common_prefix(const std::vector<int32_t>& want) {
-    const size_t m = common_prefix(cached_, want);
-    KV_ASSERT(kv_.truncate(static_cast<int64_t>(m))); // never wrapped: always possible
-    cached_.resize(m);
+    KV_ASSERT(s_.rewind(static_cast<int64_t>(common_prefix(s_.tokens(), want)))); // never wrapped: always possible
 }
 
 bool ChatSession::sync(const std::vector<int32_t>& want, const ChatHooks& hooks, TurnStats& st) {
-    KV_ASSERT(!want.empty() && want.size() <= static_cast<size_t>(kv_.n_ctx()));
-    size_t m = common_prefix(cached_, want);
-    if (m == want.size()) m--; // evaluate the last token again: its logits start the reply
-    KV_ASSERT(kv_.truncate(static_cast<int64_t>(m)));
-    cached_.resize(m);
+    // Session::sync keeps this prefix (less the last token, whose logits start the reply).
+    const size_t m = std::min(common_prefix(s_.tokens(), want), want.size() - 1);
     const auto t0 = std::chrono::steady_clock::now();
-    const float* logits = nullptr;
-    for (size_t i = m; i < want.size();) {
-        if (hooks.should_stop && hooks.should_stop()) return false;
-        const int n = static_cast<int>(std::min<size_t>(fwd_.max_batch(), want.size() - i));
-        logits = fwd_.eval(want.data() + i, n, false);
-        for (int k = 0; k < n; k++) sampler_.accept(want[i + k]);
-        cached_.insert(cached_.end(), want.begin() + i, want.begin() + i + n);
-        i += n;
-        st.evaluated += n;
-        if (hooks.on_progress)
-            hooks.on_progress(static_cast<int64_t>(i - m), static_cast<int64_t>(want.size() - m));
-    }
-    std::copy(logits, logits + row_.size(), row_.begin());
+    EvalHooks eh;
+    eh.should_stop = hooks.should_stop;
+    eh.on_progress = hooks.on_progress;
+    const bool done = s_.sync(want, eh) >= 0;
+    // The repetition penalty remembers what was evaluated, as it was evaluated.
+    for (size_t i = m; i < s_.tokens().size(); i++) sampler_.accept(s_.tokens()[i]);
+    st.evaluated += static_cast<int64_t>(s_.tokens().size() - m);
+    if (!done) return false;
     st.prompt_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return true;
 }
@@ -131,7 +118,7 @@ bool ChatSession::evict_one(const ChatHooks& hooks, TurnStats& st) {
 TurnStats ChatSession::respond(const std::string& message, const ChatHooks& hooks) {
     TurnStats st;
     turns_.push_back(Turn{message, "", {}, true});
-    const int64_t n_ctx = kv_.n_ctx();
+    const int64_t n_ctx = s_.n_ctx();
     // Room for the reply: what -n asks for, at most a quarter of the window
     // (a longer reply evicts more turns as it grows).
     const int64_t reserve =
@@ -145,7 +132,7 @@ TurnStats ChatSession::respond(const std::string& message, const ChatHooks& hook
              "the system prompt and this message take {} tokens but the context (-c) holds {}",
              want.size(), n_ctx);
     }
-    st.reused = static_cast<int64_t>(std::min(common_prefix(cached_, want), want.size() - 1));
+    st.reused = static_cast<int64_t>(std::min(common_prefix(s_.tokens(), want), want.size() - 1));
     if (!sync(want, hooks, st)) {
         turns_.pop_back(); // not answered: as if never asked
         st.stop = "interrupted";
@@ -163,7 +150,7 @@ bool ChatSession::retry(const ChatHooks& hooks, TurnStats* stats) {
     t.reply_tokens.clear();
     t.open = true;
     const std::vector<int32_t> want = target();
-    st.reused = static_cast<int64_t>(std::min(common_prefix(cached_, want), want.size() - 1));
+    st.reused = static_cast<int64_t>(std::min(common_prefix(s_.tokens(), want), want.size() - 1));
     if (sync(want, hooks, st))
         generate(hooks, st);
     else
@@ -192,89 +179,50 @@ void ChatSession::set_system(std::string system) {
 }
 
 void ChatSession::generate(const ChatHooks& hooks, TurnStats& st) {
-    const Tokenizer& tok = lm_.tokenizer;
     Turn& t = turns_.back();
-    Tokenizer::Decoder dec(tok);
-    std::vector<std::string> stops = end_.strings;
-    stops.insert(stops.end(), cfg_.stop.begin(), cfg_.stop.end());
-    StopMatcher matcher(stops);
-    std::vector<size_t> starts; // byte offset in the decoded reply where each token begins
-    size_t decoded = 0;
+    GenerateParams gp;
+    gp.n_predict = cfg_.n_predict;
+    gp.end_ids = end_.ids;
+    gp.stop = end_.strings;
+    gp.stop.insert(gp.stop.end(), cfg_.stop.begin(), cfg_.stop.end());
+    GenerateHooks gh;
     // The reply text leaves out the space the model writes after the
     // template's "Assistant:" or [/INST]; the tokens keep it.
-    auto show = [&](std::string s) {
+    gh.on_text = [&](std::string s) {
         if (t.reply.empty()) s.erase(0, std::min(s.size(), s.find_first_not_of(" \t\n")));
         if (s.empty()) return;
         t.reply += s;
         if (hooks.on_text) hooks.on_text(s);
     };
+    gh.should_stop = hooks.should_stop;
+    gh.on_token = [&](int32_t id) { t.reply_tokens.push_back(id); }; // target() sees the reply so far
+    // The reply filled the window: drop old turns, re-evaluate the rest.
+    gh.on_full = [&]() -> const char* {
+        std::vector<int32_t> want;
+        bool room = false;
+        while (evict_one(hooks, st))
+            if ((want = target()).size() < static_cast<size_t>(s_.n_ctx())) {
+                room = true;
+                break;
+            }
+        if (!room) return "context full";
+        if (!sync(want, hooks, st)) return "interrupted";
+        return nullptr;
+    };
     const auto t0 = std::chrono::steady_clock::now();
     const double prompt_before = st.prompt_s;
-    while (true) {
-        if (cfg_.n_predict >= 0 && st.generated >= cfg_.n_predict) {
-            st.stop = "length";
-            break;
-        }
-        const int32_t id = sampler_.sample(row_.data());
-        if (tok.is_eog(id) || std::find(end_.ids.begin(), end_.ids.end(), id) != end_.ids.end()) {
-            st.stop = "eos";
-            break;
-        }
-        t.reply_tokens.push_back(id);
-        starts.push_back(decoded);
-        st.generated++;
-        const std::string piece = dec.push(id);
-        decoded += piece.size();
-        show(matcher.push(piece));
-        if (matcher.stopped()) {
-            // Forget the tokens that spell the stop string: the next turn's
-            // glue follows the reply text the user saw.
-            while (!starts.empty() && starts.back() >= matcher.released()) {
-                starts.pop_back();
-                t.reply_tokens.pop_back();
-            }
-            st.stop = "stop string";
-            break;
-        }
-        if (hooks.should_stop && hooks.should_stop()) {
-            st.stop = "interrupted";
-            break;
-        }
-        if (cached_.size() >= static_cast<size_t>(kv_.n_ctx())) {
-            // The reply filled the window: drop old turns, re-evaluate the rest.
-            std::vector<int32_t> want;
-            bool room = false;
-            while (evict_one(hooks, st))
-                if ((want = target()).size() < static_cast<size_t>(kv_.n_ctx())) {
-                    room = true;
-                    break;
-                }
-            if (!room) {
-                st.stop = "context full";
-                break;
-            }
-            if (!sync(want, hooks, st)) {
-                st.stop = "interrupted";
-                break;
-            }
-            continue;
-        }
-        const float* logits = fwd_.eval_generated(id);
-        std::copy(logits, logits + row_.size(), row_.begin());
-        cached_.push_back(id);
-    }
-    if (!matcher.stopped()) {
-        show(matcher.push(dec.flush()));
-        show(matcher.flush());
-    }
+    const GenerateResult r = s_.generate(gp, sampler_, gh);
+    t.reply_tokens = r.tokens; // without the tokens that spell a stop string
+    st.generated += r.generated;
+    st.stop = r.stop;
     t.open = false;
     st.gen_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() -
                (st.prompt_s - prompt_before);
 }
 
 void ChatSession::save(const std::string& path) const {
-    const uint64_t digest = model_digest(lm_.file);
-    save_prompt_cache(path, digest, kv_, cached_);
+    const uint64_t digest = s_.model_digest();
+    s_.save_prompt_cache(path, digest);
     nlohmann::json j;
     j["format"] = "kvrun-chat";
     j["version"] = kSaveVersion;
@@ -306,7 +254,7 @@ std::string ChatSession::load(const std::string& path) {
     } catch (const std::exception&) {
         fail(Exit::usage, "'{}.json' is not a kvrun conversation", path);
     }
-    const uint64_t digest = model_digest(lm_.file);
+    const uint64_t digest = s_.model_digest();
     const bool same_model = j.value("model_digest", uint64_t{0}) == digest;
     std::vector<Turn> turns;
     for (const auto& jt : j.at("turns")) {
@@ -326,21 +274,13 @@ std::string ChatSession::load(const std::string& path) {
     first_live_ = std::min<size_t>(j.value("first_live_turn", size_t{0}), turns_.size());
     TurnStats unused;
     std::vector<int32_t> want = target();
-    while (want.size() >= static_cast<size_t>(kv_.n_ctx()) && evict_one({}, unused))
+    while (want.size() >= static_cast<size_t>(s_.n_ctx()) && evict_one({}, unused))
         want = target();
-    kv_.clear();
-    cached_.clear();
-    const Hparams& hp = lm_.model.hp;
-    const PromptCacheLoad pc =
-        load_prompt_cache(path, digest, kv_, want, lm_.model.rope_inv_freq, hp.n_head_kv,
-                          hp.head_dim, hp.rope_dims, hp.rope_neox);
-    if (!pc.ok) {
-        kv_.clear();
+    const PromptCacheLoad pc = s_.load_prompt_cache(path, digest, want);
+    if (!pc.ok)
         return fmt::format(
             "loaded {} turns; cache not used ({}): it is recomputed at the next turn",
             turns_.size(), pc.why);
-    }
-    cached_.assign(want.begin(), want.begin() + pc.reused);
     return fmt::format("loaded {} turns; {} tokens of cache reused", turns_.size(), pc.reused);
 }
 

@@ -1,6 +1,6 @@
 // A conversation and the KV cache that holds it.
 //
-// The session keeps the token list the cache holds (`cached_`). Each turn it
+// The Session underneath keeps the token list the cache holds. Each turn it
 // builds the token list the conversation should be (pinned prefix: BOS and
 // system prompt; then per turn the user's text with the template's glue, the
 // reply tokens exactly as sampled, and the end-of-turn glue), keeps the
@@ -29,8 +29,6 @@
 #include <vector>
 
 #include "chat_template.h"
-#include "forward.h"
-#include "kv_cache.h"
 #include "sampler.h"
 #include "session.h"
 
@@ -108,18 +106,18 @@ class ChatSession {
     };
     const std::vector<Turn>& turns() const { return turns_; }
     size_t first_live_turn() const { return first_live_; } // older turns were evicted
-    int64_t cached_tokens() const { return static_cast<int64_t>(cached_.size()); }
-    int n_ctx() const { return kv_.n_ctx(); }
-    size_t kv_bytes() const { return kv_.ring_bytes(); } // the host ring
-    const std::vector<int32_t>& cached() const { return cached_; }
+    int64_t cached_tokens() const { return static_cast<int64_t>(s_.tokens().size()); }
+    int n_ctx() const { return s_.n_ctx(); }
+    size_t kv_bytes() const { return s_.cache().ring_bytes(); } // the host ring
+    const std::vector<int32_t>& cached() const { return s_.tokens(); }
 
   private:
     std::string effective_system() const;
     std::vector<int32_t> prefix_tokens() const;
     std::vector<int32_t> target() const;
     void rewind_to_common_prefix(const std::vector<int32_t>& want);
-    // Make the cache hold `want`, evaluating only what differs; logits of the
-    // last token are left in row_. False when stopped by the hook.
+    // Make the cache hold `want`, evaluating only what differs; the session
+    // keeps the last token's logits. False when stopped by the hook.
     bool sync(const std::vector<int32_t>& want, const ChatHooks& hooks, TurnStats& st);
     // Drop the oldest live turn before the last. False when there is none.
     bool evict_one(const ChatHooks& hooks, TurnStats& st);
@@ -127,16 +125,13 @@ class ChatSession {
 
     const LoadedModel& lm_;
     ChatTemplate tmpl_;
-    KvCache kv_;
-    Forward fwd_;
+    Session s_; // the cache holds exactly the conversation's tokens: it never wraps
     Sampler sampler_;
     ChatConfig cfg_;
     ReplyEnd end_;
     std::string system_;
     std::vector<Turn> turns_;
     size_t first_live_ = 0;
-    std::vector<int32_t> cached_; // what the cache holds, position by position
-    std::vector<float> row_;      // logits of the last evaluated token
     bool told_full_ = false;
 };
 

@@ -20,11 +20,12 @@ bool kv_cache_type_ok(gl::Type t) {
 
 const char* kv_cache_type_names() { return "f32, f16, bf16, q8_0, q4_0"; }
 
-size_t KvCache::ring_bytes_for(const KvCacheConfig& c) {
+size_t KvCache::bytes_per_token(const KvCacheConfig& c) {
     const int64_t kv_dim = static_cast<int64_t>(c.n_head_kv) * c.head_dim;
-    return static_cast<size_t>(c.n_layer) * c.n_ctx *
-           (gl::row_size(c.type_k, kv_dim) + gl::row_size(c.type_v, kv_dim));
+    return static_cast<size_t>(c.n_layer) * (gl::row_size(c.type_k, kv_dim) + gl::row_size(c.type_v, kv_dim));
 }
+
+size_t KvCache::ring_bytes_for(const KvCacheConfig& c) { return bytes_per_token(c) * c.n_ctx; }
 
 KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg) {
     if (cfg.n_ctx < 2) fail(Exit::usage, "context size {} is too small (at least 2)", cfg.n_ctx);

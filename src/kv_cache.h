@@ -20,6 +20,7 @@
 
 #include "ggml-like/attention.h"
 #include "ggml-like/types.h"
+#include "model.h"
 #include "system_memory.h"
 
 namespace kvrun {
@@ -29,6 +30,10 @@ struct KvCacheConfig {
     int n_ctx = 0;
     int keep = 4;
     gl::Type type_k = gl::Type::F16, type_v = gl::Type::F16;
+
+    static KvCacheConfig for_model(const Hparams& hp, int n_ctx, int keep, gl::Type type_k, gl::Type type_v) {
+        return {hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx, keep, type_k, type_v};
+    }
 };
 
 // Element types a cache can hold (blocks run along each row of kv_dim).
@@ -52,7 +57,11 @@ class KvCache {
     size_t ring_bytes() const;
     // The sinks' pre-rotated F32 copies.
     size_t sink_bytes() const;
+    // The one KV-bytes formula: every figure kvrun prints (info, the memory
+    // plan, bench, the stats line) comes from these two.
     static size_t ring_bytes_for(const KvCacheConfig& cfg);
+    // 2 × n_layer × n_head_kv × head_dim × bytes per element (n_ctx not counted).
+    static size_t bytes_per_token(const KvCacheConfig& cfg);
     size_t row_bytes_k() const { return row_k_; }
     size_t row_bytes_v() const { return row_v_; }
 

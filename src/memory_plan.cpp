@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "format.h"
+#include "kv_cache.h"
 #include "ggml-like/types.h"
 
 namespace kvrun {
@@ -23,8 +24,7 @@ MemoryPlan plan_memory(const GgufFile& f, const Hparams& hp, int64_t n_ctx, gl::
         p.weights += t.nbytes;
         p.weights_resident += resident_bytes(t.data, t.nbytes); // mapped, or moved (GgufFile)
     }
-    p.kv_per_token = static_cast<uint64_t>(hp.n_layer) *
-                     (gl::row_size(tk, hp.kv_dim()) + gl::row_size(tv, hp.kv_dim()));
+    p.kv_per_token = KvCache::bytes_per_token(KvCacheConfig::for_model(hp, 0, 0, tk, tv));
     p.n_ctx = n_ctx;
     p.kv = p.kv_per_token * n_ctx;
     const uint64_t b = static_cast<uint64_t>(std::min<int64_t>(batch, n_ctx));
@@ -60,7 +60,9 @@ GpuPlan plan_gpu(const GgufFile& f, const Hparams& hp, int64_t n_ctx, int64_t ke
             on_gpu = g.head_on_gpu;
         (on_gpu ? g.weights_gpu : g.weights_host) += t.nbytes;
     }
-    const uint64_t row = gl::row_size(tk, hp.kv_dim()) + gl::row_size(tv, hp.kv_dim());
+    KvCacheConfig one_layer = KvCacheConfig::for_model(hp, 0, 0, tk, tv);
+    one_layer.n_layer = 1;
+    const uint64_t row = KvCache::bytes_per_token(one_layer); // K + V row bytes of one layer
     g.kv_gpu = static_cast<uint64_t>(g.n_gpu_layers) * g.gpu_slots * row;
     g.kv_host = static_cast<uint64_t>(hp.n_layer) * n_ctx * row;
     g.kv_cold = static_cast<uint64_t>(g.n_gpu_layers) * (n_ctx - g.gpu_slots) * row;

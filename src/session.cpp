@@ -1,111 +1,161 @@
 #include "session.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <fstream>
-#include <string_view>
-#include <sys/resource.h>
 
 #include "error.h"
-#include "system_memory.h"
+#include "stop_sequences.h"
 
 namespace kvrun {
 
-namespace {
+Session::Session(const LoadedModel& lm, const KvCacheConfig& cfg, Placement placement, int max_batch)
+    : lm_(lm), kv_(cfg), fwd_(lm.model, kv_, std::move(placement), max_batch),
+      logits_(static_cast<size_t>(lm.model.hp.n_vocab)) {}
 
-// Weights on transparent huge pages (GgufFile::move_data_to_huge_pages):
-// generation streams every weight once per token, and on 4 KiB file pages
-// TinyLlama Q4_0 generated 36.3 instead of 45.2 tok/s (2 threads, a Xeon VM,
-// where every TLB miss is a nested page walk). Not when Linux's THP is off,
-// for small weights (their pages fit the TLB) or when the copy would not
-// leave 512 MiB. KVRUN_HUGEPAGES=0 never moves them (the copy costs 0.1-0.7 s
-// at load for 600 MB); =1 moves them whatever their size and the THP mode
-// (the tests, on small models).
-bool want_huge_pages(const GgufFile& f) {
-#if defined(__linux__)
-    const char* env = std::getenv("KVRUN_HUGEPAGES");
-    if (env && std::string_view(env) == "0") return false;
-    const bool forced = env && std::string_view(env) == "1";
-    const uint64_t n = f.file_size() - std::min(f.data_offset(), f.file_size());
-    if (!forced) {
-        if (n < (uint64_t{64} << 20)) return false;
-        std::ifstream thp("/sys/kernel/mm/transparent_hugepage/enabled");
-        std::string mode;
-        std::getline(thp, mode);
-        if (mode.find("[always]") == std::string::npos && mode.find("[madvise]") == std::string::npos)
-            return false;
-    }
-    return mem_available_bytes() > n + (uint64_t{512} << 20);
-#else
-    (void)f;
-    return false;
-#endif
-}
+void Session::keep_last_row(const float* logits) { std::copy(logits, logits + logits_.size(), logits_.begin()); }
 
-} // namespace
-
-std::unique_ptr<LoadedModel> LoadedModel::load(const std::string& path, bool weights_on_cpu) {
-    GgufFile f = GgufFile::open(path);
-    // All but an untied token embedding, of which a token reads one row: the
-    // mapping serves it as well, and a copy would make the whole table
-    // resident (+37 MB for TinyLlama Q4_0, +70 MB Q8_0).
-    const bool tied = f.tensor("output.weight") == nullptr;
-    if (weights_on_cpu && want_huge_pages(f))
-        f.move_data_to_huge_pages([tied](const GgufTensor& t) { return !tied && t.name == "token_embd.weight"; });
-    Model m = Model::load(f);
-    Tokenizer t(Vocab::from_gguf(f));
-    if (t.n_vocab() != m.hp.n_vocab)
-        fail(Exit::bad_model, "{}: the vocabulary has {} tokens but the embedding has {} rows", path, t.n_vocab(),
-             m.hp.n_vocab);
-    return std::unique_ptr<LoadedModel>(new LoadedModel{std::move(f), std::move(m), std::move(t)});
-}
-
-int auto_context(int64_t n_prompt, int64_t n_predict, int64_t n_ctx_train) {
-    if (n_prompt > n_ctx_train && n_ctx_train > 0)
-        fail(Exit::context_overflow, "the prompt has {} tokens but the model's context is {} tokens", n_prompt,
-             n_ctx_train);
-    const int64_t extra = n_predict >= 0 ? n_predict : std::max<int64_t>(2 * n_prompt, 512);
-    int64_t want = (n_prompt + extra + 255) / 256 * 256;
-    want = std::min(want, n_ctx_train);
-    return static_cast<int>(std::max<int64_t>(want, std::min<int64_t>(n_ctx_train, 2)));
-}
-
-void check_prompt_fits(int64_t n_prompt, int64_t n_ctx) {
-    if (n_prompt > n_ctx)
-        fail(Exit::context_overflow,
-             "the prompt has {} tokens but the context (-c) holds {}: use -c {} or more, or -c auto", n_prompt,
-             n_ctx, n_prompt);
-}
-
-uint64_t peak_rss_bytes() {
-    rusage ru{};
-    getrusage(RUSAGE_SELF, &ru);
-    return static_cast<uint64_t>(ru.ru_maxrss) * 1024; // Linux reports KiB
-}
-
-bool valid_utf8(std::string_view s, size_t* bad_at) {
-    size_t i = 0;
-    while (i < s.size()) {
-        const auto c = static_cast<unsigned char>(s[i]);
-        int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-        bool ok = len > 0 && i + len <= s.size();
-        uint32_t cp = len == 1 ? c : len == 2 ? c & 0x1f : len == 3 ? c & 0x0f : c & 0x07;
-        for (int k = 1; ok && k < len; k++) {
-            const auto d = static_cast<unsigned char>(s[i + k]);
-            ok = (d >> 6) == 2;
-            cp = (cp << 6) | (d & 0x3f);
+bool Session::eval(std::span<const int32_t> more, const EvalHooks& hooks) {
+    const int64_t total = static_cast<int64_t>(more.size());
+    const size_t n_vocab = logits_.size();
+    for (int64_t i = 0; i < total;) {
+        if (hooks.should_stop && hooks.should_stop()) return false;
+        const int n = static_cast<int>(std::min<int64_t>(fwd_.max_batch(), total - i));
+        const float* rows = fwd_.eval(more.data() + i, n, static_cast<bool>(hooks.on_rows));
+        tokens_.insert(tokens_.end(), more.begin() + i, more.begin() + i + n);
+        if (hooks.on_rows) {
+            hooks.on_rows(i, n, rows);
+            keep_last_row(rows + static_cast<size_t>(n - 1) * n_vocab);
+        } else {
+            keep_last_row(rows);
         }
-        // reject overlong forms, surrogates and code points past U+10FFFF
-        if (ok && ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
-                   (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF))
-            ok = false;
-        if (!ok) {
-            if (bad_at) *bad_at = i;
-            return false;
-        }
-        i += len;
+        i += n;
+        if (hooks.on_progress) hooks.on_progress(i, total);
     }
     return true;
+}
+
+void Session::step(int32_t token) {
+    keep_last_row(fwd_.eval_generated(token));
+    tokens_.push_back(token);
+}
+
+int64_t Session::sync(std::span<const int32_t> want, const EvalHooks& hooks) {
+    KV_ASSERT(!want.empty() && want.size() <= static_cast<size_t>(kv_.n_ctx()));
+    size_t m = 0;
+    while (m < tokens_.size() && m < want.size() && tokens_[m] == want[m]) m++;
+    if (m == want.size()) m--; // evaluate the last token again: its logits start what follows
+    KV_ASSERT(rewind(static_cast<int64_t>(m)));
+    const size_t before = tokens_.size();
+    const bool done = eval(want.subspan(m), hooks);
+    return done ? static_cast<int64_t>(tokens_.size() - before) : -1;
+}
+
+bool Session::rewind(int64_t n) {
+    if (!kv_.truncate(n)) return false;
+    tokens_.resize(static_cast<size_t>(n));
+    return true;
+}
+
+void Session::clear() {
+    kv_.clear();
+    tokens_.clear();
+}
+
+uint64_t Session::model_digest() const { return kvrun::model_digest(lm_.file); }
+
+PromptCacheLoad Session::load_prompt_cache(const std::string& path, uint64_t digest,
+                                           const std::vector<int32_t>& want) {
+    clear();
+    const Hparams& hp = lm_.model.hp;
+    PromptCacheLoad pc = kvrun::load_prompt_cache(path, digest, kv_, want, lm_.model.rope_inv_freq, hp.n_head_kv,
+                                                  hp.head_dim, hp.rope_dims, hp.rope_neox);
+    if (pc.ok)
+        tokens_.assign(want.begin(), want.begin() + pc.reused);
+    else
+        clear();
+    return pc;
+}
+
+void Session::save_prompt_cache(const std::string& path, uint64_t digest) const {
+    kvrun::save_prompt_cache(path, digest, kv_, tokens_);
+}
+
+GenerateResult Session::generate(const GenerateParams& p, Sampler& sampler, const GenerateHooks& hooks) {
+    const Tokenizer& tok = lm_.tokenizer;
+    GenerateResult r;
+    Tokenizer::Decoder dec(tok);
+    StopMatcher matcher(p.stop);
+    std::vector<size_t> starts; // byte offset in the decoded answer where each token begins
+    size_t decoded = 0;
+    auto release = [&](const std::string& text) {
+        if (hooks.on_text && !text.empty()) hooks.on_text(text);
+    };
+    auto stopping = [&] { return hooks.should_stop && hooks.should_stop(); };
+    while (true) {
+        if (stopping()) {
+            r.stop = "interrupted";
+            break;
+        }
+        if (p.n_predict >= 0 && r.generated >= p.n_predict) {
+            r.stop = "length";
+            break;
+        }
+        const int32_t id = sampler.sample(logits_.data());
+        if (!r.sampled_any) r.first_token = std::chrono::steady_clock::now(), r.sampled_any = true;
+        const bool ends = tok.is_eog(id) || std::find(p.end_ids.begin(), p.end_ids.end(), id) != p.end_ids.end();
+        if (ends && !p.ignore_eos) {
+            r.stop = "eos";
+            break;
+        }
+        r.tokens.push_back(id);
+        if (hooks.on_token) hooks.on_token(id);
+        starts.push_back(decoded);
+        std::string text = dec.push(id);
+        if (p.strip_leading_space && r.generated == 0 && !text.empty() && text[0] == ' ') text.erase(0, 1);
+        decoded += text.size();
+        r.generated++;
+        release(matcher.push(text));
+        if (matcher.stopped()) {
+            // Forget the tokens that spell the stop string: what follows
+            // continues from the text the user saw.
+            while (!starts.empty() && starts.back() >= matcher.released()) {
+                starts.pop_back();
+                r.tokens.pop_back();
+            }
+            r.stop = "stop string";
+            break;
+        }
+        if (stopping()) {
+            r.stop = "interrupted";
+            break;
+        }
+        if (p.no_kv_cache) {
+            // Forget everything and evaluate the whole sequence from scratch.
+            std::vector<int32_t> all = tokens_;
+            all.push_back(id);
+            if (static_cast<int64_t>(all.size()) > kv_.n_ctx()) {
+                r.stop = "context full (--no-kv-cache cannot slide)";
+                break;
+            }
+            clear();
+            eval(all);
+            continue;
+        }
+        if (hooks.on_full && static_cast<int64_t>(tokens_.size()) >= kv_.n_ctx()) {
+            if (const char* why = hooks.on_full()) {
+                r.stop = why;
+                break;
+            }
+            continue;
+        }
+        step(id);
+    }
+    if (!matcher.stopped()) {
+        release(matcher.push(dec.flush()));
+        release(matcher.flush());
+    } else {
+        r.matched = matcher.matched();
+    }
+    return r;
 }
 
 } // namespace kvrun

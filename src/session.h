@@ -1,40 +1,114 @@
-// Everything a run needs, loaded once: the mapped file, the bound model, the
-// tokenizer; and the sizing rule for the KV cache.
+// One model, its KV cache, and the tokens that cache holds: the engine that
+// run, chat, logits, perplexity and bench drive.
+//
+// Session owns the cache and the forward pass over it, remembers every token
+// it evaluated since the last clear() (position by position), and offers the
+// three loops every user of the engine needs: evaluate tokens in batches
+// (eval), make the cache hold a given token list by keeping the common prefix
+// (sync), and generate (sample -> decode -> stop strings -> text). What to do
+// when a generation fills the window is the caller's: a plain run lets the
+// ring slide; the chat session evicts whole turns (GenerateHooks::on_full).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
-#include <memory>
+#include <functional>
+#include <span>
 #include <string>
+#include <vector>
 
-#include "gguf.h"
-#include "model.h"
-#include "tokenizer.h"
+#include "forward.h"
+#include "kv_cache.h"
+#include "loader.h"
+#include "prompt_cache.h"
+#include "sampler.h"
 
 namespace kvrun {
 
-struct LoadedModel {
-    GgufFile file;
-    Model model;
-    Tokenizer tokenizer;
-    // weights_on_cpu: the CPU backend will stream the weights (false when
-    // every layer runs on the GPU), so they move onto huge pages if they can
-    // (see session.cpp).
-    static std::unique_ptr<LoadedModel> load(const std::string& path, bool weights_on_cpu = true);
+struct EvalHooks {
+    std::function<bool()> should_stop;                   // asked before each batch (Ctrl-C)
+    std::function<void(int64_t, int64_t)> on_progress;   // tokens done, total: after each batch
+    // When set, every token's logits are computed and handed over a batch at
+    // a time: rows[r * n_vocab ...] are the logits after token first + r.
+    std::function<void(int64_t first, int n, const float* rows)> on_rows;
 };
 
-// -c auto: room for the prompt plus the requested tokens (-n; when unlimited,
-// twice the prompt and at least 512 free slots), rounded up to a multiple of
-// 256, capped at the model's trained context. Throws Error(context_overflow)
-// when the prompt alone does not fit the model.
-int auto_context(int64_t n_prompt, int64_t n_predict, int64_t n_ctx_train);
+struct GenerateParams {
+    int64_t n_predict = -1; // -1 = until an end token (or a stop string)
+    bool ignore_eos = false;
+    std::vector<int32_t> end_ids;   // tokens that end the answer besides end-of-generation (chat turns)
+    std::vector<std::string> stop;  // stop strings: the answer ends before them, they are not printed
+    bool strip_leading_space = false; // SentencePiece's space before the first word after a lone BOS
+    bool no_kv_cache = false;       // recompute every token from scratch (the textbook O(n^2) decoder)
+};
 
-// A fixed -c must hold the prompt: throws Error(context_overflow) with the numbers.
-void check_prompt_fits(int64_t n_prompt, int64_t n_ctx);
+struct GenerateHooks {
+    std::function<void(const std::string&)> on_text; // text released by the stop matcher, in order
+    std::function<bool()> should_stop;               // asked before and after each token
+    std::function<void(int32_t)> on_token;           // each token that is part of the answer, as sampled
+    // The cache holds n_ctx tokens and cannot take the next: make room and
+    // return nullptr to go on (the session's logits must be those of the last
+    // token then), or return the stop reason. Unset: the ring slides.
+    std::function<const char*()> on_full;
+};
 
-// Peak resident set size of this process, bytes.
-uint64_t peak_rss_bytes();
+struct GenerateResult {
+    int64_t generated = 0;        // tokens sampled into the answer (including those spelling a stop string)
+    std::vector<int32_t> tokens;  // the answer's tokens, without those that spell a matched stop string
+    std::string stop = "length";  // length, eos, stop string, interrupted, or on_full's / no_kv_cache's reason
+    std::string matched;          // the stop string, when one ended the answer
+    std::chrono::steady_clock::time_point first_token{}; // when the first token was sampled
+    bool sampled_any = false;
+};
 
-// Valid UTF-8? On failure *bad_at is the offset of the first bad byte.
-bool valid_utf8(std::string_view s, size_t* bad_at = nullptr);
+class Session {
+  public:
+    Session(const LoadedModel& lm, const KvCacheConfig& cfg, Placement placement, int max_batch);
+    Session(const Session&) = delete;
+    Session& operator=(const Session&) = delete;
+
+    const LoadedModel& model() const { return lm_; }
+    KvCache& cache() { return kv_; }
+    const KvCache& cache() const { return kv_; }
+    Forward& forward() { return fwd_; }
+    int n_ctx() const { return kv_.n_ctx(); }
+    // Every token evaluated since clear(), position by position.
+    const std::vector<int32_t>& tokens() const { return tokens_; }
+    // Logits after the last evaluated token (a copy the sampler may modify).
+    float* logits() { return logits_.data(); }
+
+    // Evaluate `more` after what the cache holds, max_batch tokens at a time.
+    // False when should_stop stopped it (whole batches before it are in).
+    bool eval(std::span<const int32_t> more, const EvalHooks& hooks = {});
+    // One generated token (Forward::eval_generated).
+    void step(int32_t token);
+    // Make the cache hold `want`: keep the longest common prefix with what it
+    // holds, evaluate the rest, and at least want's last token (its logits
+    // start what follows). The ring must not have wrapped (see rewind).
+    // Returns the tokens evaluated, or -1 when stopped.
+    int64_t sync(std::span<const int32_t> want, const EvalHooks& hooks = {});
+    // Keep only the first n tokens; false when the ring has overwritten a slot
+    // of those (the caller must clear()).
+    bool rewind(int64_t n);
+    void clear();
+
+    // Prompt-cache files (prompt_cache.h) for this session's model.
+    uint64_t model_digest() const;
+    // Clears, then loads the longest prefix of `want` the file holds.
+    PromptCacheLoad load_prompt_cache(const std::string& path, uint64_t digest, const std::vector<int32_t>& want);
+    void save_prompt_cache(const std::string& path, uint64_t digest) const;
+
+    // Sample, decode and match stop strings until the answer ends.
+    GenerateResult generate(const GenerateParams& params, Sampler& sampler, const GenerateHooks& hooks);
+
+  private:
+    void keep_last_row(const float* logits);
+
+    const LoadedModel& lm_;
+    KvCache kv_;
+    Forward fwd_;
+    std::vector<int32_t> tokens_;
+    std::vector<float> logits_;
+};
 
 } // namespace kvrun

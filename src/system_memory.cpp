@@ -1,5 +1,7 @@
 #include "system_memory.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
@@ -43,6 +45,12 @@ uint64_t resident_bytes(const void* p, uint64_t n) {
     uint64_t pages = 0;
     for (unsigned char v : vec) pages += v & 1;
     return std::min<uint64_t>(pages * page, n);
+}
+
+uint64_t peak_rss_bytes() {
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    return static_cast<uint64_t>(ru.ru_maxrss) * 1024; // Linux reports KiB
 }
 
 } // namespace kvrun

@@ -28,4 +28,7 @@ using HugeBytes = std::unique_ptr<uint8_t[], FreeBytes>;
 // resident. Null when the memory cannot be had.
 HugeBytes allocate_huge(size_t bytes);
 
+// Peak resident set size of this process, bytes.
+uint64_t peak_rss_bytes();
+
 } // namespace kvrun

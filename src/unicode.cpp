@@ -383,4 +383,16 @@ std::vector<std::string_view> pre_split(PreSplit kind, std::string_view text) {
     return out;
 }
 
+bool valid_utf8(std::string_view s, size_t* bad_at) {
+    for (size_t i = 0; i < s.size();) {
+        const int len = valid_seq_len(s, i);
+        if (len <= 0) { // ill-formed, or cut short by the end of s
+            if (bad_at) *bad_at = i;
+            return false;
+        }
+        i += static_cast<size_t>(len);
+    }
+    return true;
+}
+
 } // namespace kvrun::unicode

@@ -53,4 +53,7 @@ std::optional<PreSplit> pre_split_from_name(std::string_view name);
 // views of `text` that cover it exactly (invalid bytes included).
 std::vector<std::string_view> pre_split(PreSplit kind, std::string_view text);
 
+// Valid UTF-8? On failure *bad_at is the offset of the first bad byte.
+bool valid_utf8(std::string_view s, size_t* bad_at = nullptr);
+
 } // namespace kvrun::unicode

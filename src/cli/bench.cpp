@@ -31,7 +31,7 @@
 #include "ggml-like/cpu/gemm.h"
 #include "ggml-like/kernels.h"
 #include "ggml-like/cpu/thread_pool.h"
-#include "session.h"
+#include "loader.h"
 #include "system_memory.h"
 
 namespace kvrun::cli {

@@ -23,7 +23,8 @@
 #include "chat_session.h"
 #include "cli/common.h"
 #include "error.h"
-#include "memory_plan.h"
+#include "context.h"
+#include "unicode.h"
 
 namespace kvrun::cli {
 
@@ -158,36 +159,6 @@ void print_stats(const ChatSession& s, const TurnStats& t, const Totals& all,
     if (!gpu.empty()) out("[stats] " + gpu + "\n");
 }
 
-int pick_context(const ChatOptions& o, const LoadedModel& lm, gl::Type tk, gl::Type tv,
-                 int threads) {
-    const Hparams& hp = lm.model.hp;
-    int n_ctx;
-    const bool automatic = o.ctx == "auto";
-    if (automatic) {
-        // A conversation grows: take the model's context, up to 4096 tokens.
-        n_ctx =
-            static_cast<int>(std::min<int64_t>(hp.n_ctx_train > 0 ? hp.n_ctx_train : 4096, 4096));
-    } else {
-        char* end = nullptr;
-        const long v = std::strtol(o.ctx.c_str(), &end, 10);
-        if (*end != '\0' || v < 16 || v > (1 << 30))
-            fail(Exit::usage, "-c {}: expected a number of tokens >= 16, or auto", o.ctx);
-        n_ctx = static_cast<int>(v);
-    }
-    // The session never slides, so it must not attend past a declared window.
-    if (hp.sliding_window > 0 && n_ctx > hp.sliding_window)
-        n_ctx = static_cast<int>(hp.sliding_window);
-    const MemoryPlan plan = plan_memory(lm.file, hp, n_ctx, tk, tv, o.batch, threads);
-    if (!plan.fits()) {
-        if (!automatic || plan.max_ctx_that_fits < 256)
-            fail(Exit::out_of_memory, "{}", memory_advice(plan, hp, 0));
-        n_ctx = static_cast<int>(plan.max_ctx_that_fits / 256 * 256);
-        fmt::print(stderr, "kvrun: -c auto reduced to {} tokens to fit in available memory\n",
-                   n_ctx);
-    }
-    return n_ctx;
-}
-
 bool stdin_readable() {
     struct stat st {};
     return ::fstat(0, &st) == 0;
@@ -255,14 +226,24 @@ int run_chat(int argc, char** argv) {
                                           : o.prompt + "\n" + piped);
         if (one_shot.empty())
             fail(Exit::usage, "nothing to answer: stdin is not a terminal and no message came");
-        if (!valid_utf8(one_shot)) fail(Exit::usage, "the message is not valid UTF-8");
+        if (!unicode::valid_utf8(one_shot)) fail(Exit::usage, "the message is not valid UTF-8");
     }
 
     install_interrupt_handler();
     auto lm = LoadedModel::load(o.common.model, !offloads_every_layer(o.common));
     ChatTemplate tmpl = ChatTemplate::for_model(lm->file, lm->tokenizer, o.chat_template);
     const int threads = resolve_threads(o.common.threads);
-    const int n_ctx = pick_context(o, *lm, tk, tv, threads);
+    ContextRequest req;
+    req.use = ContextRequest::Use::chat;
+    req.ctx = o.ctx;
+    req.type_k = tk;
+    req.type_v = tv;
+    req.batch = o.batch;
+    req.threads = threads;
+    const ContextPlan plan = plan_context(*lm, req);
+    for (const ContextPlan::Note& n : plan.notes)
+        if (!n.verbose_only || o.common.verbose) fmt::print(stderr, "kvrun: {}\n", n.text);
+    const int n_ctx = plan.cache.n_ctx;
     const Backends backends = make_backends(o.common, threads, lm->model.hp.n_layer);
     ChatConfig cfg;
     cfg.batch = o.batch;

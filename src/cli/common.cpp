@@ -13,7 +13,8 @@
 #include "ggml-like/cuda/cuda_backend.h"
 #include "ggml-like/cpu/thread_pool.h"
 #include "kv_cache.h"
-#include "session.h"
+#include "loader.h"
+#include "unicode.h"
 
 namespace kvrun::cli {
 
@@ -260,7 +261,7 @@ std::string read_prompt(const std::string& text, const std::string& file, bool h
         prompt = have_text && !prompt.empty() ? prompt + "\n" + body : body;
     }
     size_t bad = 0;
-    if (!valid_utf8(prompt, &bad)) fail(Exit::usage, "the prompt is not valid UTF-8 (bad byte at offset {})", bad);
+    if (!unicode::valid_utf8(prompt, &bad)) fail(Exit::usage, "the prompt is not valid UTF-8 (bad byte at offset {})", bad);
     return prompt;
 }
 

@@ -11,7 +11,7 @@
 #include "kv_cache.h"
 #include "memory_plan.h"
 #include "model.h"
-#include "session.h"
+#include "loader.h"
 
 namespace kvrun::cli {
 
@@ -50,8 +50,9 @@ int run_info(int argc, char** argv) {
     std::map<std::string, int> type_counts;
     for (const auto& t : file.tensors()) type_counts[gl::type_name(t.type)]++;
     const size_t bytes_k = gl::row_size(tk, hp.kv_dim()), bytes_v = gl::row_size(tv, hp.kv_dim());
-    const uint64_t per_token = static_cast<uint64_t>(hp.n_layer) * (bytes_k + bytes_v);
-    const uint64_t kv_total = per_token * static_cast<uint64_t>(n_ctx);
+    const KvCacheConfig kv_cfg = KvCacheConfig::for_model(hp, static_cast<int>(n_ctx), 0, tk, tv);
+    const uint64_t per_token = KvCache::bytes_per_token(kv_cfg);
+    const uint64_t kv_total = KvCache::ring_bytes_for(kv_cfg);
     const uint64_t file_size = file.file_size();
 
     const MemoryPlan plan = plan_memory(file, hp, n_ctx, tk, tv, 512, resolve_threads(0));

@@ -10,6 +10,8 @@
 #include "cli/common.h"
 #include "error.h"
 #include "forward.h"
+#include "loader.h"
+#include "context.h"
 #include "session.h"
 
 namespace kvrun::cli {
@@ -40,28 +42,22 @@ int run_logits(int argc, char** argv) {
     for (int32_t id : ids)
         if (id >= hp.n_vocab) fail(Exit::usage, "--tokens: id {} is outside the vocabulary (0..{})", id, hp.n_vocab - 1);
     const int64_t n = static_cast<int64_t>(ids.size());
-    int n_ctx;
-    if (ctx == "auto") {
-        if (n > hp.n_ctx_train)
-            fail(Exit::context_overflow, "{} tokens exceed the model's context of {}", n, hp.n_ctx_train);
-        n_ctx = static_cast<int>(std::max<int64_t>(n, 2));
-    } else {
-        char* end = nullptr;
-        long v = std::strtol(ctx.c_str(), &end, 10);
-        if (*end != '\0' || v < 2 || v > (1 << 30)) fail(Exit::usage, "-c {}: expected a number >= 2, or auto", ctx);
-        n_ctx = static_cast<int>(v);
-        check_prompt_fits(n, n_ctx);
-    }
-    KvCache kv({hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx, std::min(4, n_ctx - 1), tk, tv});
+    ContextRequest req;
+    req.use = ContextRequest::Use::logits;
+    req.ctx = ctx;
+    req.n_prompt = n;
+    req.type_k = tk;
+    req.type_v = tv;
+    req.batch = static_cast<int>(std::min<int64_t>(n, 512));
+    const ContextPlan plan = plan_context(*lm, req);
     const Backends backends = make_backends(c, resolve_threads(c.threads), hp.n_layer);
-    Forward fwd(lm->model, kv, backends.placement(), static_cast<int>(std::min<int64_t>(n, 512)));
+    Session session(*lm, plan.cache, backends.placement(), plan.batch);
     const int k = std::min(top_k, hp.n_vocab);
 
     nlohmann::json out = nlohmann::json::array();
     std::vector<int32_t> order(hp.n_vocab);
-    for (int64_t i = 0; i < n;) {
-        const int nb = static_cast<int>(std::min<int64_t>(fwd.max_batch(), n - i));
-        const float* rows = fwd.eval(ids.data() + i, nb, true);
+    EvalHooks hooks;
+    hooks.on_rows = [&](int64_t, int nb, const float* rows) {
         for (int r = 0; r < nb; r++) {
             const float* row = rows + static_cast<size_t>(r) * hp.n_vocab;
             float mx = *std::max_element(row, row + hp.n_vocab);
@@ -74,8 +70,8 @@ int run_logits(int argc, char** argv) {
             for (int j = 0; j < k; j++) top.push_back({order[j], row[order[j]]});
             out.push_back({{"lse", mx + std::log(sum)}, {"top", top}});
         }
-        i += nb;
-    }
+    };
+    session.eval(ids, hooks);
     fmt::print("{}\n", out.dump());
     return 0;
 }

@@ -14,6 +14,8 @@
 #include "cli/common.h"
 #include "error.h"
 #include "forward.h"
+#include "loader.h"
+#include "context.h"
 #include "session.h"
 
 namespace kvrun::cli {
@@ -48,12 +50,15 @@ int run_perplexity(int argc, char** argv) {
     if (max_chunks >= 0) n_chunks = std::min(n_chunks, max_chunks);
     if (n_chunks < 1)
         fail(Exit::usage, "the text has {} tokens, fewer than one chunk of {} (-c)", tokens.size(), n_ctx);
-    if (n_ctx > hp.n_ctx_train)
-        fail(Exit::context_overflow, "-c {} exceeds the model's context of {}", n_ctx, hp.n_ctx_train);
-
-    KvCache kv({hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx, 0, tk, tv});
+    ContextRequest req;
+    req.use = ContextRequest::Use::score;
+    req.ctx = std::to_string(n_ctx);
+    req.type_k = tk;
+    req.type_v = tv;
+    req.batch = batch;
+    const ContextPlan plan = plan_context(*lm, req);
     const Backends backends = make_backends(c, resolve_threads(c.threads), hp.n_layer);
-    Forward fwd(lm->model, kv, backends.placement(), std::min(batch, n_ctx));
+    Session session(*lm, plan.cache, backends.placement(), plan.batch);
     const bool progress = isatty(2);
     const int first = n_ctx / 2;
     double nll = 0, nll2 = 0;
@@ -63,12 +68,11 @@ int run_perplexity(int argc, char** argv) {
     for (int64_t ci = 0; ci < n_chunks && !interrupted(); ci++) {
         std::copy(tokens.begin() + ci * n_ctx, tokens.begin() + (ci + 1) * n_ctx, chunk.begin());
         if (lm->tokenizer.bos() >= 0) chunk[0] = lm->tokenizer.bos();
-        kv.clear();
-        for (int i = 0; i < n_ctx;) {
-            const int nb = std::min(fwd.max_batch(), n_ctx - i);
-            const float* rows = fwd.eval(chunk.data() + i, nb, true);
+        session.clear();
+        EvalHooks hooks;
+        hooks.on_rows = [&](int64_t i, int nb, const float* rows) {
             for (int r = 0; r < nb; r++) {
-                const int pos = i + r;
+                const int64_t pos = i + r;
                 if (pos < first || pos + 1 >= n_ctx) continue;
                 const float* row = rows + static_cast<size_t>(r) * hp.n_vocab;
                 const float mx = *std::max_element(row, row + hp.n_vocab);
@@ -79,8 +83,8 @@ int run_perplexity(int argc, char** argv) {
                 nll2 += l * l;
                 count++;
             }
-            i += nb;
-        }
+        };
+        session.eval(chunk, hooks);
         if (progress)
             fmt::print(stderr, "\rkvrun perplexity: chunk {}/{}, PPL so far {:.4f}", ci + 1, n_chunks,
                        std::exp(nll / count));

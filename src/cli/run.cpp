@@ -23,7 +23,10 @@
 #include "memory_plan.h"
 #include "prompt_cache.h"
 #include "sampler.h"
+#include "loader.h"
+#include "context.h"
 #include "session.h"
+#include "system_memory.h"
 #include "stop_sequences.h"
 
 namespace kvrun::cli {
@@ -149,43 +152,27 @@ int run_generate(int argc, char** argv) {
     }
     if (tokens.empty()) fail(Exit::usage, "the prompt is empty and the model adds no BOS token: nothing to continue");
 
-    int n_ctx;
-    const bool ctx_auto = o.ctx == "auto";
-    if (ctx_auto) {
-        n_ctx = auto_context(static_cast<int64_t>(tokens.size()), o.n_predict, hp.n_ctx_train);
-    } else {
-        char* end = nullptr;
-        long v = std::strtol(o.ctx.c_str(), &end, 10);
-        if (*end != '\0' || v < 2 || v > (1 << 30)) fail(Exit::usage, "-c {}: expected a number of tokens >= 2, or auto", o.ctx);
-        n_ctx = static_cast<int>(v);
-        if (hp.sliding_window == 0 || n_ctx < hp.sliding_window)
-            check_prompt_fits(static_cast<int64_t>(tokens.size()), n_ctx);
-    }
     const int threads = resolve_threads(o.common.threads);
-    // Never plan a cache that cannot fit: shrink -c auto, refuse a fixed -c.
     const int64_t n_prompt = static_cast<int64_t>(tokens.size());
-    MemoryPlan plan = plan_memory(lm->file, hp, n_ctx, tk, tv, o.batch, threads);
-    if (!plan.fits()) {
-        const int64_t fit = plan.max_ctx_that_fits;
-        if (!ctx_auto || fit <= n_prompt) fail(Exit::out_of_memory, "{}", memory_advice(plan, hp, n_prompt));
-        const int64_t rounded = fit / 256 * 256;
-        n_ctx = static_cast<int>(rounded > n_prompt ? rounded : fit);
-        fmt::print(stderr, "kvrun: -c auto reduced to {} tokens to fit in available memory ({})\n", n_ctx,
-                   human_bytes(plan.mem_available));
-    }
-    int keep = std::min(o.keep, n_ctx - 1);
-    if (hp.sliding_window > 0 && n_ctx >= hp.sliding_window) {
-        // The model attends to the last `sliding_window` tokens only: that is
-        // exactly a ring of that many slots with no sinks, and any prompt length fits.
-        n_ctx = static_cast<int>(hp.sliding_window);
-        keep = 0;
-        if (o.common.verbose)
-            fmt::print(stderr, "kvrun: model declares a sliding window of {} tokens: cache = window, no sinks\n", n_ctx);
-    }
-    KvCacheConfig kc{hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx, keep, tk, tv};
-    KvCache kv(kc);
+    ContextRequest req;
+    req.use = ContextRequest::Use::generate;
+    req.ctx = o.ctx;
+    req.n_prompt = n_prompt;
+    req.n_predict = o.n_predict;
+    req.keep = o.keep;
+    req.type_k = tk;
+    req.type_v = tv;
+    req.batch = o.batch;
+    req.threads = threads;
+    const ContextPlan plan = plan_context(*lm, req);
+    for (const ContextPlan::Note& n : plan.notes)
+        if (!n.verbose_only || o.common.verbose) fmt::print(stderr, "kvrun: {}\n", n.text);
+    const KvCacheConfig& kc = plan.cache;
+    const int n_ctx = kc.n_ctx;
+    const bool ctx_auto = plan.automatic;
     const Backends backends = make_backends(o.common, threads, hp.n_layer);
-    Forward fwd(lm->model, kv, backends.placement(), std::min(o.batch, n_ctx));
+    Session session(*lm, kc, backends.placement(), plan.batch);
+    KvCache& kv = session.cache();
     Sampler sampler(o.sampling, hp.n_vocab);
     if (o.common.verbose) {
         fmt::print(stderr,
@@ -210,9 +197,8 @@ int run_generate(int argc, char** argv) {
     int64_t reused = 0;
     uint64_t digest = 0;
     if (!o.prompt_cache.empty()) {
-        digest = model_digest(lm->file);
-        PromptCacheLoad pc = load_prompt_cache(o.prompt_cache, digest, kv, tokens, lm->model.rope_inv_freq,
-                                               hp.n_head_kv, hp.head_dim, hp.rope_dims, hp.rope_neox);
+        digest = session.model_digest();
+        const PromptCacheLoad pc = session.load_prompt_cache(o.prompt_cache, digest, tokens);
         if (pc.ok) {
             reused = pc.reused;
             fmt::print(stderr, "kvrun: prompt cache: reused {} of {} prompt tokens from {}\n", reused, tokens.size(),
@@ -222,35 +208,33 @@ int run_generate(int argc, char** argv) {
                        o.prompt_cache, pc.why);
         }
     }
-    const float* logits = nullptr;
     const int64_t to_eval = n_prompt - reused;
-    const bool long_prompt = to_eval > fwd.max_batch();
-    for (size_t i = static_cast<size_t>(reused); i < tokens.size() && !interrupted();) {
-        const int n = static_cast<int>(std::min<size_t>(fwd.max_batch(), tokens.size() - i));
-        logits = fwd.eval(tokens.data() + i, n, false);
-        i += n;
-        if (long_prompt) show_progress(static_cast<int64_t>(i) - reused, to_eval);
-    }
+    EvalHooks prompt_hooks;
+    prompt_hooks.should_stop = interrupted;
+    if (to_eval > session.forward().max_batch())
+        prompt_hooks.on_progress = [](int64_t done, int64_t total) { show_progress(done, total); };
+    const bool prompt_done =
+        session.eval(std::span<const int32_t>(tokens).subspan(static_cast<size_t>(reused)), prompt_hooks) &&
+        to_eval > 0;
     clear_progress();
     const double prompt_s = seconds_since(t_prompt);
     if (!o.prompt_cache.empty() && !interrupted() && reused < static_cast<int64_t>(tokens.size()) - 1)
-        save_prompt_cache(o.prompt_cache, digest, kv, tokens);
+        session.save_prompt_cache(o.prompt_cache, digest);
 
     // Generation.
-    std::vector<float> row(hp.n_vocab);
-    Tokenizer::Decoder dec(tok);
-    const bool strip_space = tokens.size() == 1 && tokens[0] == tok.bos() && tok.vocab().add_space_prefix;
-    int64_t n_gen = 0;
-    double ttft = -1;
-    const auto t_gen = Clock::now();
-    const char* stop = "length";
-    std::vector<std::string> stops = o.stop;
-    stops.insert(stops.end(), reply_stop.strings.begin(), reply_stop.strings.end());
-    StopMatcher matcher(stops);
+    GenerateParams gp;
+    gp.n_predict = o.n_predict;
+    gp.ignore_eos = o.ignore_eos;
+    gp.end_ids = reply_stop.ids;
+    gp.stop = o.stop;
+    gp.stop.insert(gp.stop.end(), reply_stop.strings.begin(), reply_stop.strings.end());
+    gp.strip_leading_space = tokens.size() == 1 && tokens[0] == tok.bos() && tok.vocab().add_space_prefix;
+    gp.no_kv_cache = o.no_kv_cache;
     std::string answer; // --json: the whole text, printed at the end
     bool reply_started = false;
+    GenerateHooks gh;
     // Text goes through the stop matcher, then to stdout (or the JSON text).
-    auto out = [&](std::string text) {
+    gh.on_text = [&](std::string text) {
         // A chat reply begins after "Assistant:" or [/INST]: drop the space the model writes there.
         if (o.chat && !reply_started) text.erase(0, std::min(text.size(), text.find_first_not_of(" \t\n")));
         if (text.empty()) return;
@@ -258,46 +242,14 @@ int run_generate(int argc, char** argv) {
         if (o.json) answer += text;
         else emit(text);
     };
-    while (logits && !interrupted()) {
-        if (o.n_predict >= 0 && n_gen >= o.n_predict) break;
-        std::copy(logits, logits + hp.n_vocab, row.begin());
-        const int32_t id = sampler.sample(row.data());
-        if (ttft < 0) ttft = seconds_since(t_prompt);
-        const bool ends_reply = std::find(reply_stop.ids.begin(), reply_stop.ids.end(), id) != reply_stop.ids.end();
-        if ((tok.is_eog(id) || ends_reply) && !o.ignore_eos) {
-            stop = "eos";
-            break;
-        }
-        std::string text = dec.push(id);
-        if (strip_space && n_gen == 0 && !text.empty() && text[0] == ' ') text.erase(0, 1);
-        out(matcher.push(text));
-        n_gen++;
-        if (matcher.stopped()) {
-            stop = "stop string";
-            break;
-        }
-        if (o.no_kv_cache) {
-            // Forget everything and evaluate prompt + generated tokens from scratch.
-            tokens.push_back(id);
-            if (static_cast<int64_t>(tokens.size()) > n_ctx) {
-                stop = "context full (--no-kv-cache cannot slide)";
-                break;
-            }
-            kv.clear();
-            for (size_t i = 0; i < tokens.size();) {
-                const int n = static_cast<int>(std::min<size_t>(fwd.max_batch(), tokens.size() - i));
-                logits = fwd.eval(tokens.data() + i, n, false);
-                i += n;
-            }
-            continue;
-        }
-        logits = fwd.eval_generated(id);
-    }
-    if (!matcher.stopped()) {
-        out(matcher.push(dec.flush()));
-        out(matcher.flush());
-    }
+    gh.should_stop = interrupted;
+    const auto t_gen = Clock::now();
+    GenerateResult gen;
+    if (prompt_done) gen = session.generate(gp, sampler, gh);
+    const int64_t n_gen = gen.generated;
+    const double ttft = gen.sampled_any ? std::chrono::duration<double>(gen.first_token - t_prompt).count() : -1;
     const double gen_s = seconds_since(t_gen);
+    std::string stop = gen.stop;
     if (interrupted()) stop = "interrupted";
 
     // GPU memory as the run left it: weights copied, the KV mirror (the hot
@@ -307,7 +259,7 @@ int run_generate(int argc, char** argv) {
         nlohmann::json j;
         j["text"] = answer;
         j["stop"] = stop;
-        j["stop_string"] = matcher.stopped() ? nlohmann::json(matcher.matched()) : nlohmann::json(nullptr);
+        j["stop_string"] = gen.matched.empty() ? nlohmann::json(nullptr) : nlohmann::json(gen.matched);
         j["tokens"] = {{"prompt", n_prompt}, {"generated", n_gen}, {"reused", reused}, {"evaluated", n_prompt - reused}};
         j["timings"] = {{"prompt_s", prompt_s},
                         {"generation_s", gen_s},

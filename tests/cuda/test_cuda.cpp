@@ -38,7 +38,7 @@
 #include "ggml-like/blocks_k.h"
 #include "kv_cache.h"
 #include "memory_plan.h"
-#include "session.h"
+#include "loader.h"
 #include "attention_problem.h"
 #include "test_util.h"
 

@@ -14,7 +14,7 @@
 
 #include "forward.h"
 #include "sampler.h"
-#include "session.h"
+#include "loader.h"
 #include "test_util.h"
 
 using namespace kvrun;

@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "forward.h"
-#include "session.h"
+#include "loader.h"
 #include "test_util.h"
 
 using namespace kvrun;

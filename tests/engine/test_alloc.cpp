@@ -8,7 +8,7 @@
 
 #include "forward.h"
 #include "sampler.h"
-#include "session.h"
+#include "loader.h"
 #include "test_util.h"
 
 // Under AddressSanitizer the runtime owns operator new/delete (memory from its

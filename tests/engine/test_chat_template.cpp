@@ -10,7 +10,7 @@
 #include "error.h"
 #include "gguf.h"
 #include "gguf_writer.h"
-#include "session.h"
+#include "loader.h"
 #include "test_util.h"
 
 using namespace kvrun;

@@ -10,7 +10,7 @@
 #include "ggml-like/kernels.h"
 #include "gguf_writer.h"
 #include "reference_model.h"
-#include "session.h"
+#include "loader.h"
 #include "test_util.h"
 
 using namespace kvrun;

@@ -11,7 +11,8 @@
 #include "error.h"
 #include "forward.h"
 #include "ggml-like/kernels.h"
-#include "session.h"
+#include "loader.h"
+#include "context.h"
 #include "reference_model.h"
 #include "test_util.h"
 

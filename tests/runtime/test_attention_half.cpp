@@ -17,7 +17,7 @@
 #include "ggml-like/attention.h"
 #include "ggml-like/kernels.h"
 #include "ggml-like/types.h"
-#include "session.h"
+#include "loader.h"
 #include "test_util.h"
 
 #if defined(__x86_64__)

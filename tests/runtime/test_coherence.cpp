@@ -24,7 +24,7 @@
 #include "ggml-like/backend.h"
 #include "ggml-like/cuda/coherence.h"
 #include "kv_cache.h"
-#include "session.h"
+#include "loader.h"
 #include "forward_util.h"
 #include "test_util.h"
 

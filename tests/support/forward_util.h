@@ -7,7 +7,7 @@
 
 #include "forward.h"
 #include "kv_cache.h"
-#include "session.h"
+#include "loader.h"
 
 namespace kvtest {
 
