@@ -63,8 +63,8 @@ fuzz:
 	scripts/fuzz.sh 300
 
 format:
-	clang-format -i main.cpp src/*.cpp src/*.h src/cli/*.cpp src/cli/*.h ggml-like/*.h ggml-like/ref/*.cpp \
-	  ggml-like/cpu/*.cpp ggml-like/cpu/*.h ggml-like/cpu/x86/*.cpp ggml-like/cpu/x86/*.h ggml-like/cpu/arm/*.cpp ggml-like/cuda/*.cpp ggml-like/cuda/*.h tests/*.cpp tests/*.h tests/fuzz/*.cpp
+	clang-format -i main.cpp src/*.cpp src/*.h src/arch/*.cpp src/arch/*.h src/cli/*.cpp src/cli/*.h ggml-like/*.h ggml-like/ref/*.cpp \
+	  ggml-like/cpu/*.cpp ggml-like/cpu/*.h ggml-like/cpu/x86/*.cpp ggml-like/cpu/x86/*.h ggml-like/cpu/arm/*.cpp ggml-like/cuda/*.cpp ggml-like/cuda/*.h tests/*/*.cpp tests/*/*.h
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) build-aarch64 kvrun

@@ -62,8 +62,6 @@ Forward::Forward(const Model& m, KvCache& kv, Placement placement, int max_batch
     hb2_.resize(B * hp.n_ff);
     cos_.resize(B * hp.rope_dims / 2);
     sin_.resize(B * hp.rope_dims / 2);
-    sink_cos_.resize(hp.rope_dims / 2);
-    sin_sink_.resize(hp.rope_dims / 2);
     pos_.resize(B);
     logits_.resize(static_cast<size_t>(hp.n_vocab)); // grown once if all rows are asked for
 
@@ -211,12 +209,17 @@ void Forward::step(const int32_t* tokens, int n, int first, int64_t pos0, bool g
 }
 
 void Forward::layer(int l, int n, int64_t pos0, bool generated) {
+    attention_block(l, n, pos0, generated);
+    ffn_block(l, n);
+}
+
+// x += Wo · attention(RoPE(Wq · norm(x)), the ring with RoPE(Wk · norm(x)), Wv · norm(x))
+void Forward::attention_block(int l, int n, int64_t pos0, bool generated) {
     const Hparams& hp = m_.hp;
     const LayerWeights& L = m_.layers[l];
     gl::Backend& be = *place_.layers[l];
     const int qd = hp.q_dim(), kvd = hp.kv_dim();
 
-    // ---- attention block ----
     rmsnorm(be, x_.data(), L.attn_norm, n, xb_.data());
     matmul(be, Op::attn_q, L.wq, xb_.data(), n, q_.data());
     matmul(be, Op::attn_k, L.wk, xb_.data(), n, k_.data());
@@ -229,18 +232,10 @@ void Forward::layer(int l, int n, int64_t pos0, bool generated) {
             be.add(v_.data() + static_cast<size_t>(i) * kvd, L.bv.data(), kvd);
         }
 
-    // Sinks: keep each sink key pre-rotated by -(n_ctx - 1 - j), for queries
-    // past the window (see kv_cache.h). Computed from the unrotated key, in
-    // double-precision angles, once per sink: nothing accumulates.
-    const int half = hp.rope_dims / 2;
-    if (pos0 < kv_.keep()) be.host_read(k_.data(), sizeof(float) * static_cast<size_t>(n) * kvd);
-    for (int i = 0; i < n && pos0 + i < kv_.keep(); i++) {
-        const int64_t j = pos0 + i;
-        float* dst = kv_.sink_k(l) + j * kvd;
-        std::memcpy(dst, k_.data() + static_cast<size_t>(i) * kvd, sizeof(float) * kvd);
-        gl::ops::rope_angles(-static_cast<double>(kv_.n_ctx() - 1 - j), half, m_.rope_inv_freq.data(),
-                             sink_cos_.data(), sin_sink_.data());
-        gl::ops::rope(dst, hp.n_head_kv, hp.head_dim, hp.rope_dims, sink_cos_.data(), sin_sink_.data(), hp.rope_neox);
+    // Sinks keep their unrotated keys, re-rotated for queries past the window.
+    if (pos0 < kv_.keep()) {
+        be.host_read(k_.data(), sizeof(float) * static_cast<size_t>(n) * kvd);
+        kv_.store_sinks(l, pos0, n, k_.data(), m_.rope());
     }
     const bool any_slid = pos0 + n - 1 >= kv_.n_ctx();
     // A copy (F32 "conversion"), so that it stays on the backend's device.
@@ -281,8 +276,13 @@ void Forward::layer(int l, int n, int64_t pos0, bool generated) {
 
     matmul(be, Op::attn_output, L.wo, att_.data(), n, xb_.data());
     add_residual(be, n);
+}
 
-    // ---- feed-forward block (SwiGLU) ----
+// x += W_down · (silu(W_gate · norm(x)) * (W_up · norm(x)))   (SwiGLU)
+void Forward::ffn_block(int l, int n) {
+    const Hparams& hp = m_.hp;
+    const LayerWeights& L = m_.layers[l];
+    gl::Backend& be = *place_.layers[l];
     rmsnorm(be, x_.data(), L.ffn_norm, n, xb_.data());
     matmul(be, Op::ffn_gate, L.w_gate, xb_.data(), n, hb_.data());
     matmul(be, Op::ffn_up, L.w_up, xb_.data(), n, hb2_.data());

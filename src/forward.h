@@ -64,6 +64,8 @@ class Forward {
     // when a backend lost a recorded step (Backend::end_step).
     void step(const int32_t* tokens, int n, int first, int64_t pos0, bool generated);
     void layer(int l, int n, int64_t pos0, bool generated);
+    void attention_block(int l, int n, int64_t pos0, bool generated);
+    void ffn_block(int l, int n);
     // be's op, timed into profile_ (when set) as `op`, with w's bytes.
     void matmul(gl::Backend& be, Op op, const gl::Tensor& w, const float* x, int n, float* y);
     // out = rmsnorm(x) * w for `rows` rows of n_embd; x_ += xb_ for n rows
@@ -95,7 +97,6 @@ class Forward {
     std::vector<float> att_;      // [B][q_dim]
     std::vector<float> hb_, hb2_; // [B][n_ff]
     std::vector<float> cos_, sin_; // [B][rope_dims/2]
-    std::vector<float> sink_cos_, sin_sink_; // [rope_dims/2]
     std::vector<int64_t> pos_;    // [B]
     std::vector<float> logits_;   // [B or 1][n_vocab]
     OpProfile* profile_ = nullptr;

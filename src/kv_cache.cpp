@@ -1,5 +1,9 @@
 #include "kv_cache.h"
 
+#include <cstring>
+
+#include "ggml-like/cpu/ops.h"
+
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -186,6 +190,29 @@ bool KvCache::truncate(int64_t n) {
     for (int64_t p = n; p < n_past_; p++) slot_pos_[slot_of(p)] = -1;
     n_past_ = n;
     return true;
+}
+
+void KvCache::store_sinks(int layer, int64_t pos0, int n, const float* k_unrot, const Rope& rope) {
+    const int kvd = kv_dim(), half = rope.dims / 2;
+    std::vector<float> cs(half), sn(half);
+    for (int i = 0; i < n && pos0 + i < cfg_.keep; i++) {
+        const int64_t j = pos0 + i;
+        float* dst = sink_k(layer) + j * kvd;
+        std::memcpy(dst, k_unrot + static_cast<size_t>(i) * kvd, sizeof(float) * kvd);
+        gl::ops::rope_angles(-static_cast<double>(cfg_.n_ctx - 1 - j), half, rope.inv_freq, cs.data(), sn.data());
+        gl::ops::rope(dst, cfg_.n_head_kv, cfg_.head_dim, rope.dims, cs.data(), sn.data(), rope.neox);
+    }
+}
+
+void KvCache::reseat_sinks(int layer, int64_t n_ctx_then, const Rope& rope) {
+    const int half = rope.dims / 2;
+    std::vector<float> cs(half), sn(half);
+    // Stored rotated by -(n_ctx_then - 1 - j); wanted -(n_ctx - 1 - j).
+    gl::ops::rope_angles(static_cast<double>(n_ctx_then - cfg_.n_ctx), half, rope.inv_freq, cs.data(), sn.data());
+    float* dst = sink_k(layer);
+    for (int j = 0; j < cfg_.keep; j++)
+        gl::ops::rope(dst + static_cast<size_t>(j) * kv_dim(), cfg_.n_head_kv, cfg_.head_dim, rope.dims, cs.data(),
+                      sn.data(), rope.neox);
 }
 
 } // namespace kvrun

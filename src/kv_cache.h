@@ -96,6 +96,18 @@ class KvCache {
         return sink_k_.data() + static_cast<size_t>(layer) * cfg_.keep * kv_dim();
     }
 
+    // The sink rule. Sink j's key (j < keep) is kept once, in F32, rotated by
+    // -(n_ctx - 1 - j) from its unrotated form, so that dotted with an
+    // unrotated query it scores as if it sat just before the oldest window
+    // token (see the top of this file). Computed in double-precision angles,
+    // once per sink: nothing accumulates.
+    // store_sinks: from the unrotated keys of a batch at positions pos0 ..
+    // pos0 + n - 1 (rows of kv_dim floats), those that are sinks.
+    void store_sinks(int layer, int64_t pos0, int n, const float* k_unrot, const Rope& rope);
+    // reseat_sinks: layer's sink copies were made for a ring of n_ctx_then
+    // slots (a prompt-cache file): rotate them by the difference.
+    void reseat_sinks(int layer, int64_t n_ctx_then, const Rope& rope);
+
     // Copy a batch's K/V rows (already in the cache types) for one layer into
     // the slots of positions pos0 .. pos0 + n - 1.
     void write(int layer, int64_t pos0, int n, const void* k_rows, const void* v_rows);

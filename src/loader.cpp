@@ -1,4 +1,5 @@
 #include "loader.h"
+#include "tensor_names.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -48,9 +49,9 @@ std::unique_ptr<LoadedModel> LoadedModel::load(const std::string& path, bool wei
     // All but an untied token embedding, of which a token reads one row: the
     // mapping serves it as well, and a copy would make the whole table
     // resident (+37 MB for TinyLlama Q4_0, +70 MB Q8_0).
-    const bool tied = f.tensor("output.weight") == nullptr;
+    const bool tied = f.tensor(std::string(tensor_names::output)) == nullptr;
     if (weights_on_cpu && want_huge_pages(f))
-        f.move_data_to_huge_pages([tied](const GgufTensor& t) { return !tied && t.name == "token_embd.weight"; });
+        f.move_data_to_huge_pages([tied](const GgufTensor& t) { return !tied && t.name == tensor_names::token_embd; });
     Model m = Model::load(f);
     Tokenizer t(Vocab::from_gguf(f));
     if (t.n_vocab() != m.hp.n_vocab)

@@ -1,4 +1,5 @@
 #include "memory_plan.h"
+#include "tensor_names.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -50,13 +51,13 @@ GpuPlan plan_gpu(const GgufFile& f, const Hparams& hp, int64_t n_ctx, int64_t ke
     g.kv_window = kv_window > 0 && kv_window < window ? kv_window : 0;
     g.gpu_slots = g.kv_window > 0 ? g.keep + g.kv_window : n_ctx;
     const bool tied = std::none_of(f.tensors().begin(), f.tensors().end(),
-                                   [](const GgufTensor& t) { return t.name == "output.weight"; });
+                                   [](const GgufTensor& t) { return t.name == tensor_names::output; });
     for (const GgufTensor& t : f.tensors()) {
         bool on_gpu = false;
-        int layer = -1;
-        if (t.n_dims >= 2 && std::sscanf(t.name.c_str(), "blk.%d.", &layer) == 1)
-            on_gpu = layer < g.n_gpu_layers;
-        else if (t.name == "output.weight" || (tied && t.name == "token_embd.weight"))
+        const std::optional<int> layer = tensor_names::layer_of(t.name);
+        if (t.n_dims >= 2 && layer)
+            on_gpu = *layer < g.n_gpu_layers;
+        else if (t.name == tensor_names::output || (tied && t.name == tensor_names::token_embd))
             on_gpu = g.head_on_gpu;
         (on_gpu ? g.weights_gpu : g.weights_host) += t.nbytes;
     }

@@ -2,23 +2,16 @@
 
 #include <cmath>
 
+#include "arch/family.h"
 #include "error.h"
+#include "tensor_names.h"
 #include "ggml-like/kernels.h"
 
 namespace kvrun {
 
-namespace {
+namespace tn = tensor_names;
 
-// What differs between the llama-like families kvrun runs.
-struct ArchTraits {
-    const char* name;
-    bool rope_neox;
-    bool qkv_bias;
-};
-constexpr ArchTraits kArchs[] = {
-    {"llama", false, false},
-    {"qwen2", true, true},
-};
+namespace {
 
 class Binder {
   public:
@@ -72,12 +65,6 @@ class Binder {
     const GgufFile& f_;
 };
 
-const ArchTraits* find_arch(const std::string& name) {
-    for (const auto& a : kArchs)
-        if (name == a.name) return &a;
-    return nullptr;
-}
-
 int as_int(uint64_t v, const GgufFile& f, const std::string& key, uint64_t max = 1u << 24) {
     if (v == 0 || v > max) fail(Exit::bad_model, "{}: '{}' = {} is out of range", f.path(), key, v);
     return static_cast<int>(v);
@@ -85,12 +72,12 @@ int as_int(uint64_t v, const GgufFile& f, const std::string& key, uint64_t max =
 
 } // namespace
 
-const char* supported_architectures() { return "llama, qwen2"; }
+const char* supported_architectures() { return family_names().c_str(); }
 
 Hparams read_hparams(const GgufFile& f) {
     Hparams hp;
     hp.arch = std::string(f.need_str("general.architecture"));
-    const ArchTraits* arch = find_arch(hp.arch);
+    const Family* arch = find_family(hp.arch);
     if (!arch)
         fail(Exit::bad_model, "{}: architecture '{}' is not supported (kvrun runs: {})", f.path(), hp.arch,
              supported_architectures());
@@ -127,17 +114,18 @@ Hparams read_hparams(const GgufFile& f) {
             hp.rope_linear_factor = f.get_f64(p + "rope.scaling.factor").value_or(1.0);
             if (!(hp.rope_linear_factor > 0))
                 fail(Exit::bad_model, "{}: rope.scaling.factor must be positive", f.path());
-        } else if (!(*scaling == "llama3" && f.tensor("rope_freqs.weight"))) {
+        } else if (!(*scaling == "llama3" && f.tensor(std::string(tn::rope_freqs)))) {
             fail(Exit::bad_model, "{}: RoPE scaling '{}' is not supported yet", f.path(), *scaling);
         }
     }
 
     if (auto sw = f.get_u64(p + "attention.sliding_window")) hp.sliding_window = static_cast<int64_t>(*sw);
+    if (arch->read_hparams) arch->read_hparams(f, hp);
 
-    const GgufTensor* emb = f.tensor("token_embd.weight");
-    if (!emb) fail(Exit::bad_model, "{}: missing tensor 'token_embd.weight'", f.path());
+    const GgufTensor* emb = f.tensor(std::string(tn::token_embd));
+    if (!emb) fail(Exit::bad_model, "{}: missing tensor '{}'", f.path(), tn::token_embd);
     if (emb->n_dims != 2 || emb->ne[0] != hp.n_embd || emb->ne[1] > (1 << 26))
-        fail(Exit::bad_model, "{}: token_embd.weight has shape {}, expected [{}, n_vocab]", f.path(),
+        fail(Exit::bad_model, "{}: {} has shape {}, expected [{}, n_vocab]", f.path(), tn::token_embd,
              emb->shape_str(), hp.n_embd);
     hp.n_vocab = static_cast<int>(emb->ne[1]);
     return hp;
@@ -147,33 +135,34 @@ Model Model::load(const GgufFile& f) {
     Model m;
     m.hp = read_hparams(f);
     const Hparams& hp = m.hp;
-    const ArchTraits* arch = find_arch(hp.arch);
+    const Family* arch = find_family(hp.arch);
     Binder b(f);
-    m.token_embd = b.view(*f.tensor("token_embd.weight"), hp.n_embd, hp.n_vocab);
-    m.output_norm = b.vector("output_norm.weight", hp.n_embd);
-    m.output = b.find("output.weight") ? b.matrix("output.weight", hp.n_embd, hp.n_vocab) : m.token_embd;
+    m.token_embd = b.view(*f.tensor(std::string(tn::token_embd)), hp.n_embd, hp.n_vocab);
+    m.output_norm = b.vector(std::string(tn::output_norm), hp.n_embd);
+    m.output = b.find(std::string(tn::output)) ? b.matrix(std::string(tn::output), hp.n_embd, hp.n_vocab)
+                                                : m.token_embd;
 
     m.layers.resize(hp.n_layer);
     for (int l = 0; l < hp.n_layer; l++) {
-        const std::string n = "blk." + std::to_string(l) + ".";
         LayerWeights& L = m.layers[l];
-        L.attn_norm = b.vector(n + "attn_norm.weight", hp.n_embd);
-        L.wq = b.matrix(n + "attn_q.weight", hp.n_embd, hp.q_dim());
-        L.wk = b.matrix(n + "attn_k.weight", hp.n_embd, hp.kv_dim());
-        L.wv = b.matrix(n + "attn_v.weight", hp.n_embd, hp.kv_dim());
-        L.bq = b.vector(n + "attn_q.bias", hp.q_dim(), arch->qkv_bias);
-        L.bk = b.vector(n + "attn_k.bias", hp.kv_dim(), arch->qkv_bias);
-        L.bv = b.vector(n + "attn_v.bias", hp.kv_dim(), arch->qkv_bias);
-        L.wo = b.matrix(n + "attn_output.weight", hp.q_dim(), hp.n_embd);
-        L.ffn_norm = b.vector(n + "ffn_norm.weight", hp.n_embd);
-        L.w_gate = b.matrix(n + "ffn_gate.weight", hp.n_embd, hp.n_ff);
-        L.w_up = b.matrix(n + "ffn_up.weight", hp.n_embd, hp.n_ff);
-        L.w_down = b.matrix(n + "ffn_down.weight", hp.n_ff, hp.n_embd);
+        auto name = [l](std::string_view suffix) { return tn::blk(l, suffix); };
+        L.attn_norm = b.vector(name(tn::attn_norm), hp.n_embd);
+        L.wq = b.matrix(name(tn::attn_q), hp.n_embd, hp.q_dim());
+        L.wk = b.matrix(name(tn::attn_k), hp.n_embd, hp.kv_dim());
+        L.wv = b.matrix(name(tn::attn_v), hp.n_embd, hp.kv_dim());
+        L.bq = b.vector(name(tn::attn_q_bias), hp.q_dim(), arch->qkv_bias);
+        L.bk = b.vector(name(tn::attn_k_bias), hp.kv_dim(), arch->qkv_bias);
+        L.bv = b.vector(name(tn::attn_v_bias), hp.kv_dim(), arch->qkv_bias);
+        L.wo = b.matrix(name(tn::attn_output), hp.q_dim(), hp.n_embd);
+        L.ffn_norm = b.vector(name(tn::ffn_norm), hp.n_embd);
+        L.w_gate = b.matrix(name(tn::ffn_gate), hp.n_embd, hp.n_ff);
+        L.w_up = b.matrix(name(tn::ffn_up), hp.n_embd, hp.n_ff);
+        L.w_down = b.matrix(name(tn::ffn_down), hp.n_ff, hp.n_embd);
     }
 
     // theta_i = base^(-2i/d); Llama 3 files carry per-frequency divisors in rope_freqs.
     const int n_pairs = hp.rope_dims / 2;
-    std::vector<float> factors = b.vector("rope_freqs.weight", n_pairs, false);
+    std::vector<float> factors = b.vector(std::string(tn::rope_freqs), n_pairs, false);
     m.rope_inv_freq.resize(n_pairs);
     for (int i = 0; i < n_pairs; i++) {
         m.rope_inv_freq[i] = std::pow(hp.rope_base, -2.0 * i / hp.rope_dims);

@@ -31,6 +31,14 @@ struct Hparams {
     int kv_dim() const { return n_head_kv * head_dim; }
 };
 
+// How keys are rotated (Model::rope()): the KV cache re-rotates its sink
+// copies with it.
+struct Rope {
+    const double* inv_freq = nullptr; // [dims / 2]
+    int dims = 0;                     // rotated dims per head
+    bool neox = false;                // pairs (i, i + dims/2) instead of (2i, 2i+1)
+};
+
 struct LayerWeights {
     std::vector<float> attn_norm;            // [n_embd]
     gl::Tensor wq, wk, wv;                   // [n_embd] -> [q_dim], [kv_dim], [kv_dim]
@@ -54,6 +62,9 @@ struct Model {
     std::vector<LayerWeights> layers;
     std::vector<double> rope_inv_freq; // [rope_dims / 2], with rope_freqs factors applied
     uint64_t weight_bytes = 0;      // bytes of all tensors in the file
+
+    // How keys and queries are rotated, for the cache's sink copies.
+    Rope rope() const { return Rope{rope_inv_freq.data(), hp.rope_dims, hp.rope_neox}; }
 
     // Throws Error(Exit::bad_model) naming what is missing, misshapen or unsupported.
     static Model load(const GgufFile& f);

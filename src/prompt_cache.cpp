@@ -89,8 +89,7 @@ void save_prompt_cache(const std::string& path, uint64_t digest, const KvCache& 
 }
 
 PromptCacheLoad load_prompt_cache(const std::string& path, uint64_t digest, KvCache& kv,
-                                  const std::vector<int32_t>& prompt, const std::vector<double>& rope_inv_freq,
-                                  int n_head_kv, int head_dim, int rope_dims, bool neox) {
+                                  const std::vector<int32_t>& prompt, const Rope& rope) {
     PromptCacheLoad r;
     std::ifstream in(path, std::ios::binary);
     if (!in) {
@@ -132,22 +131,13 @@ PromptCacheLoad load_prompt_cache(const std::string& path, uint64_t digest, KvCa
 
     KV_ASSERT(kv.n_past() == 0);
     const char* p = data.data() + sizeof(Header) + n * 4;
-    const int half = rope_dims / 2;
-    std::vector<float> cs(half), sn(half);
-    // Sink copies were rotated by -(n_ctx_file - 1 - j); this run needs
-    // -(n_ctx - 1 - j): rotate by the difference.
-    gl::ops::rope_angles(static_cast<double>(static_cast<int64_t>(h.n_ctx) - c.n_ctx), half, rope_inv_freq.data(),
-                         cs.data(), sn.data());
     for (int l = 0; l < c.n_layer; l++) {
         const char* k = p;
         const char* v = k + n * kv.row_bytes_k();
         const char* s = v + n * kv.row_bytes_v();
         kv.write(l, 0, static_cast<int>(m), k, v);
-        float* dst = kv.sink_k(l);
-        std::memcpy(dst, s, sinks);
-        for (int j = 0; j < c.keep; j++)
-            gl::ops::rope(dst + static_cast<size_t>(j) * kv.kv_dim(), n_head_kv, head_dim, rope_dims, cs.data(),
-                          sn.data(), neox);
+        std::memcpy(kv.sink_k(l), s, sinks);
+        kv.reseat_sinks(l, static_cast<int64_t>(h.n_ctx), rope);
         p = s + sinks;
     }
     kv.commit(0, static_cast<int>(m));

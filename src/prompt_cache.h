@@ -37,7 +37,6 @@ void save_prompt_cache(const std::string& path, uint64_t digest, const KvCache& 
 // least one prompt token to evaluate (its logits start generation).
 // `rope_inv_freq`, `rope_dims` and `neox` re-place sink keys for this n_ctx.
 PromptCacheLoad load_prompt_cache(const std::string& path, uint64_t digest, KvCache& kv,
-                                  const std::vector<int32_t>& prompt, const std::vector<double>& rope_inv_freq,
-                                  int n_head_kv, int head_dim, int rope_dims, bool neox);
+                                  const std::vector<int32_t>& prompt, const Rope& rope);
 
 } // namespace kvrun

@@ -65,9 +65,7 @@ uint64_t Session::model_digest() const { return kvrun::model_digest(lm_.file); }
 PromptCacheLoad Session::load_prompt_cache(const std::string& path, uint64_t digest,
                                            const std::vector<int32_t>& want) {
     clear();
-    const Hparams& hp = lm_.model.hp;
-    PromptCacheLoad pc = kvrun::load_prompt_cache(path, digest, kv_, want, lm_.model.rope_inv_freq, hp.n_head_kv,
-                                                  hp.head_dim, hp.rope_dims, hp.rope_neox);
+    PromptCacheLoad pc = kvrun::load_prompt_cache(path, digest, kv_, want, lm_.model.rope());
     if (pc.ok)
         tokens_.assign(want.begin(), want.begin() + pc.reused);
     else

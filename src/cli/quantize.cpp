@@ -11,6 +11,7 @@
 #include <strings.h>
 
 #include "cli/common.h"
+#include "tensor_names.h"
 #include "error.h"
 #include "ggml-like/kernels.h"
 #include "ggml-like/cpu/thread_pool.h"
@@ -46,11 +47,6 @@ gl::Type fitting(gl::Type want, int64_t n) {
     if (gl::row_size_ok(want, n)) return want;
     const gl::Type fallback = want == gl::Type::Q6_K || want == gl::Type::Q8_0 ? gl::Type::Q8_0 : gl::Type::Q5_0;
     return gl::row_size_ok(fallback, n) ? fallback : gl::Type::F16;
-}
-
-int layer_of(const std::string& name) {
-    if (name.rfind("blk.", 0) != 0) return -1;
-    return std::atoi(name.c_str() + 4);
 }
 
 } // namespace
@@ -94,10 +90,11 @@ int run_quantize(int argc, char** argv) {
         const int64_t n0 = t.ne[0], rows = t.n_elements() / n0;
         gl::Type target = gl::Type::F32;
         if (t.n_dims >= 2) {
-            const int l = layer_of(t.name);
-            const bool important = l >= 0 && (t.name.find("attn_v.weight") != std::string::npos ||
-                                              t.name.find("ffn_down.weight") != std::string::npos);
-            target = t.name == "output.weight" ? r->output
+            namespace tn = tensor_names;
+            const int l = tn::layer_of(t.name).value_or(-1);
+            const bool important = l >= 0 && (tn::is_layer_tensor(t.name, tn::attn_v) ||
+                                              tn::is_layer_tensor(t.name, tn::ffn_down));
+            target = t.name == tn::output ? r->output
                      : important && more_bits_layer(l, n_layer) ? r->important
                                                                  : r->base;
             target = fitting(target, n0);

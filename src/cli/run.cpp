@@ -85,7 +85,7 @@ int run_generate(int argc, char** argv) {
     RunOptions o;
     CLI::App app{"kvrun: run a GGUF language model and stream its continuation to stdout", "kvrun"};
     app.footer(
-        "Subcommands (kvrun SUBCOMMAND --help): chat, tokenize, logits, info, perplexity, synth, quantize.\n"
+        "Subcommands (kvrun SUBCOMMAND --help): chat, tokenize, logits, info, perplexity, bench, quantize, synth.\n"
         "-i (--interactive) starts the chat REPL (kvrun chat). Piped stdin is read as the prompt, after -p.\n"
         "Exit status: 0 ok, 1 other error, 2 bad usage, 3 bad or unsupported model,\n"
         "4 prompt longer than the context, 5 out of memory, 6 chat template error, 130 interrupted.");

@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "cli/common.h"
+#include "tensor_names.h"
 #include "error.h"
 #include "ggml-like/kernels.h"
 #include "ggml-like/cpu/thread_pool.h"
@@ -113,24 +114,24 @@ int run_synth(int argc, char** argv) {
         w.add_tensor(name, gl::Type::F32, {n}, v.data(), v.size() * sizeof(float));
     };
     const int hd = p->n_embd / p->n_head;
-    matrix("token_embd.weight", p->n_embd, n_vocab, wt);
-    ones("output_norm.weight", p->n_embd);
-    if (!p->tied) matrix("output.weight", p->n_embd, n_vocab, wt);
+    namespace tn = tensor_names;
+    matrix(std::string(tn::token_embd), p->n_embd, n_vocab, wt);
+    ones(std::string(tn::output_norm), p->n_embd);
+    if (!p->tied) matrix(std::string(tn::output), p->n_embd, n_vocab, wt);
     for (int l = 0; l < p->n_layer; l++) {
-        const std::string n = "blk." + std::to_string(l) + ".";
-        ones(n + "attn_norm.weight", p->n_embd);
-        ones(n + "ffn_norm.weight", p->n_embd);
-        matrix(n + "attn_q.weight", p->n_embd, p->n_head * hd, wt);
-        matrix(n + "attn_k.weight", p->n_embd, p->n_head_kv * hd, wt);
-        matrix(n + "attn_v.weight", p->n_embd, p->n_head_kv * hd, wt);
-        matrix(n + "attn_output.weight", p->n_head * hd, p->n_embd, wt);
-        matrix(n + "ffn_gate.weight", p->n_embd, p->n_ff, wt);
-        matrix(n + "ffn_up.weight", p->n_embd, p->n_ff, wt);
-        matrix(n + "ffn_down.weight", p->n_ff, p->n_embd, wt);
+        ones(tn::blk(l, tn::attn_norm), p->n_embd);
+        ones(tn::blk(l, tn::ffn_norm), p->n_embd);
+        matrix(tn::blk(l, tn::attn_q), p->n_embd, p->n_head * hd, wt);
+        matrix(tn::blk(l, tn::attn_k), p->n_embd, p->n_head_kv * hd, wt);
+        matrix(tn::blk(l, tn::attn_v), p->n_embd, p->n_head_kv * hd, wt);
+        matrix(tn::blk(l, tn::attn_output), p->n_head * hd, p->n_embd, wt);
+        matrix(tn::blk(l, tn::ffn_gate), p->n_embd, p->n_ff, wt);
+        matrix(tn::blk(l, tn::ffn_up), p->n_embd, p->n_ff, wt);
+        matrix(tn::blk(l, tn::ffn_down), p->n_ff, p->n_embd, wt);
         if (a == "qwen2")
-            for (auto [nm, len] : {std::pair{"attn_q.bias", p->n_head * hd}, {"attn_k.bias", p->n_head_kv * hd},
-                                   {"attn_v.bias", p->n_head_kv * hd}})
-                matrix(n + nm, len, 1, gl::Type::F32);
+            for (auto [nm, len] : {std::pair{tn::attn_q_bias, p->n_head * hd}, {tn::attn_k_bias, p->n_head_kv * hd},
+                                   {tn::attn_v_bias, p->n_head_kv * hd}})
+                matrix(tn::blk(l, nm), len, 1, gl::Type::F32);
     }
     w.write(out);
     std::fprintf(stderr, "kvrun synth: wrote %s (%s, %s)\n", out.c_str(), p->name, gl::type_name(wt));

@@ -1,0 +1,28 @@
+// The families kvrun runs: one line each.
+#include "arch/family.h"
+
+namespace kvrun {
+
+extern const Family kLlama;
+extern const Family kQwen2;
+
+namespace {
+const Family* const kFamilies[] = {&kLlama, &kQwen2};
+} // namespace
+
+const Family* find_family(std::string_view arch) {
+    for (const Family* f : kFamilies)
+        if (arch == f->name) return f;
+    return nullptr;
+}
+
+const std::string& family_names() {
+    static const std::string names = [] {
+        std::string s;
+        for (const Family* f : kFamilies) s += (s.empty() ? "" : ", ") + std::string(f->name);
+        return s;
+    }();
+    return names;
+}
+
+} // namespace kvrun

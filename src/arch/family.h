@@ -1,0 +1,33 @@
+// A model family: what one `general.architecture` value means to kvrun.
+//
+// Every family kvrun runs is a pre-norm decoder (embedding -> n_layer x
+// [attention block, FFN block] -> norm -> output matrix) and the forward pass
+// is written once for all of them (src/forward.cpp). What differs between
+// families is described here, as data, one small file per family
+// (src/arch/<name>.cpp), so that adding one touches that file, the list in
+// families.cpp and, only for a new kind of difference, the forward pass.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace kvrun {
+
+class GgufFile;
+struct Hparams;
+
+struct Family {
+    const char* name;       // general.architecture
+    bool rope_neox = false; // RoPE rotates pairs (i, i + d/2) instead of (2i, 2i+1)
+    bool qkv_bias = false;  // the Q, K and V projections carry biases
+    // Family-specific metadata, read after the keys every family shares
+    // (model.cpp); may throw Error(bad_model). Null: nothing more to read.
+    void (*read_hparams)(const GgufFile& f, Hparams& hp) = nullptr;
+};
+
+// The family of `arch`, or null when kvrun does not run it.
+const Family* find_family(std::string_view arch);
+// "llama, qwen2": for messages.
+const std::string& family_names();
+
+} // namespace kvrun

@@ -1,0 +1,50 @@
+// GGUF tensor names, spelled once. They are facts of the file format: the
+// model binder, the quantizer's recipes, the memory plan and synth all ask
+// here rather than spelling them again.
+#pragma once
+
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace kvrun::tensor_names {
+
+// Whole-model tensors.
+inline constexpr std::string_view token_embd = "token_embd.weight";
+inline constexpr std::string_view output_norm = "output_norm.weight";
+inline constexpr std::string_view output = "output.weight"; // absent when tied to token_embd
+inline constexpr std::string_view rope_freqs = "rope_freqs.weight";
+
+// Per-layer tensors: blk(l, attn_q) = "blk.<l>.attn_q.weight".
+inline constexpr std::string_view attn_norm = "attn_norm.weight";
+inline constexpr std::string_view attn_q = "attn_q.weight";
+inline constexpr std::string_view attn_k = "attn_k.weight";
+inline constexpr std::string_view attn_v = "attn_v.weight";
+inline constexpr std::string_view attn_q_bias = "attn_q.bias";
+inline constexpr std::string_view attn_k_bias = "attn_k.bias";
+inline constexpr std::string_view attn_v_bias = "attn_v.bias";
+inline constexpr std::string_view attn_output = "attn_output.weight";
+inline constexpr std::string_view ffn_norm = "ffn_norm.weight";
+inline constexpr std::string_view ffn_gate = "ffn_gate.weight";
+inline constexpr std::string_view ffn_up = "ffn_up.weight";
+inline constexpr std::string_view ffn_down = "ffn_down.weight";
+
+inline std::string blk(int layer, std::string_view suffix) {
+    return "blk." + std::to_string(layer) + "." + std::string(suffix);
+}
+
+// The layer a per-layer tensor belongs to ("blk.12.ffn_up.weight" -> 12).
+inline std::optional<int> layer_of(const std::string& name) {
+    int layer = -1;
+    if (std::sscanf(name.c_str(), "blk.%d.", &layer) == 1 && layer >= 0) return layer;
+    return std::nullopt;
+}
+
+// Whether `name` is the per-layer tensor `suffix` of some layer.
+inline bool is_layer_tensor(std::string_view name, std::string_view suffix) {
+    return name.rfind("blk.", 0) == 0 && name.size() > suffix.size() &&
+           name.substr(name.size() - suffix.size()) == suffix && name[name.size() - suffix.size() - 1] == '.';
+}
+
+} // namespace kvrun::tensor_names
