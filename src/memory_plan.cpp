@@ -68,7 +68,7 @@ GpuPlan plan_gpu(const GgufFile& f, const Hparams& hp, int64_t n_ctx, int64_t ke
     g.kv_host = static_cast<uint64_t>(hp.n_layer) * n_ctx * row;
     g.kv_cold = static_cast<uint64_t>(g.n_gpu_layers) * (n_ctx - g.gpu_slots) * row;
     if (g.n_gpu_layers > 0) {
-        // The backend's device memory besides weights and KV (cuda_backend.cu):
+        // The backend's device memory besides weights and KV (ggml-like/cuda/):
         // twins of Forward's activation buffers (forward.h: residual, norm
         // out, q, unrotated q, k, v, attention out, two FFN rows, cos/sin,
         // positions, the K/V rows in the cache types, one logits row), the

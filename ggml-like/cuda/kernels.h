@@ -1,7 +1,7 @@
 // Launchers for the CUDA kernels (matmul.cu, ops.cu, attention.cu). Every
 // pointer here is a DEVICE pointer; every launcher enqueues on `s` and returns
 // without waiting. Errors of the launch itself are checked by the caller
-// (cudaGetLastError) -- see cuda_backend.cu.
+// (cudaGetLastError) -- see backend.cu.
 #pragma once
 
 #include <cstddef>
