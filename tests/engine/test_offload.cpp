@@ -18,47 +18,40 @@
 #include "kv_cache.h"
 #include "loader.h"
 #include "forward_util.h"
+#include "forwarding_backend.h"
 #include "test_util.h"
 
 using namespace kvrun;
 
 namespace {
 
-// Forwards everything to a CPU backend and counts the calls.
-class CountingBackend final : public gl::Backend {
+// A CPU backend that counts the calls this test checks (everything else
+// forwarded as is).
+class CountingBackend final : public kvtest::ForwardingBackend {
   public:
-    explicit CountingBackend(int threads) : be_(gl::make_cpu_backend(threads)) {}
+    explicit CountingBackend(int threads) : ForwardingBackend(gl::make_cpu_backend(threads)) {}
     int matmuls = 0, attentions = 0, norms = 0;
 
-    std::string name() const override { return "counting " + be_->name(); }
-    int n_threads() const override { return be_->n_threads(); }
-    void reserve(size_t mm, int64_t att) override { be_->reserve(mm, att); }
+    std::string name() const override { return "counting " + inner().name(); }
+    // The row layout, as this double always had (the gl::Backend default):
+    // the split here is checked on row-layout caches, and test_coherence's
+    // fake device (which forwards the CPU's head-major layout) covers splits
+    // over head-major ones.
+    bool head_major_kv() const override { return false; }
     void matmul(const gl::Tensor& w, const float* x, int64_t n_tok, float* y) override {
         matmuls++;
-        be_->matmul(w, x, n_tok, y);
+        ForwardingBackend::matmul(w, x, n_tok, y);
     }
     void rmsnorm(const float* x, const float* w, int64_t n, int64_t rows, float eps,
                  float* out) override {
         norms++;
-        be_->rmsnorm(x, w, n, rows, eps, out);
-    }
-    void rope(float* x, int64_t rows, int n_heads, int head_dim, int rope_dims, const float* cos,
-              const float* sin, bool neox) override {
-        be_->rope(x, rows, n_heads, head_dim, rope_dims, cos, sin, neox);
-    }
-    void silu_mul(float* gate, const float* up, int64_t n) override { be_->silu_mul(gate, up, n); }
-    void add(float* y, const float* x, int64_t n) override { be_->add(y, x, n); }
-    void convert_rows(gl::Type t, const float* x, int64_t n, int64_t rows, void* dst) override {
-        be_->convert_rows(t, x, n, rows, dst);
+        ForwardingBackend::rmsnorm(x, w, n, rows, eps, out);
     }
     void attention(const gl::AttentionArgs& a) override {
         attentions++;
-        be_->attention(a);
+        ForwardingBackend::attention(a);
     }
     void reset() { matmuls = attentions = norms = 0; }
-
-  private:
-    std::unique_ptr<gl::Backend> be_;
 };
 
 } // namespace
