@@ -25,6 +25,7 @@
 #include "ggml-like/kernels.h"
 #include "ggml-like/types.h"
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 
@@ -47,7 +48,7 @@ struct BlockQ4_K {
     uint8_t scales[kScaleK];
     uint8_t qs[QK_K / 2];
 };
-static_assert(sizeof(BlockQ4_K) == 144);
+static_assert(sizeof(BlockQ4_K) == type_info(Type::Q4_K).type_size);
 
 // Q4_K plus a fifth bit: bit c of qh[l] is the high bit of element 32 c + l.
 struct BlockQ5_K {
@@ -57,7 +58,7 @@ struct BlockQ5_K {
     uint8_t qh[QK_K / 8];
     uint8_t qs[QK_K / 2];
 };
-static_assert(sizeof(BlockQ5_K) == 176);
+static_assert(sizeof(BlockQ5_K) == type_info(Type::Q5_K).type_size);
 
 // Sixteen sub-blocks of 16: w = d * scales[j] * (q - 32), q in 0..63. The
 // block is two halves of 128; in half h, element 128 h + 32 k + l (k = 0..3,
@@ -70,7 +71,7 @@ struct BlockQ6_K {
     int8_t scales[QK_K / 16];
     uint16_t d;
 };
-static_assert(sizeof(BlockQ6_K) == 210);
+static_assert(sizeof(BlockQ6_K) == type_info(Type::Q6_K).type_size);
 
 // Sixteen sub-blocks of 16: w = d * (sc & 15) * q - dmin * (sc >> 4), q in
 // 0..3. In half h, element 128 h + 32 k + l sits in bits 2k, 2k+1 of
@@ -81,7 +82,7 @@ struct BlockQ2_K {
     uint16_t d;
     uint16_t dmin;
 };
-static_assert(sizeof(BlockQ2_K) == 84);
+static_assert(sizeof(BlockQ2_K) == type_info(Type::Q2_K).type_size);
 
 // Sixteen sub-blocks of 16: w = d * (s - 32) * (q - 4), q in 0..7, with the
 // low 2 bits placed as in Q2_K and the third bit at bit (element / 32) of
@@ -94,7 +95,7 @@ struct BlockQ3_K {
     uint8_t scales[kScaleK];
     uint16_t d;
 };
-static_assert(sizeof(BlockQ3_K) == 110);
+static_assert(sizeof(BlockQ3_K) == type_info(Type::Q3_K).type_size);
 
 // Activations for the K-quants: a = d * qs, qs in [-127, 127];
 // bsums[j] = sum of qs[16 j .. 16 j + 15].
@@ -103,7 +104,7 @@ struct BlockQ8_K {
     int8_t qs[QK_K];
     int16_t bsums[QK_K / 16];
 };
-static_assert(sizeof(BlockQ8_K) == 292);
+static_assert(sizeof(BlockQ8_K) == type_info(Type::Q8_K).type_size);
 
 // ---- 32-element blocks ----------------------------------------------------------
 
@@ -113,7 +114,7 @@ struct BlockQ4_1 {
     uint16_t m;
     uint8_t qs[16];
 };
-static_assert(sizeof(BlockQ4_1) == 20);
+static_assert(sizeof(BlockQ4_1) == type_info(Type::Q4_1).type_size);
 
 // w = d * (q - 16), q in 0..31: nibbles as in Q4_0, bit j of qh (read as a
 // little-endian uint32) is the fifth bit of element j.
@@ -122,7 +123,7 @@ struct BlockQ5_0 {
     uint8_t qh[4];
     uint8_t qs[16];
 };
-static_assert(sizeof(BlockQ5_0) == 22);
+static_assert(sizeof(BlockQ5_0) == type_info(Type::Q5_0).type_size);
 
 // w = d * q + m, q in 0..31, bits as in Q5_0.
 struct BlockQ5_1 {
@@ -131,7 +132,7 @@ struct BlockQ5_1 {
     uint8_t qh[4];
     uint8_t qs[16];
 };
-static_assert(sizeof(BlockQ5_1) == 24);
+static_assert(sizeof(BlockQ5_1) == type_info(Type::Q5_1).type_size);
 
 // Activations for Q4_1/Q5_1: a = d * qs, s = fp16(d * sum(qs)).
 struct BlockQ8_1 {
@@ -139,37 +140,42 @@ struct BlockQ8_1 {
     uint16_t s;
     int8_t qs[32];
 };
-static_assert(sizeof(BlockQ8_1) == 36);
+static_assert(sizeof(BlockQ8_1) == type_info(Type::Q8_1).type_size);
 
 // w = d * kIQ4NL[q], nibbles placed as in Q4_0.
 struct BlockIQ4_NL {
     uint16_t d;
     uint8_t qs[16];
 };
-static_assert(sizeof(BlockIQ4_NL) == 18);
+static_assert(sizeof(BlockIQ4_NL) == type_info(Type::IQ4_NL).type_size);
 
 // The IQ4_NL codebook: 16 levels, denser near zero where weights cluster.
 inline constexpr int8_t kIQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                       1,    13,   25,  38,  53,  69,  89,  113};
 
-// ---- reference entry points -----------------------------------------------------
-
-namespace ref {
-// The generic gl::ref functions forward here for the types above; each returns
-// false (doing nothing) for a type this file does not handle.
-bool dequantize_row_k(Type t, const void* src, float* dst, int64_t n);
-bool quantize_row_k(Type t, const float* src, void* dst, int64_t n);
-bool vec_dot_k(Type weight, int64_t n, const void* w, const void* a, float* out);
-} // namespace ref
-
-// vec_dot_type for the types above; F32 for any other.
-Type vec_dot_type_k(Type weight);
-
-// ---- SIMD kernels, by ISA ---------------------------------------------------------
+// ---- kernel signatures -------------------------------------------------------------
 
 using VecDotFn = float (*)(int64_t n, const void* w, const void* a);
 using QuantizeFn = void (*)(const float* src, void* dst, int64_t n);
 using DequantizeFn = void (*)(const void* src, float* dst, int64_t n);
+
+// ---- reference entry points -----------------------------------------------------
+
+namespace ref {
+// One type's reference kernels; null where the type has none (activation
+// types have no dot product of their own).
+struct RowKernels {
+    DequantizeFn dequantize_row;
+    QuantizeFn quantize_row;
+    VecDotFn vec_dot;
+};
+// The reference kernels of the types above, indexed by type id (all null for
+// other ids). The generic gl::ref functions (ref/quants.cpp) look a type up in
+// their own table first and then here.
+extern const std::array<RowKernels, kTypeIdLimit> kRowKernelsK;
+} // namespace ref
+
+// ---- SIMD kernels, by ISA ---------------------------------------------------------
 
 // One type's kernels in one ISA; a null member keeps the reference.
 struct KernelEntryK {

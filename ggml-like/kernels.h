@@ -5,7 +5,7 @@
 //
 // A dot product takes a weight row of type W and an activation row of type
 // vec_dot_type(W): quantized weights want activations quantized once per matrix
-// to Q8_0 (integer dot products), float weights want F32 activations.
+// (Q8_0, Q8_1 or Q8_K: integer dot products), float weights want F32 activations.
 #pragma once
 
 #include "ggml-like/kv_layout.h"
@@ -13,13 +13,14 @@
 
 namespace gl {
 
-// The activation type a weight type's dot product wants.
-Type vec_dot_type(Type weight);
+// The activation type a weight type's dot product wants (the type table's
+// column; F32 for float weights and for types kvrun cannot compute with).
+constexpr Type vec_dot_type(Type weight) { return type_info(weight).vec_dot_type; }
 
 namespace ref {
 // n elements; n is a multiple of the block size. Supported types only.
 void dequantize_row(Type t, const void* src, float* dst, int64_t n);
-void quantize_row(Type t, const float* src, void* dst, int64_t n); // F32, F16, BF16, Q8_0, Q4_0
+void quantize_row(Type t, const float* src, void* dst, int64_t n); // compute and activation types
 // sum_i w[i] * a[i], with w of type `weight` and a of type vec_dot_type(weight)
 float vec_dot(Type weight, int64_t n, const void* w, const void* a);
 // y[r] = vec_dot(weight, n, w + r * row_bytes, a) for r in [0, n_rows): a

@@ -1,8 +1,5 @@
-// The type table and the scalar half-precision conversions.
-//
-// Block sizes and byte sizes are those of the GGUF format; they are facts about
-// the file layout, so they are known even for types kvrun cannot compute with
-// (a loader needs them to size and skip such tensors).
+// Name lookups over the type table (types.h) and the scalar half-precision
+// conversions.
 #include "ggml-like/types.h"
 
 #include <array>
@@ -12,58 +9,6 @@
 namespace gl {
 
 namespace {
-
-struct Entry {
-    uint32_t id;
-    TypeInfo info;
-};
-
-// One line per id ever assigned by GGUF that kvrun knows the layout of.
-// Ids 4 and 5 (the removed Q4_2/Q4_3), 31..33 (the removed repacked Q4_0
-// variants) and 36..39 are left out and read as unknown.
-constexpr Entry kEntries[] = {
-    {0, {"f32", 1, 4, true}},
-    {1, {"f16", 1, 2, true}},
-    {2, {"q4_0", 32, 18, true}},       // fp16 d + 16 bytes of nibbles
-    {3, {"q4_1", 32, 20, true}},       // fp16 d, m + 16 bytes
-    {6, {"q5_0", 32, 22, true}},       // fp16 d + 4 bytes high bits + 16 bytes
-    {7, {"q5_1", 32, 24, true}},       // fp16 d, m + 4 + 16
-    {8, {"q8_0", 32, 34, true}},       // fp16 d + 32 int8
-    {9, {"q8_1", 32, 36, false}},      // fp16 d, s + 32 int8
-    {10, {"q2_K", 256, 84, true}},     // 16 scales + 64 quants + fp16 d, dmin
-    {11, {"q3_K", 256, 110, true}},    // 32 hmask + 64 quants + 12 scales + fp16 d
-    {12, {"q4_K", 256, 144, true}},    // fp16 d, dmin + 12 scales + 128 quants
-    {13, {"q5_K", 256, 176, true}},    // fp16 d, dmin + 12 scales + 32 high bits + 128
-    {14, {"q6_K", 256, 210, true}},    // 128 low + 64 high + 16 scales + fp16 d
-    {15, {"q8_K", 256, 292, false}},   // f32 d + 256 int8 + 16 int16 block sums
-    {16, {"iq2_xxs", 256, 66, false}}, // fp16 d + 32 uint16
-    {17, {"iq2_xs", 256, 74, false}},  // fp16 d + 32 uint16 + 8 scales
-    {18, {"iq3_xxs", 256, 98, false}}, // fp16 d + 96 bytes
-    {19, {"iq1_s", 256, 50, false}},   // fp16 d + 32 bytes + 8 uint16
-    {20, {"iq4_nl", 32, 18, true}},    // fp16 d + 16 bytes of nibbles
-    {21, {"iq3_s", 256, 110, false}},  // fp16 d + 64 + 8 + 32 + 4
-    {22, {"iq2_s", 256, 82, false}},   // fp16 d + 64 + 8 + 8
-    {23, {"iq4_xs", 256, 136, false}}, // fp16 d + uint16 + 4 + 128
-    {24, {"i8", 1, 1, false}},
-    {25, {"i16", 1, 2, false}},
-    {26, {"i32", 1, 4, false}},
-    {27, {"i64", 1, 8, false}},
-    {28, {"f64", 1, 8, false}},
-    {29, {"iq1_m", 256, 56, false}}, // 32 + 16 + 8 bytes, scale folded into the 8
-    {30, {"bf16", 1, 2, true}},
-    {34, {"tq1_0", 256, 54, false}}, // 48 base-3 bytes + 4 + fp16 d
-    {35, {"tq2_0", 256, 66, false}}, // 64 bytes of 2-bit + fp16 d
-};
-
-constexpr TypeInfo kUnknown = {nullptr, 0, 0, false};
-
-constexpr std::array<TypeInfo, kTypeIdLimit> make_table() {
-    std::array<TypeInfo, kTypeIdLimit> t{};
-    for (TypeInfo& i : t) i = kUnknown;
-    for (const Entry& e : kEntries) t[e.id] = e.info;
-    return t;
-}
-constexpr std::array<TypeInfo, kTypeIdLimit> kTable = make_table();
 
 // "unknown(<id>)" for every id below the limit, built at compile time so
 // type_name can hand out a pointer without any buffer of its own.
@@ -84,6 +29,31 @@ constexpr UnknownNames make_unknown_names() {
     return u;
 }
 constexpr UnknownNames kUnknownNames = make_unknown_names();
+
+// The KV types' names joined with ", ", built at compile time so the help and
+// error texts cannot drift from GL_KV_TYPES.
+constexpr size_t kv_type_names_length() {
+    size_t n = 0;
+    for (Type t : kKvTypes) {
+        if (n) n += 2;
+        for (const char* p = type_info(t).name; *p; p++) n++;
+    }
+    return n;
+}
+constexpr std::array<char, kv_type_names_length() + 1> make_kv_type_names() {
+    std::array<char, kv_type_names_length() + 1> s{};
+    size_t k = 0;
+    for (Type t : kKvTypes) {
+        if (k) {
+            s[k++] = ',';
+            s[k++] = ' ';
+        }
+        for (const char* p = type_info(t).name; *p; p++) s[k++] = *p;
+    }
+    s[k] = '\0';
+    return s;
+}
+constexpr auto kKvTypeNames = make_kv_type_names();
 
 char lower(char c) {
     return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
@@ -123,25 +93,25 @@ constexpr std::array<float, 65536> make_half_table() {
 
 } // namespace
 
-const TypeInfo& type_info(uint32_t id) {
-    return id < kTypeIdLimit ? kTable[id] : kUnknown;
-}
-
 const char* type_name(Type t) {
     const uint32_t id = static_cast<uint32_t>(t);
     if (id >= kTypeIdLimit) return "unknown";
-    return kTable[id].name ? kTable[id].name : kUnknownNames.s[id];
+    return kTypeTable[id].name ? kTypeTable[id].name : kUnknownNames.s[id];
 }
 
 bool type_from_name(const char* name, Type* out) {
     if (!name) return false;
-    for (const Entry& e : kEntries) {
-        if (equal_nocase(name, e.info.name)) {
-            if (out) *out = static_cast<Type>(e.id);
+    for (const type_table_detail::Row& r : type_table_detail::kRows) {
+        if (equal_nocase(name, r.name)) {
+            if (out) *out = r.type;
             return true;
         }
     }
     return false;
+}
+
+const char* kv_type_names() {
+    return kKvTypeNames.data();
 }
 
 size_t row_size(Type t, int64_t n) {

@@ -13,16 +13,9 @@
 
 namespace kvrun {
 
-bool kv_cache_type_ok(gl::Type t) {
-    switch (t) {
-    case gl::Type::F32: case gl::Type::F16: case gl::Type::BF16: case gl::Type::Q8_0: case gl::Type::Q4_0:
-        return true;
-    default:
-        return false;
-    }
-}
+bool kv_cache_type_ok(gl::Type t) { return gl::type_info(t).kv_cache; }
 
-const char* kv_cache_type_names() { return "f32, f16, bf16, q8_0, q4_0"; }
+const char* kv_cache_type_names() { return gl::kv_type_names(); }
 
 size_t KvCache::bytes_per_token(const KvCacheConfig& c) {
     const int64_t kv_dim = static_cast<int64_t>(c.n_head_kv) * c.head_dim;

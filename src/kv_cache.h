@@ -36,7 +36,8 @@ struct KvCacheConfig {
     }
 };
 
-// Element types a cache can hold (blocks run along each row of kv_dim).
+// Element types a cache can hold (blocks run along each row of kv_dim): the
+// type table's GL_KV_TYPES, and their names ("f32, f16, ...") for messages.
 bool kv_cache_type_ok(gl::Type t);
 const char* kv_cache_type_names();
 

@@ -185,27 +185,13 @@ GL_HD_CONSTEXPR uint32_t tid(Type t) {
     return static_cast<uint32_t>(t);
 }
 
-template <uint32_t T> struct TypeTraits; // block elements, block bytes
-#define GL_TRAITS(T, BS, BB)                                                                       \
-    template <> struct TypeTraits<tid(Type::T)> {                                                  \
-        static constexpr int block = BS;                                                           \
-        static constexpr int bytes = BB;                                                           \
-    };
-GL_TRAITS(F32, 1, 4)
-GL_TRAITS(F16, 1, 2)
-GL_TRAITS(BF16, 1, 2)
-GL_TRAITS(Q8_0, 32, 34)
-GL_TRAITS(Q4_0, 32, 18)
-GL_TRAITS(Q4_1, 32, 20)
-GL_TRAITS(Q5_0, 32, 22)
-GL_TRAITS(Q5_1, 32, 24)
-GL_TRAITS(IQ4_NL, 32, 18)
-GL_TRAITS(Q2_K, 256, 84)
-GL_TRAITS(Q3_K, 256, 110)
-GL_TRAITS(Q4_K, 256, 144)
-GL_TRAITS(Q5_K, 256, 176)
-GL_TRAITS(Q6_K, 256, 210)
-#undef GL_TRAITS
+// Block elements and block bytes, from the type table (types.h): the matmul
+// instantiates its kernels for every type of GL_COMPUTE_TYPES.
+template <uint32_t T> struct TypeTraits {
+    static_assert(type_info(T).supported, "TypeTraits: not a compute type");
+    static constexpr int block = static_cast<int>(type_info(T).block_size);
+    static constexpr int bytes = static_cast<int>(type_info(T).type_size);
+};
 
 template <uint32_t T> GL_HD_CONSTEXPR bool is_float_type() {
     return TypeTraits<T>::block == 1;
@@ -344,32 +330,44 @@ template <uint32_t T> GL_HD float load1(const uint8_t* row, int64_t k) {
 
 // ---- KV rows: element e of a row (any e; heads may start mid-block) ---------------
 
-GL_HD float kv_elem(Type t, const uint8_t* row, int64_t e) {
-    switch (t) {
-    case Type::F32:
+template <uint32_t T> GL_HD float kv_elem_of(const uint8_t* row, int64_t e) {
+    if constexpr (T == tid(Type::F32)) {
         return ld_f32(row + 4 * e);
-    case Type::F16:
+    } else if constexpr (T == tid(Type::F16)) {
         return half_to_f32(ld_u16(row + 2 * e));
-    case Type::BF16:
+    } else if constexpr (T == tid(Type::BF16)) {
         return bf16_to_f32(ld_u16(row + 2 * e));
-    case Type::Q8_0: {
+    } else if constexpr (T == tid(Type::Q8_0)) {
         const uint8_t* b = row + (e / 32) * 34;
         return static_cast<float>(static_cast<int8_t>(b[2 + e % 32])) * half_to_f32(ld_u16(b));
-    }
-    case Type::Q4_0: {
+    } else if constexpr (T == tid(Type::Q4_0)) {
         const uint8_t* b = row + (e / 32) * 18;
         const int j = static_cast<int>(e % 32);
         const int q = (b[2 + (j & 15)] >> (j < 16 ? 0 : 4)) & 0x0f;
         return static_cast<float>(q - 8) * half_to_f32(ld_u16(b));
+    } else {
+        // A type added to GL_KV_TYPES needs its element reader here.
+        static_assert(T == tid(Type::F32), "kv_elem: KV type without a CUDA path");
+        return 0.0f;
     }
+}
+
+// The switch is generated from GL_KV_TYPES, so every KV type the host accepts
+// (kv_type_ok) has a case, and a missing reader fails to compile above.
+GL_HD float kv_elem(Type t, const uint8_t* row, int64_t e) {
+    switch (t) {
+#define GL_CASE(T)                                                                                 \
+    case Type::T:                                                                                  \
+        return kv_elem_of<tid(Type::T)>(row, e);
+        GL_KV_TYPES(GL_CASE)
+#undef GL_CASE
     default:
         return 0.0f; // rejected by the host before any launch
     }
 }
 
 inline bool kv_type_ok(Type t) {
-    return t == Type::F32 || t == Type::F16 || t == Type::BF16 || t == Type::Q8_0 ||
-           t == Type::Q4_0;
+    return type_info(t).kv_cache;
 }
 
 // ---- KV row quantizers (convert_rows), same arithmetic as ref/quants.cpp ------------

@@ -15,8 +15,7 @@
 namespace gl::cuda {
 
 // ---- matmul ------------------------------------------------------------------------
-// Weight types with a CUDA path: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL
-// Q2_K Q3_K Q4_K Q5_K Q6_K.
+// Weight types with a CUDA path: every type of GL_COMPUTE_TYPES (types.h).
 bool matmul_supported(Type t);
 // y[t][r] = dot(W row r, x[t]) for t < n_tok, r < n_out. W rows are
 // row_bytes apart. n_tok <= 8 uses the matrix-vector kernel (one warp per
@@ -31,7 +30,7 @@ void rope(float* x, int64_t rows, int n_heads, int head_dim, int rope_dims, cons
           const float* sin, bool neox, cudaStream_t s);
 void silu_mul(float* gate, const float* up, int64_t n, cudaStream_t s);
 void add(float* y, const float* x, int64_t n, cudaStream_t s);
-// F32, F16, BF16, Q8_0, Q4_0 (n a multiple of 32 for the block types).
+// Every type of GL_KV_TYPES (types.h); n a multiple of the block size.
 bool convert_supported(Type t);
 void convert_rows(Type t, const float* x, int64_t n, int64_t rows, void* dst, cudaStream_t s);
 

@@ -159,26 +159,10 @@ void launch(const void* w, size_t row_bytes, int64_t n_in, int64_t n_out, const 
 
 } // namespace
 
+// Every compute type: the switch below instantiates a kernel for each, so a
+// type added to GL_COMPUTE_TYPES without a dequant8 path fails to compile.
 bool matmul_supported(Type t) {
-    switch (t) {
-    case Type::F32:
-    case Type::F16:
-    case Type::BF16:
-    case Type::Q8_0:
-    case Type::Q4_0:
-    case Type::Q4_1:
-    case Type::Q5_0:
-    case Type::Q5_1:
-    case Type::IQ4_NL:
-    case Type::Q2_K:
-    case Type::Q3_K:
-    case Type::Q4_K:
-    case Type::Q5_K:
-    case Type::Q6_K:
-        return true;
-    default:
-        return false;
-    }
+    return type_info(t).supported;
 }
 
 void matmul(Type t, const void* w, size_t row_bytes, int64_t n_in, int64_t n_out, const float* x,
@@ -188,20 +172,7 @@ void matmul(Type t, const void* w, size_t row_bytes, int64_t n_in, int64_t n_out
 #define GL_CASE(T)                                                                                 \
     case Type::T:                                                                                  \
         return launch<tid(Type::T)>(w, row_bytes, n_in, n_out, x, n_tok, y, s);
-        GL_CASE(F32)
-        GL_CASE(F16)
-        GL_CASE(BF16)
-        GL_CASE(Q8_0)
-        GL_CASE(Q4_0)
-        GL_CASE(Q4_1)
-        GL_CASE(Q5_0)
-        GL_CASE(Q5_1)
-        GL_CASE(IQ4_NL)
-        GL_CASE(Q2_K)
-        GL_CASE(Q3_K)
-        GL_CASE(Q4_K)
-        GL_CASE(Q5_K)
-        GL_CASE(Q6_K)
+        GL_COMPUTE_TYPES(GL_CASE)
 #undef GL_CASE
     default:
         // The backend checks matmul_supported first and throws with the name.

@@ -67,32 +67,41 @@ __global__ void add_kernel(float* y, const float* __restrict__ x, int64_t n) {
     if (i < n) y[i] += x[i];
 }
 
+// Element i (float types) or block i (block types) of a row of type T, from
+// xr, the row as floats.
+template <uint32_t T> __device__ void convert_one(const float* xr, int64_t i, uint8_t* d) {
+    if constexpr (T == tid(Type::F32)) {
+        reinterpret_cast<float*>(d)[i] = xr[i];
+    } else if constexpr (T == tid(Type::F16)) {
+        reinterpret_cast<uint16_t*>(d)[i] = f32_to_half(xr[i]);
+    } else if constexpr (T == tid(Type::BF16)) {
+        reinterpret_cast<uint16_t*>(d)[i] = f32_to_bf16(xr[i]);
+    } else if constexpr (T == tid(Type::Q8_0)) {
+        quantize_block_q8_0(xr + i * 32, d + i * 34);
+    } else if constexpr (T == tid(Type::Q4_0)) {
+        quantize_block_q4_0(xr + i * 32, d + i * 18);
+    } else {
+        // A type added to GL_KV_TYPES needs its quantizer here.
+        static_assert(T == tid(Type::F32), "convert_rows: KV type without a CUDA path");
+    }
+}
+
 // Float types: one thread per element. Block types: one thread per block.
-__global__ void convert_kernel(Type t, const float* __restrict__ x, int64_t n, int64_t rows,
-                               size_t row_bytes, uint8_t* __restrict__ dst) {
+// per_row is n / block size (the host reads it from the type table).
+__global__ void convert_kernel(Type t, const float* __restrict__ x, int64_t n, int64_t per_row,
+                               int64_t rows, size_t row_bytes, uint8_t* __restrict__ dst) {
     const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-    const bool blocks = t == Type::Q8_0 || t == Type::Q4_0;
-    const int64_t per_row = blocks ? n / 32 : n;
     if (idx >= per_row * rows) return;
     const int64_t r = idx / per_row, i = idx % per_row;
     uint8_t* d = dst + r * row_bytes;
     const float* xr = x + r * n;
     switch (t) {
-    case Type::F32:
-        reinterpret_cast<float*>(d)[i] = xr[i];
+#define GL_CASE(T)                                                                                 \
+    case Type::T:                                                                                  \
+        convert_one<tid(Type::T)>(xr, i, d);                                                       \
         break;
-    case Type::F16:
-        reinterpret_cast<uint16_t*>(d)[i] = f32_to_half(xr[i]);
-        break;
-    case Type::BF16:
-        reinterpret_cast<uint16_t*>(d)[i] = f32_to_bf16(xr[i]);
-        break;
-    case Type::Q8_0:
-        quantize_block_q8_0(xr + i * 32, d + i * 34);
-        break;
-    case Type::Q4_0:
-        quantize_block_q4_0(xr + i * 32, d + i * 18);
-        break;
+        GL_KV_TYPES(GL_CASE)
+#undef GL_CASE
     default:
         break;
     }
@@ -136,10 +145,10 @@ void convert_rows(Type t, const float* x, int64_t n, int64_t rows, void* dst, cu
         std::fprintf(stderr, "kvrun: internal error: cuda convert_rows for %s\n", type_name(t));
         std::abort();
     }
-    const int64_t per_row = (t == Type::Q8_0 || t == Type::Q4_0) ? n / 32 : n;
+    const int64_t per_row = n / type_info(t).block_size;
     const int64_t total = per_row * rows;
     if (total <= 0) return;
-    convert_kernel<<<blocks_for(total, 128), 128, 0, s>>>(t, x, n, rows, row_size(t, n),
+    convert_kernel<<<blocks_for(total, 128), 128, 0, s>>>(t, x, n, per_row, rows, row_size(t, n),
                                                           static_cast<uint8_t*>(dst));
 }
 

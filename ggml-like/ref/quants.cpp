@@ -11,6 +11,7 @@
 #include "ggml-like/kernels.h"
 #include "ggml-like/blocks_k.h"
 
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -126,61 +127,26 @@ void quantize_block_q4_0(const float* x, BlockQ4_0* out) {
         out->qs[j] = static_cast<uint8_t>(q[j] | (q[j + QK4_0 / 2] << 4));
 }
 
-} // namespace
-
-namespace ref {
-
-void dequantize_row(Type t, const void* src, float* dst, int64_t n) {
-    switch (t) {
-    case Type::F32:
-        std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
-        return;
-    case Type::F16:
-        dequant_f16(src, dst, n);
-        return;
-    case Type::BF16:
-        dequant_bf16(src, dst, n);
-        return;
-    case Type::Q8_0:
-        dequant_q8_0(src, dst, n);
-        return;
-    case Type::Q4_0:
-        dequant_q4_0(src, dst, n);
-        return;
-    default:
-        if (dequantize_row_k(t, src, dst, n)) return;
-        unsupported("dequantize_row", t);
-    }
+void quant_q8_0(const float* src, void* dst, int64_t n) {
+    auto* b = static_cast<BlockQ8_0*>(dst);
+    for (int64_t i = 0; i < n / QK8_0; i++) quantize_block_q8_0(src + i * QK8_0, b + i);
 }
 
-void quantize_row(Type t, const float* src, void* dst, int64_t n) {
-    switch (t) {
-    case Type::F32:
-        std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
-        return;
-    case Type::F16:
-        quant_f16(src, dst, n);
-        return;
-    case Type::BF16:
-        quant_bf16(src, dst, n);
-        return;
-    case Type::Q8_0: {
-        auto* b = static_cast<BlockQ8_0*>(dst);
-        for (int64_t i = 0; i < n / QK8_0; i++) quantize_block_q8_0(src + i * QK8_0, b + i);
-        return;
-    }
-    case Type::Q4_0: {
-        auto* b = static_cast<BlockQ4_0*>(dst);
-        for (int64_t i = 0; i < n / QK4_0; i++) quantize_block_q4_0(src + i * QK4_0, b + i);
-        return;
-    }
-    default:
-        if (quantize_row_k(t, src, dst, n)) return;
-        unsupported("quantize_row", t);
-    }
+void quant_q4_0(const float* src, void* dst, int64_t n) {
+    auto* b = static_cast<BlockQ4_0*>(dst);
+    for (int64_t i = 0; i < n / QK4_0; i++) quantize_block_q4_0(src + i * QK4_0, b + i);
 }
 
-namespace {
+// F32 rows are floats already, both ways.
+void dequant_f32(const void* src, float* dst, int64_t n) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+}
+
+void quant_f32(const float* src, void* dst, int64_t n) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+}
+
+// ---- dot products ---------------------------------------------------------------
 
 // Plain float weights: w of type F32/F16/BF16 (read through `load`), a is F32.
 template <typename Load> float dot_float(int64_t n, const void* w, const float* a, Load load) {
@@ -233,27 +199,68 @@ void axpy_float(int64_t n, float alpha, const void* x, float* y, Load load) {
     for (int64_t i = 0; i < n; i++) y[i] += alpha * load(x, i);
 }
 
+float dot_f32(int64_t n, const void* w, const void* a) {
+    return dot_float(n, w, static_cast<const float*>(a), load_f32);
+}
+float dot_f16(int64_t n, const void* w, const void* a) {
+    return dot_float(n, w, static_cast<const float*>(a), load_f16);
+}
+float dot_bf16(int64_t n, const void* w, const void* a) {
+    return dot_float(n, w, static_cast<const float*>(a), load_bf16);
+}
+
+// ---- the kernel table -------------------------------------------------------------
+
+struct Row {
+    Type type;
+    ref::RowKernels k;
+};
+
+// The reference kernels of types.h's types; those of blocks_k.h's are in
+// ref/quants_k.cpp (ref::kRowKernelsK). A new type adds its row in the file
+// that holds its kernels.
+constexpr Row kRows[] = {
+    {Type::F32, {dequant_f32, quant_f32, dot_f32}},
+    {Type::F16, {dequant_f16, quant_f16, dot_f16}},
+    {Type::BF16, {dequant_bf16, quant_bf16, dot_bf16}},
+    {Type::Q8_0, {dequant_q8_0, quant_q8_0, dot_q8_0}},
+    {Type::Q4_0, {dequant_q4_0, quant_q4_0, dot_q4_0}},
+};
+
+constexpr std::array<ref::RowKernels, kTypeIdLimit> make_table() {
+    std::array<ref::RowKernels, kTypeIdLimit> t{};
+    for (const Row& r : kRows) t[static_cast<uint32_t>(r.type)] = r.k;
+    return t;
+}
+constexpr std::array<ref::RowKernels, kTypeIdLimit> kRowKernels = make_table();
+
+constexpr ref::RowKernels kNoKernels = {nullptr, nullptr, nullptr};
+
+// The row of t: this file's if it has one, else quants_k.cpp's (all null
+// for a type neither knows, which the callers report).
+const ref::RowKernels& kernels(Type t) {
+    const auto id = static_cast<uint32_t>(t);
+    if (id >= kTypeIdLimit) return kNoKernels;
+    return kRowKernels[id].dequantize_row ? kRowKernels[id] : ref::kRowKernelsK[id];
+}
+
 } // namespace
 
+namespace ref {
+
+void dequantize_row(Type t, const void* src, float* dst, int64_t n) {
+    if (auto f = kernels(t).dequantize_row) return f(src, dst, n);
+    unsupported("dequantize_row", t);
+}
+
+void quantize_row(Type t, const float* src, void* dst, int64_t n) {
+    if (auto f = kernels(t).quantize_row) return f(src, dst, n);
+    unsupported("quantize_row", t);
+}
+
 float vec_dot(Type weight, int64_t n, const void* w, const void* a) {
-    const auto* af = static_cast<const float*>(a);
-    switch (weight) {
-    case Type::F32:
-        return dot_float(n, w, af, load_f32);
-    case Type::F16:
-        return dot_float(n, w, af, load_f16);
-    case Type::BF16:
-        return dot_float(n, w, af, load_bf16);
-    case Type::Q8_0:
-        return dot_q8_0(n, w, a);
-    case Type::Q4_0:
-        return dot_q4_0(n, w, a);
-    default: {
-        float out;
-        if (vec_dot_k(weight, n, w, a, &out)) return out;
-        unsupported("vec_dot", weight);
-    }
-    }
+    if (auto f = kernels(weight).vec_dot) return f(n, w, a);
+    unsupported("vec_dot", weight);
 }
 
 void matvec(Type weight, int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
@@ -364,17 +371,5 @@ uint64_t sum_bytes(const void* p, int64_t n) {
 }
 
 } // namespace ref
-
-Type vec_dot_type(Type weight) {
-    switch (weight) {
-    case Type::Q4_0:
-    case Type::Q8_0:
-        return Type::Q8_0;
-    // The types of blocks_k.h; float weights (and, by convention, anything
-    // kvrun cannot compute with; callers check `supported` first) take F32.
-    default:
-        return vec_dot_type_k(weight);
-    }
-}
 
 } // namespace gl

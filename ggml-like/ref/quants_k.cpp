@@ -219,14 +219,16 @@ void unpack_iq4_nl(const BlockIQ4_NL& b, Unpacked& u) {
     for (int j = 0; j < 32; j++) u.q[j] = kIQ4NL[nibble32(b.qs, j)];
 }
 
-// Row walkers: apply `f(Unpacked&, block index)` to every block of a row.
-template <typename Block, typename Unpack>
-void dequant_row(const void* src, float* dst, int64_t n, int64_t bs, Unpack unpack) {
+// Row walkers: unpack every block of a row. The block size and the unpacker
+// are template arguments so each instance has the plain DequantizeFn
+// signature and can sit in the kernel table.
+template <typename Block, int64_t BS, auto Unpack>
+void dequant_row(const void* src, float* dst, int64_t n) {
     const auto* b = static_cast<const Block*>(src);
     Unpacked u;
-    for (int64_t i = 0; i < n / bs; i++) {
-        unpack(b[i], u);
-        dequant_unpacked(u, dst + i * bs);
+    for (int64_t i = 0; i < n / BS; i++) {
+        Unpack(b[i], u);
+        dequant_unpacked(u, dst + i * BS);
     }
 }
 
@@ -283,14 +285,13 @@ void dequant_q8_1(const void* src, float* dst, int64_t n) {
 
 // ---- dot products ------------------------------------------------------------------
 
-template <typename Block, typename Unpack>
-float dot_k(int64_t n, const void* w, const void* a, Unpack unpack) {
+template <typename Block, auto Unpack> float dot_k(int64_t n, const void* w, const void* a) {
     const auto* x = static_cast<const Block*>(w);
     const auto* y = static_cast<const BlockQ8_K*>(a);
     Unpacked u;
     double sum = 0.0;
     for (int64_t i = 0; i < n / QK_K; i++) {
-        unpack(x[i], u);
+        Unpack(x[i], u);
         sum += dot_unpacked(u, y[i].qs, y[i].d);
     }
     return static_cast<float>(sum);
@@ -359,27 +360,27 @@ float dot_q6_K(int64_t n, const void* w, const void* a) {
 
 // 32-blocks against Q8_0 (no min) or Q8_1 (min: its s must equal d * sum(q)
 // up to fp16 rounding, and the reference uses s as stored, like the kernels).
-template <typename Block, typename Unpack>
-float dot_q8_0_act(int64_t n, const void* w, const void* a, Unpack unpack) {
+template <typename Block, auto Unpack>
+float dot_q8_0_act(int64_t n, const void* w, const void* a) {
     const auto* x = static_cast<const Block*>(w);
     const auto* y = static_cast<const BlockQ8_0*>(a);
     Unpacked u;
     double sum = 0.0;
     for (int64_t i = 0; i < n / 32; i++) {
-        unpack(x[i], u);
+        Unpack(x[i], u);
         sum += dot_unpacked(u, y[i].qs, half(y[i].d));
     }
     return static_cast<float>(sum);
 }
 
-template <typename Block, typename Unpack>
-float dot_q8_1_act(int64_t n, const void* w, const void* a, Unpack unpack) {
+template <typename Block, auto Unpack>
+float dot_q8_1_act(int64_t n, const void* w, const void* a) {
     const auto* x = static_cast<const Block*>(w);
     const auto* y = static_cast<const BlockQ8_1*>(a);
     Unpacked u;
     double sum = 0.0;
     for (int64_t i = 0; i < n / 32; i++) {
-        unpack(x[i], u);
+        Unpack(x[i], u);
         int32_t qa = 0;
         for (int j = 0; j < 32; j++) qa += u.q[j] * y[i].qs[j];
         // w = d q + m: d * da * sum(q a) + m * s.
@@ -725,151 +726,61 @@ void quantize_block_iq4_nl(const float* x, BlockIQ4_NL* b) {
     pack_nibbles32(q, b->qs);
 }
 
-template <typename Block, typename Quant>
-void quantize_row_blocks(const float* src, void* dst, int64_t n, int64_t bs, Quant quant) {
+template <typename Block, int64_t BS, auto Quant>
+void quantize_row_blocks(const float* src, void* dst, int64_t n) {
     auto* b = static_cast<Block*>(dst);
-    for (int64_t i = 0; i < n / bs; i++) quant(src + i * bs, b + i);
+    for (int64_t i = 0; i < n / BS; i++) Quant(src + i * BS, b + i);
+}
+
+// ---- the kernel table -----------------------------------------------------------------
+
+struct Row {
+    Type type;
+    ref::RowKernels k;
+};
+
+// A weight type's row: Block is its struct, Unpack reads one into the plain
+// form, Quant writes one from floats, Dot is its dot product against its
+// vec_dot_type. The block size comes from the type table, and the struct is
+// checked against it, so the row cannot disagree with a file's layout.
+template <Type T, typename Block, auto Unpack, auto Quant, VecDotFn Dot> constexpr Row weight_row() {
+    static_assert(sizeof(Block) == type_info(T).type_size, "block struct and type table disagree");
+    constexpr int64_t bs = type_info(T).block_size;
+    return {T, {&dequant_row<Block, bs, Unpack>, &quantize_row_blocks<Block, bs, Quant>, Dot}};
+}
+
+// An activation type's row: converted to and from floats, no dot product.
+template <Type T, typename Block, DequantizeFn Dequant, auto Quant> constexpr Row activation_row() {
+    static_assert(sizeof(Block) == type_info(T).type_size, "block struct and type table disagree");
+    return {T, {Dequant, &quantize_row_blocks<Block, type_info(T).block_size, Quant>, nullptr}};
+}
+
+// clang-format off
+constexpr Row kRows[] = {
+    weight_row<Type::Q2_K, BlockQ2_K, unpack_q2_K, quantize_block_q2_K, &dot_k<BlockQ2_K, unpack_q2_K>>(),
+    weight_row<Type::Q3_K, BlockQ3_K, unpack_q3_K, quantize_block_q3_K, &dot_k<BlockQ3_K, unpack_q3_K>>(),
+    weight_row<Type::Q4_K, BlockQ4_K, unpack_q4_K, quantize_block_q4_K, &dot_q4_K>(),
+    weight_row<Type::Q5_K, BlockQ5_K, unpack_q5_K, quantize_block_q5_K, &dot_k<BlockQ5_K, unpack_q5_K>>(),
+    weight_row<Type::Q6_K, BlockQ6_K, unpack_q6_K, quantize_block_q6_K, &dot_q6_K>(),
+    weight_row<Type::Q4_1, BlockQ4_1, unpack_q4_1, quantize_block_q4_1, &dot_q8_1_act<BlockQ4_1, unpack_q4_1>>(),
+    weight_row<Type::Q5_0, BlockQ5_0, unpack_q5_0, quantize_block_q5_0, &dot_q8_0_act<BlockQ5_0, unpack_q5_0>>(),
+    weight_row<Type::Q5_1, BlockQ5_1, unpack_q5_1, quantize_block_q5_1, &dot_q8_1_act<BlockQ5_1, unpack_q5_1>>(),
+    weight_row<Type::IQ4_NL, BlockIQ4_NL, unpack_iq4_nl, quantize_block_iq4_nl,
+               &dot_q8_0_act<BlockIQ4_NL, unpack_iq4_nl>>(),
+    activation_row<Type::Q8_K, BlockQ8_K, dequant_q8_K, quantize_block_q8_K>(),
+    activation_row<Type::Q8_1, BlockQ8_1, dequant_q8_1, quantize_block_q8_1>(),
+};
+// clang-format on
+
+constexpr std::array<ref::RowKernels, kTypeIdLimit> make_table() {
+    std::array<ref::RowKernels, kTypeIdLimit> t{};
+    for (const Row& r : kRows) t[static_cast<uint32_t>(r.type)] = r.k;
+    return t;
 }
 
 } // namespace
 
-// ---- entry points ------------------------------------------------------------------------
-
-namespace ref {
-
-bool dequantize_row_k(Type t, const void* src, float* dst, int64_t n) {
-    switch (t) {
-    case Type::Q2_K:
-        dequant_row<BlockQ2_K>(src, dst, n, QK_K, unpack_q2_K);
-        return true;
-    case Type::Q3_K:
-        dequant_row<BlockQ3_K>(src, dst, n, QK_K, unpack_q3_K);
-        return true;
-    case Type::Q4_K:
-        dequant_row<BlockQ4_K>(src, dst, n, QK_K, unpack_q4_K);
-        return true;
-    case Type::Q5_K:
-        dequant_row<BlockQ5_K>(src, dst, n, QK_K, unpack_q5_K);
-        return true;
-    case Type::Q6_K:
-        dequant_row<BlockQ6_K>(src, dst, n, QK_K, unpack_q6_K);
-        return true;
-    case Type::Q4_1:
-        dequant_row<BlockQ4_1>(src, dst, n, 32, unpack_q4_1);
-        return true;
-    case Type::Q5_0:
-        dequant_row<BlockQ5_0>(src, dst, n, 32, unpack_q5_0);
-        return true;
-    case Type::Q5_1:
-        dequant_row<BlockQ5_1>(src, dst, n, 32, unpack_q5_1);
-        return true;
-    case Type::IQ4_NL:
-        dequant_row<BlockIQ4_NL>(src, dst, n, 32, unpack_iq4_nl);
-        return true;
-    case Type::Q8_K:
-        dequant_q8_K(src, dst, n);
-        return true;
-    case Type::Q8_1:
-        dequant_q8_1(src, dst, n);
-        return true;
-    default:
-        return false;
-    }
-}
-
-bool quantize_row_k(Type t, const float* src, void* dst, int64_t n) {
-    switch (t) {
-    case Type::Q8_K:
-        quantize_row_blocks<BlockQ8_K>(src, dst, n, QK_K, quantize_block_q8_K);
-        return true;
-    case Type::Q8_1:
-        quantize_row_blocks<BlockQ8_1>(src, dst, n, 32, quantize_block_q8_1);
-        return true;
-    case Type::Q2_K:
-        quantize_row_blocks<BlockQ2_K>(src, dst, n, QK_K, quantize_block_q2_K);
-        return true;
-    case Type::Q3_K:
-        quantize_row_blocks<BlockQ3_K>(src, dst, n, QK_K, quantize_block_q3_K);
-        return true;
-    case Type::Q4_K:
-        quantize_row_blocks<BlockQ4_K>(src, dst, n, QK_K, quantize_block_q4_K);
-        return true;
-    case Type::Q5_K:
-        quantize_row_blocks<BlockQ5_K>(src, dst, n, QK_K, quantize_block_q5_K);
-        return true;
-    case Type::Q6_K:
-        quantize_row_blocks<BlockQ6_K>(src, dst, n, QK_K, quantize_block_q6_K);
-        return true;
-    case Type::Q4_1:
-        quantize_row_blocks<BlockQ4_1>(src, dst, n, 32, quantize_block_q4_1);
-        return true;
-    case Type::Q5_0:
-        quantize_row_blocks<BlockQ5_0>(src, dst, n, 32, quantize_block_q5_0);
-        return true;
-    case Type::Q5_1:
-        quantize_row_blocks<BlockQ5_1>(src, dst, n, 32, quantize_block_q5_1);
-        return true;
-    case Type::IQ4_NL:
-        quantize_row_blocks<BlockIQ4_NL>(src, dst, n, 32, quantize_block_iq4_nl);
-        return true;
-    default:
-        return false;
-    }
-}
-
-bool vec_dot_k(Type weight, int64_t n, const void* w, const void* a, float* out) {
-    switch (weight) {
-    case Type::Q2_K:
-        *out = dot_k<BlockQ2_K>(n, w, a, unpack_q2_K);
-        return true;
-    case Type::Q3_K:
-        *out = dot_k<BlockQ3_K>(n, w, a, unpack_q3_K);
-        return true;
-    case Type::Q4_K:
-        *out = dot_q4_K(n, w, a);
-        return true;
-    case Type::Q5_K:
-        *out = dot_k<BlockQ5_K>(n, w, a, unpack_q5_K);
-        return true;
-    case Type::Q6_K:
-        *out = dot_q6_K(n, w, a);
-        return true;
-    case Type::Q4_1:
-        *out = dot_q8_1_act<BlockQ4_1>(n, w, a, unpack_q4_1);
-        return true;
-    case Type::Q5_1:
-        *out = dot_q8_1_act<BlockQ5_1>(n, w, a, unpack_q5_1);
-        return true;
-    case Type::Q5_0:
-        *out = dot_q8_0_act<BlockQ5_0>(n, w, a, unpack_q5_0);
-        return true;
-    case Type::IQ4_NL:
-        *out = dot_q8_0_act<BlockIQ4_NL>(n, w, a, unpack_iq4_nl);
-        return true;
-    default:
-        return false;
-    }
-}
-
-} // namespace ref
-
-Type vec_dot_type_k(Type weight) {
-    switch (weight) {
-    case Type::Q2_K:
-    case Type::Q3_K:
-    case Type::Q4_K:
-    case Type::Q5_K:
-    case Type::Q6_K:
-        return Type::Q8_K;
-    case Type::Q4_1:
-    case Type::Q5_1:
-        return Type::Q8_1;
-    case Type::Q5_0:
-    case Type::IQ4_NL:
-        return Type::Q8_0;
-    default:
-        return Type::F32;
-    }
-}
+// constinit: filled by the compiler, so no start-up order to worry about.
+constinit const std::array<ref::RowKernels, kTypeIdLimit> ref::kRowKernelsK = make_table();
 
 } // namespace gl

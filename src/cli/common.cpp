@@ -94,8 +94,8 @@ void add_model_option(CLI::App& app, CommonOptions& o) {
 
 void add_runtime_options(CLI::App& app, CommonOptions& o) {
     app.add_option("-t,--threads", o.threads, "threads (default: physical cores)")->check(CLI::Range(0, 1024));
-    app.add_option("--cache-type-k,--ctk", o.cache_type_k, "KV cache type for K: f32, f16, bf16, q8_0, q4_0")->capture_default_str();
-    app.add_option("--cache-type-v,--ctv", o.cache_type_v, "KV cache type for V: f32, f16, bf16, q8_0, q4_0")->capture_default_str();
+    app.add_option("--cache-type-k,--ctk", o.cache_type_k, std::string("KV cache type for K: ") + kv_cache_type_names())->capture_default_str();
+    app.add_option("--cache-type-v,--ctv", o.cache_type_v, std::string("KV cache type for V: ") + kv_cache_type_names())->capture_default_str();
     app.add_flag("-v,--verbose", o.verbose, "log model and cache details to stderr");
     app.add_option(
         "--device", o.device,

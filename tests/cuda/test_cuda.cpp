@@ -66,10 +66,9 @@ static_assert(gc::TypeTraits<gc::tid(Type::Q4_K)>::bytes == sizeof(gl::BlockQ4_K
               gc::TypeTraits<gc::tid(Type::Q2_K)>::bytes == sizeof(gl::BlockQ2_K) &&
               gc::TypeTraits<gc::tid(Type::Q3_K)>::bytes == sizeof(gl::BlockQ3_K));
 
-constexpr Type kMatmulTypes[] = {Type::F32,  Type::F16,  Type::BF16, Type::Q8_0,   Type::Q4_0,
-                                 Type::Q4_1, Type::Q5_0, Type::Q5_1, Type::IQ4_NL, Type::Q2_K,
-                                 Type::Q3_K, Type::Q4_K, Type::Q5_K, Type::Q6_K};
-constexpr Type kKvTypes[] = {Type::F32, Type::F16, Type::BF16, Type::Q8_0, Type::Q4_0};
+// The CUDA matmul takes every compute type and attention every KV type.
+constexpr const auto& kMatmulTypes = gl::kComputeTypes;
+constexpr const auto& kKvTypes = gl::kKvTypes;
 
 using kvtest::random_floats;
 

@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <iterator>
 #include <random>
 #include <vector>
 
@@ -44,7 +45,7 @@ double worst_relative(const gl::Tensor& w, const std::vector<float>& x, int64_t 
 
 // Runs ops::matmul for each type over odd shapes, requires that `path` is
 // taken, and returns the worst relative error against the double product.
-double worst_over_shapes(std::initializer_list<Type> types, gl::gemm::Path path) {
+double worst_over_shapes(const std::vector<Type>& types, gl::gemm::Path path) {
     gl::ThreadPool pool(2);
     uint32_t seed = 7;
     double worst = 0;
@@ -84,10 +85,10 @@ TEST_CASE("gemm tiles: every quantized type and BF16, odd shapes, against a doub
     }
     // bf16 keeps 8 significant bits: each product is off by at most ~2^-8
     // relative, so the sum by 2^-8 of sum |w x|.
-    const double worst = worst_over_shapes({Type::BF16, Type::Q8_0, Type::Q4_0, Type::Q4_1,
-                                            Type::Q5_0, Type::Q5_1, Type::IQ4_NL, Type::Q2_K,
-                                            Type::Q3_K, Type::Q4_K, Type::Q5_K, Type::Q6_K},
-                                           gl::gemm::Path::Amx);
+    std::vector<Type> types; // every compute type but F32/F16, which never take the tiles
+    for (Type t : gl::kComputeTypes)
+        if (t != Type::F32 && t != Type::F16) types.push_back(t);
+    const double worst = worst_over_shapes(types, gl::gemm::Path::Amx);
     CHECK(worst < 1.0 / 256);
 }
 
@@ -99,8 +100,7 @@ TEST_CASE("gemm openblas: every type, F32 and F16 included, odd shapes, against 
     // Exact weights and F32 activations: only float rounding of the sums
     // (n_in <= 1280 terms), far below the 8-bit activation path's 1e-2.
     const double worst = worst_over_shapes(
-        {Type::F32, Type::F16, Type::BF16, Type::Q8_0, Type::Q4_0, Type::Q4_1, Type::Q5_0,
-         Type::Q5_1, Type::IQ4_NL, Type::Q2_K, Type::Q3_K, Type::Q4_K, Type::Q5_K, Type::Q6_K},
+        std::vector<Type>(std::begin(gl::kComputeTypes), std::end(gl::kComputeTypes)),
         gl::gemm::Path::Blas);
     CHECK(worst < 1e-5);
 }

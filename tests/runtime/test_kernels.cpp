@@ -2,6 +2,7 @@
 // kernel table compiled in and usable on this CPU checked against gl::ref.
 #include <doctest/doctest.h>
 
+#include "ggml-like/blocks_k.h"
 #include "ggml-like/kernels.h"
 
 #include <algorithm>
@@ -22,8 +23,20 @@ constexpr uint32_t id(Type t) {
     return static_cast<uint32_t>(t);
 }
 
-const Type kSupported[] = {Type::F32, Type::F16, Type::BF16, Type::Q8_0, Type::Q4_0};
-const Type kFloatTypes[] = {Type::F32, Type::F16, Type::BF16};
+// The compute types whose reference kernels are ref/quants.cpp's (the others,
+// blocks_k.h's, are test_kernels_k.cpp's), and the float ones among them.
+const std::vector<Type> kSupported = [] {
+    std::vector<Type> v;
+    for (Type t : gl::kComputeTypes)
+        if (!gl::ref::kRowKernelsK[id(t)].vec_dot) v.push_back(t);
+    return v;
+}();
+const std::vector<Type> kFloatTypes = [] {
+    std::vector<Type> v;
+    for (Type t : gl::kComputeTypes)
+        if (gl::type_info(t).block_size == 1) v.push_back(t);
+    return v;
+}();
 
 // Multiples of 32 with odd block counts (1, 3, 5, 7, 127, 131) and some even
 // ones, so every unrolled loop's remainder path runs.

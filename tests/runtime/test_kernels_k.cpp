@@ -21,8 +21,14 @@ constexpr uint32_t id(Type t) {
     return static_cast<uint32_t>(t);
 }
 
-const Type kTypesK[] = {Type::Q2_K, Type::Q3_K, Type::Q4_K, Type::Q5_K,  Type::Q6_K,
-                        Type::Q4_1, Type::Q5_0, Type::Q5_1, Type::IQ4_NL};
+// The compute types whose reference kernels are ref/quants_k.cpp's (the
+// others are test_kernels.cpp's), in GL_COMPUTE_TYPES order.
+const std::vector<Type> kTypesK = [] {
+    std::vector<Type> v;
+    for (Type t : gl::kComputeTypes)
+        if (gl::ref::kRowKernelsK[id(t)].vec_dot) v.push_back(t);
+    return v;
+}();
 
 bool is_k(Type t) {
     return gl::type_info(t).block_size == gl::QK_K;
