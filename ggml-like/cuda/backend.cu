@@ -168,7 +168,7 @@ void CudaBackend::attention(const AttentionArgs& a) {
         if (!cuda::kv_type_ok(t))
             throw std::runtime_error(
                 std::string("CUDA backend: attention over a ") + type_name(t) +
-                " KV cache is not supported (use f32, f16, bf16, q8_0 or q4_0)");
+                " KV cache is not supported (use " + kv_type_names() + ")");
     if (a.k_head_bytes || a.v_slot_bytes)
         throw std::runtime_error("CUDA backend: head-major KV slots are not supported (the "
                                  "cache must use the row layout)");
