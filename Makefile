@@ -67,4 +67,4 @@ format:
 	  ggml-like/cpu/*.cpp ggml-like/cpu/*.h ggml-like/cpu/x86/*.cpp ggml-like/cpu/x86/*.h ggml-like/cpu/arm/*.cpp ggml-like/cuda/*.cpp ggml-like/cuda/*.h tests/*/*.cpp tests/*/*.h
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) build-aarch64 kvrun
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) build-aarch64 kvrun kvrun-lab

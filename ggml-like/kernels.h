@@ -55,9 +55,6 @@ void dot_tile(Type t, int64_t hd, const void* tile, int width, int lo, int hi, c
 float exp_sum(float* x, int64_t n, float mx);
 // Largest of x[0..n) (NaNs ignored), -inf when n == 0 or nothing is larger.
 float max_of(const float* x, int64_t n);
-// The sum of n bytes as unsigned numbers: a read of memory at its own pace,
-// the benchmarks' bandwidth probe (the sum keeps the read from being dropped).
-uint64_t sum_bytes(const void* p, int64_t n);
 } // namespace ref
 
 // One ISA's kernels; a null member means "use the reference".
@@ -85,7 +82,6 @@ struct KernelTable {
     // between rows pays; null means a vec_dot per row.
     void (*matvec[kTypeIdLimit])(int64_t n, const void* w, size_t row_bytes, int64_t n_rows,
                                  const void* a, float* y);
-    uint64_t (*sum_bytes)(const void* p, int64_t n);
 };
 
 // Kernel tables compiled into this binary and usable on this CPU, best first;
@@ -117,7 +113,6 @@ void dot_tile(Type t, int64_t hd, const void* tile, int width, int lo, int hi, c
 bool has_axpy_heads(Type t);
 float exp_sum(float* x, int64_t n, float mx);
 float max_of(const float* x, int64_t n);
-uint64_t sum_bytes(const void* p, int64_t n);
 // Force the scalar table (KVRUN_ISA=scalar in the environment does the same).
 void force_scalar(bool on);
 } // namespace cpu

@@ -40,7 +40,7 @@ KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg) {
     // One block for every layer's K and V slots, each 64-byte aligned (SIMD
     // loads of a row never split a cache line needlessly), on huge pages
     // (allocate_huge): a decode step reads every layer's slots from DRAM
-    // (`kvrun bench --attention`, TinyLlama Q4_0 at depth 4096: a plain read
+    // (`kvrun-lab attention`, TinyLlama Q4_0 at depth 4096: a plain read
     // of the ring 20.5 -> 27-28 GB/s, attention 7.0-7.4 -> 6.3-6.8 ms a token).
     auto aligned = [](size_t n) { return (n + 63) / 64 * 64; };
     k_bytes_ = aligned(row_k_ * cfg.n_ctx);

@@ -387,7 +387,7 @@ void attend_heads(const AttentionArgs& a, const uint8_t* new_tiles, int t, int h
             // each stream a chunk or more ahead: the next chunk's values
             // during this one's scores, the keys of the chunk after next
             // during this one's value sums, into L2 (TinyLlama Q4_0 at depth
-            // 4096, `bench --attention`: 3.4-3.7 ms against 4.3-4.6 in bursts
+            // 4096, `kvrun-lab attention`: 3.4-3.7 ms against 4.3-4.6 in bursts
             // and 3.6-3.9 into L1).
             const bool pf_in_kernels =
                 prefetch && half_k && half_v && k_tiles && v_hm && v_stride == hd * ve;

@@ -32,7 +32,7 @@ namespace {
 
 // All members null: every entry falls back to gl::ref.
 constexpr KernelTable kScalarTable = {"scalar", {}, {}, {},      {},      {}, {},
-                                      {},       {}, {}, nullptr, nullptr, {}, nullptr};
+                                      {},       {}, {}, nullptr, nullptr, {}};
 
 #if defined(__x86_64__)
 // Asked through cpuid because older clang's __builtin_cpu_supports does not
@@ -250,11 +250,6 @@ float exp_sum(float* x, int64_t n, float mx) {
 float max_of(const float* x, int64_t n) {
     if (auto f = active().max_of) return f(x, n);
     return ref::max_of(x, n);
-}
-
-uint64_t sum_bytes(const void* p, int64_t n) {
-    if (auto f = active().sum_bytes) return f(p, n);
-    return ref::sum_bytes(p, n);
 }
 
 void force_scalar(bool on) {

@@ -363,13 +363,6 @@ float max_of(const float* x, int64_t n) {
     return mx;
 }
 
-uint64_t sum_bytes(const void* p, int64_t n) {
-    const auto* b = static_cast<const uint8_t*>(p);
-    uint64_t s = 0;
-    for (int64_t i = 0; i < n; i++) s += b[i];
-    return s;
-}
-
 } // namespace ref
 
 } // namespace gl

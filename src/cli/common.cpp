@@ -247,6 +247,19 @@ std::vector<int32_t> parse_token_list(const std::string& s) {
     return ids;
 }
 
+std::vector<int> parse_count_list(const std::string& s, const char* what) {
+    std::vector<int> v;
+    std::stringstream ss(s);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+        char* end = nullptr;
+        long x = std::strtol(item.c_str(), &end, 10);
+        if (item.empty() || *end || x < 0 || x > (1 << 24)) fail(Exit::usage, "{}: '{}' is not a count", what, item);
+        v.push_back(static_cast<int>(x));
+    }
+    return v;
+}
+
 std::string read_prompt(const std::string& text, const std::string& file, bool have_text) {
     std::string prompt = text;
     if (!file.empty()) {

@@ -69,6 +69,9 @@ gl::Type parse_cache_type(const std::string& name, const char* flag);
 
 // "1,2, 3" -> ids; throws Error(usage) on junk.
 std::vector<int32_t> parse_token_list(const std::string& s);
+// "512,0,4096" -> counts in [0, 2^24] (bench's and kvrun-lab's -p/-n/-d/-t);
+// throws Error(usage) naming `what` on junk.
+std::vector<int> parse_count_list(const std::string& s, const char* what);
 // Prompt from -p and/or -f (FILE, or - for stdin); validated as UTF-8.
 std::string read_prompt(const std::string& text, const std::string& file, bool have_text);
 

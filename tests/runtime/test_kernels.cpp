@@ -895,26 +895,6 @@ TEST_CASE("max_of: every table gives ref's largest value, skipping NaNs") {
     });
 }
 
-TEST_CASE("sum_bytes: every table gives ref's sum, at any length and alignment") {
-    // Lengths around one line and each lane width, and past 2 KiB (where
-    // NEON's 16-bit lanes are widened); all bytes 0xff is the largest sum
-    // the lanes must hold. Starting 1-3 bytes into the buffer: misaligned.
-    std::mt19937 rng(1400);
-    for (bool ones : {false, true})
-        for (int64_t n : {0, 1, 15, 31, 63, 64, 65, 127, 129, 2047, 2048, 2049, 5000, 70001})
-            for (int64_t start : {0, 1, 3}) {
-                INFO("n ", n, " start ", start, " all 0xff ", ones);
-                std::vector<uint8_t> buf(static_cast<size_t>(n + start));
-                for (uint8_t& b : buf) b = ones ? 0xff : static_cast<uint8_t>(rng());
-                const uint8_t* p = buf.data() + start;
-                const uint64_t want = gl::ref::sum_bytes(p, n);
-                if (ones) CHECK(want == 255u * static_cast<uint64_t>(n));
-                for_each_table([&](const gl::KernelTable& k) {
-                    CHECK((k.sum_bytes ? k.sum_bytes(p, n) : want) == want);
-                });
-            }
-}
-
 // ---- dispatch -----------------------------------------------------------------------
 
 TEST_CASE("attention tiles: rows_to_f32 is exact and axpy_heads matches ref in every table") {

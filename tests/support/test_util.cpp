@@ -15,6 +15,10 @@ std::string shared(const std::string& rel) {
 }
 
 RunResult run_kvrun(const std::vector<std::string>& args, const std::string* input) {
+    return run_binary(KVRUN_BINARY, args, input);
+}
+
+RunResult run_binary(const std::string& binary, const std::vector<std::string>& args, const std::string* input) {
     int in_p[2], out_p[2], err_p[2];
     if (pipe(in_p) || pipe(out_p) || pipe(err_p)) return {};
     pid_t pid = fork();
@@ -25,7 +29,7 @@ RunResult run_kvrun(const std::vector<std::string>& args, const std::string* inp
         for (int fd : {in_p[0], in_p[1], out_p[0], out_p[1], err_p[0], err_p[1]}) close(fd);
         if (!input) close(0);
         std::vector<char*> argv;
-        std::string bin = KVRUN_BINARY;
+        std::string bin = binary;
         argv.push_back(bin.data());
         std::vector<std::string> copy = args;
         for (auto& a : copy) argv.push_back(a.data());

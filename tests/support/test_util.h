@@ -1,4 +1,5 @@
-// Shared helpers for tests: where ../shared is, and running the kvrun binary.
+// Shared helpers for tests: where ../shared is, and running the kvrun binary
+// (or the lab's).
 #pragma once
 
 #include <cstddef>
@@ -19,6 +20,9 @@ struct RunResult {
 // Run the kvrun binary built alongside the tests with these arguments,
 // feeding `input` on stdin (closed afterwards; no stdin at all if null).
 RunResult run_kvrun(const std::vector<std::string>& args, const std::string* input = nullptr);
+// The same for another binary (e.g. KVRUN_LAB_BINARY, the lab tool).
+RunResult run_binary(const std::string& binary, const std::vector<std::string>& args,
+                     const std::string* input = nullptr);
 
 // Non-empty lines of s.
 std::vector<std::string> lines(const std::string& s);

@@ -13,7 +13,6 @@
 
 #include <arm_neon.h>
 
-#include <algorithm>
 #include <cstring>
 
 namespace gl {
@@ -268,36 +267,12 @@ void dequantize_row_q4_0(const void* src, float* dst, int64_t n) {
     }
 }
 
-// ---- sum_bytes ------------------------------------------------------------------
-
-// The benchmarks' read (see ref::sum_bytes): pairwise adds into 16-bit lanes,
-// widened every 2 KiB, before 128 adds of at most 2 x 255 can wrap them.
-uint64_t sum_bytes(const void* p, int64_t n) {
-    const auto* b = static_cast<const uint8_t*>(p);
-    uint64x2_t total = vdupq_n_u64(0);
-    int64_t i = 0;
-    while (i + 64 <= n) {
-        uint16x8_t a = vdupq_n_u16(0);
-        for (const int64_t stop = std::min(n, i + 2048); i + 64 <= stop; i += 64) {
-            __builtin_prefetch(b + i + 2048);
-            a = vpadalq_u8(a, vld1q_u8(b + i));
-            a = vpadalq_u8(a, vld1q_u8(b + i + 16));
-            a = vpadalq_u8(a, vld1q_u8(b + i + 32));
-            a = vpadalq_u8(a, vld1q_u8(b + i + 48));
-        }
-        total = vpadalq_u32(total, vpaddlq_u16(a));
-    }
-    uint64_t s = vgetq_lane_u64(total, 0) + vgetq_lane_u64(total, 1);
-    for (; i < n; i++) s += b[i];
-    return s;
-}
-
 constexpr uint32_t id(Type t) {
     return static_cast<uint32_t>(t);
 }
 
 constexpr KernelTable make_table() {
-    KernelTable t = {"neon", {}, {}, {}, {}, {}, {}, {}, {}, {}, nullptr, nullptr, {}, nullptr};
+    KernelTable t = {"neon", {}, {}, {}, {}, {}, {}, {}, {}, {}, nullptr, nullptr, {}};
     t.vec_dot[id(Type::F32)] = vec_dot_float<F32>;
     t.vec_dot[id(Type::F16)] = vec_dot_float<F16>;
     t.vec_dot[id(Type::BF16)] = vec_dot_float<BF16>;
@@ -315,7 +290,6 @@ constexpr KernelTable make_table() {
     t.dot_tile[id(Type::F32)] = dot_tile<F32, Type::F32>;
     t.dot_tile[id(Type::F16)] = dot_tile<F16, Type::F16>;
     t.dot_tile[id(Type::BF16)] = dot_tile<BF16, Type::BF16>;
-    t.sum_bytes = sum_bytes;
     add_kernels_k(t, kNeonKernelsK); // arm/neon_k.cpp
     return t;
 }

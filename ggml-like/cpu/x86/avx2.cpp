@@ -590,25 +590,6 @@ float max_of(const float* x, int64_t n) {
     return mx;
 }
 
-// Two loads, two vpsadbw and two adds per line, each line prefetched ahead
-// (see the AVX-512 sum_bytes).
-uint64_t sum_bytes(const void* p, int64_t n) {
-    const auto* b = static_cast<const uint8_t*>(p);
-    const __m256i zero = _mm256_setzero_si256();
-    __m256i a0 = zero, a1 = zero;
-    int64_t i = 0;
-    for (; i + 64 <= n; i += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(b + i) + kPrefetchBytes, _MM_HINT_T0);
-        a0 = _mm256_add_epi64(a0, _mm256_sad_epu8(load256(b + i), zero));
-        a1 = _mm256_add_epi64(a1, _mm256_sad_epu8(load256(b + i + 32), zero));
-    }
-    alignas(32) uint64_t lane[4];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(lane), _mm256_add_epi64(a0, a1));
-    uint64_t s = lane[0] + lane[1] + lane[2] + lane[3];
-    for (; i < n; i++) s += b[i];
-    return s;
-}
-
 // ---- quantize -------------------------------------------------------------------
 
 // roundf (halves away from zero) for |v| < 2^23: _mm256_round_ps has no such
@@ -715,7 +696,7 @@ constexpr uint32_t id(Type t) {
 }
 
 constexpr KernelTable make_table() {
-    KernelTable t = {"avx2", {}, {}, {}, {}, {}, {}, {}, {}, {}, nullptr, nullptr, {}, nullptr};
+    KernelTable t = {"avx2", {}, {}, {}, {}, {}, {}, {}, {}, {}, nullptr, nullptr, {}};
     t.vec_dot[id(Type::F32)] = vec_dot_float<F32>;
     t.vec_dot[id(Type::F16)] = vec_dot_float<F16>;
     t.vec_dot[id(Type::BF16)] = vec_dot_float<BF16>;
@@ -747,7 +728,6 @@ constexpr KernelTable make_table() {
     t.dot_tile[id(Type::BF16)] = dot_tile<BF16, Type::BF16>;
     t.exp_sum = exp_sum;
     t.max_of = max_of;
-    t.sum_bytes = sum_bytes;
     add_kernels_k(t, kAvx2KernelsK); // x86/avx2_k.cpp
     t.matvec[id(Type::Q4_K)] = avx2_k::matvec_q4_K;
     t.matvec[id(Type::Q5_K)] = avx2_k::matvec_q5_K;

@@ -643,23 +643,6 @@ float max_of(const float* x, int64_t n) {
     return _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
 }
 
-// One load, one vpsadbw and one add per line, each line prefetched ahead: so
-// few instructions that the read goes at the memory's pace (scalar 64-bit
-// words: 8 loads and 8 adds a line, about 10% slower from DRAM here).
-uint64_t sum_bytes(const void* p, int64_t n) {
-    const auto* b = static_cast<const uint8_t*>(p);
-    __m512i acc = _mm512_setzero_si512();
-    int64_t i = 0;
-    for (; i + 64 <= n; i += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(b + i) + kPrefetchBytes, _MM_HINT_T0);
-        acc = _mm512_add_epi64(acc,
-                               _mm512_sad_epu8(_mm512_loadu_si512(b + i), _mm512_setzero_si512()));
-    }
-    uint64_t s = static_cast<uint64_t>(_mm512_reduce_add_epi64(acc));
-    for (; i < n; i++) s += b[i];
-    return s;
-}
-
 // ---- quantize -------------------------------------------------------------------
 
 // roundf (halves away from zero): truncate, then step one away from zero
@@ -767,7 +750,7 @@ constexpr uint32_t id(Type t) {
 }
 
 constexpr KernelTable make_table() {
-    KernelTable t = {"avx512", {}, {}, {}, {}, {}, {}, {}, {}, {}, nullptr, nullptr, {}, nullptr};
+    KernelTable t = {"avx512", {}, {}, {}, {}, {}, {}, {}, {}, {}, nullptr, nullptr, {}};
     t.vec_dot[id(Type::F32)] = vec_dot_float<F32>;
     t.vec_dot[id(Type::F16)] = vec_dot_float<F16>;
     t.vec_dot[id(Type::BF16)] = vec_dot_float<BF16>;
@@ -800,7 +783,6 @@ constexpr KernelTable make_table() {
     t.dot_tile[id(Type::BF16)] = dot_tile<BF16>;
     t.exp_sum = exp_sum;
     t.max_of = max_of;
-    t.sum_bytes = sum_bytes;
     add_kernels_k(t, kAvx512KernelsK); // x86/avx512_k.cpp
     t.matvec[id(Type::Q4_K)] = avx512_k::matvec_q4_K;
     t.matvec[id(Type::Q5_K)] = avx512_k::matvec_q5_K;

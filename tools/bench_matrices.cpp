@@ -1,4 +1,4 @@
-#include "cli/bench_matrices.h"
+#include "bench_matrices.h"
 
 #include <algorithm>
 #include <chrono>
@@ -6,10 +6,10 @@
 #include <vector>
 
 #include "ggml-like/cpu/ops.h"
-#include "ggml-like/kernels.h"
 #include "ggml-like/cpu/thread_pool.h"
+#include "sum_bytes.h"
 
-namespace kvrun::cli {
+namespace kvrun::lab {
 
 namespace {
 
@@ -47,7 +47,7 @@ MatrixTimes bench_matrices(const Model& m, int threads, int reps) {
     std::vector<uint64_t> sums(static_cast<size_t>(threads), 0);
     // The same loop as ops::matmul's: kRowChunk-row units, the same cost, so
     // the pool hands each thread the same rows; each reads them in one stream
-    // with the kernels' plain read (a vector load a line: 64-bit words, 8
+    // with sum_bytes (a vector load a line: 64-bit words, 8
     // loads a line, read 10% slower here).
     auto read = [&](const gl::Tensor& w) {
         const int64_t units = (w.ne1 + gl::ops::kRowChunk - 1) / gl::ops::kRowChunk;
@@ -56,7 +56,7 @@ MatrixTimes bench_matrices(const Model& m, int threads, int reps) {
             [&](int64_t b, int64_t e, int ith) {
                 const uint8_t* p = w.row(b * gl::ops::kRowChunk);
                 const uint8_t* end = w.row(std::min(w.ne1, e * gl::ops::kRowChunk));
-                sums[static_cast<size_t>(ith)] += gl::cpu::sum_bytes(p, end - p);
+                sums[static_cast<size_t>(ith)] += sum_bytes(p, end - p);
             },
             w.ne1 * w.ne0);
     };
@@ -86,4 +86,4 @@ MatrixTimes bench_matrices(const Model& m, int threads, int reps) {
     return t;
 }
 
-} // namespace kvrun::cli
+} // namespace kvrun::lab

@@ -1,4 +1,4 @@
-#include "cli/bench_attention.h"
+#include "bench_attention.h"
 
 #include <algorithm>
 #include <chrono>
@@ -6,13 +6,13 @@
 #include <numeric>
 #include <random>
 
-#include "cli/read_stream.h"
 #include "ggml-like/attention.h"
 #include "ggml-like/kernels.h"
 #include "ggml-like/cpu/thread_pool.h"
 #include "kv_cache.h"
+#include "read_stream.h"
 
-namespace kvrun::cli {
+namespace kvrun::lab {
 
 namespace {
 
@@ -160,4 +160,4 @@ AttentionTimes bench_attention(const Model& m, gl::Type tk, gl::Type tv, int dep
     return t;
 }
 
-} // namespace kvrun::cli
+} // namespace kvrun::lab

@@ -1,13 +1,13 @@
-// `kvrun bench --matrices`: how fast the weight matrices of one generated
+// `kvrun-lab matrices`: how fast the weight matrices of one generated
 // token stream on the CPU, read plainly and multiplied by the kernels, through
 // the same thread pool and the same parallel loop per matrix. The gap between
 // the two is the kernels' share of a missed bandwidth target; the gap between
-// the plain read and `--roofline`'s bandwidth is the loops'.
+// the plain read and `kvrun-lab roofline`'s bandwidth is the loops'.
 #pragma once
 
 #include "model.h"
 
-namespace kvrun::cli {
+namespace kvrun::lab {
 
 // Milliseconds per token, mean over repetitions.
 struct MatrixTimes {
@@ -19,4 +19,4 @@ struct MatrixTimes {
 // Runs the two passes alternately, each matrix in the order a token uses it.
 MatrixTimes bench_matrices(const Model& m, int threads, int reps);
 
-} // namespace kvrun::cli
+} // namespace kvrun::lab

@@ -1,4 +1,4 @@
-// `kvrun bench --attention`: where a decode step's attention time goes at a
+// `kvrun-lab attention`: where a decode step's attention time goes at a
 // given depth, for one model's shape and cache types, on the CPU.
 #pragma once
 
@@ -7,7 +7,7 @@
 #include "ggml-like/types.h"
 #include "model.h"
 
-namespace kvrun::cli {
+namespace kvrun::lab {
 
 // Milliseconds per token (all layers), mean over repetitions.
 struct AttentionTimes {
@@ -30,4 +30,4 @@ struct AttentionTimes {
 AttentionTimes bench_attention(const Model& m, gl::Type tk, gl::Type tv, int depth, int threads,
                                int reps);
 
-} // namespace kvrun::cli
+} // namespace kvrun::lab

@@ -1,11 +1,11 @@
 // A plain streaming read: the sum of a buffer's 64-bit words, with a software
-// prefetch kDistance bytes ahead (0 = none). `kvrun bench` reads with it to
-// measure the machine's read bandwidth and to stream weights and rings.
+// prefetch kDistance bytes ahead (0 = none). The lab reads with it to measure
+// the machine's read bandwidth and to stream weights and rings.
 #pragma once
 
 #include <cstdint>
 
-namespace kvrun::cli {
+namespace kvrun::lab {
 
 template <int kDistance>
 [[gnu::noinline]] uint64_t sum_stream(const uint64_t* b, const uint64_t* e) {
@@ -27,4 +27,4 @@ template <int kDistance>
     return s0 + s1 + s2 + s3;
 }
 
-} // namespace kvrun::cli
+} // namespace kvrun::lab
