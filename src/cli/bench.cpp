@@ -25,7 +25,9 @@
 #include "ggml-like/cpu/gemm.h"
 #include "ggml-like/kernels.h"
 #include "ggml-like/cpu/thread_pool.h"
+#include "context.h"
 #include "loader.h"
+#include "session.h"
 #include "system_memory.h"
 
 namespace kvrun::cli {
@@ -193,7 +195,6 @@ int run_bench(int argc, char** argv) {
         const int max_depth = depths.empty() ? 0 : *std::max_element(depths.begin(), depths.end());
         std::vector<int32_t> toks(std::max(max_pp, max_depth + max_tg) + 1);
         for (auto& t : toks) t = static_cast<int32_t>(rng() % hp.n_vocab);
-        const int n_ctx = std::max(max_pp, max_depth + max_tg) + 1;
 
         for (int tc : thread_counts) {
             const int threads = resolve_threads(tc);
@@ -206,8 +207,16 @@ int run_bench(int argc, char** argv) {
                 fail(Exit::usage,
                      "--profile times ops on the CPU; a GPU queues its work and returns "
                      "before it is done (run without -ngl and --device cuda)");
-            KvCache kv({hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx, 4, tk, tv});
-            Forward fwd(lm->model, kv, be.placement(), std::min(batch, n_ctx));
+            ContextRequest req;
+            req.use = ContextRequest::Use::bench;
+            req.n_prompt = std::max(max_pp, max_depth + max_tg);
+            req.type_k = tk;
+            req.type_v = tv;
+            req.batch = batch;
+            req.threads = threads;
+            const ContextPlan plan = plan_context(*lm, req);
+            Session session(*lm, plan.cache, be.placement(), plan.batch);
+            Forward& fwd = session.forward();
             // One timed repetition, seconds; under --profile its ops are timed into `prof`.
             auto timed = [&](OpProfile& prof, auto&& body) {
                 if (profile) fwd.set_profile(&prof);
@@ -217,13 +226,7 @@ int run_bench(int argc, char** argv) {
                 fwd.set_profile(nullptr);
                 return s;
             };
-            auto eval_all = [&](const int32_t* t, int n) {
-                for (int i = 0; i < n;) {
-                    const int nb = std::min(fwd.max_batch(), n - i);
-                    fwd.eval(t + i, nb, false);
-                    i += nb;
-                }
-            };
+            auto eval_all = [&](const int32_t* t, int n) { session.eval(std::span<const int32_t>(t, n)); };
             eval_all(toks.data(), std::min<int>(16, static_cast<int>(toks.size()))); // warm-up: fault weights in
             for (int pp : pps) {
                 if (pp == 0) continue;
@@ -231,7 +234,7 @@ int run_bench(int argc, char** argv) {
                 OpProfile prof;
                 double timed_s = 0;
                 for (int r = 0; r < reps && !interrupted(); r++) {
-                    kv.clear();
+                    session.clear();
                     const double s = timed(prof, [&] { eval_all(toks.data(), pp); });
                     v.push_back(pp / s);
                     timed_s += s;
@@ -251,13 +254,13 @@ int run_bench(int argc, char** argv) {
                         // The depth's tokens are evaluated once: later repetitions
                         // cut the cache back to them (a 4096-token prefill is a
                         // minute on a 2-core AVX2 machine).
-                        if (r == 0 || !kv.truncate(depth)) {
-                            kv.clear();
+                        if (r == 0 || !session.rewind(depth)) {
+                            session.clear();
                             eval_all(toks.data(), depth);
                         }
                         const uint64_t h0 = be.cpu ? be.cpu->handoffs() : 0;
                         const double s = timed(prof, [&] {
-                            for (int i = 0; i < tg; i++) fwd.eval_generated(toks[depth + i]);
+                            for (int i = 0; i < tg; i++) session.step(toks[depth + i]);
                         });
                         v.push_back(tg / s);
                         timed_s += s;
@@ -266,8 +269,8 @@ int run_bench(int argc, char** argv) {
                     Row row{name, "tg" + std::to_string(tg) + (depth ? "@d" + std::to_string(depth) : ""), threads,
                             stat_of(v), 0};
                     // KV read per token at the mean depth of the run
-                    const double kv_bytes = static_cast<double>(hp.n_layer) * (depth + tg / 2.0) *
-                                            (gl::row_size(tk, hp.kv_dim()) + gl::row_size(tv, hp.kv_dim()));
+                    const double kv_bytes =
+                        (depth + tg / 2.0) * static_cast<double>(KvCache::bytes_per_token(plan.cache));
                     row.bytes_per_token = weight_bytes_per_token + kv_bytes;
                     row.handoffs_per_token = handoffs;
                     if (profile) row.attach(prof, static_cast<double>(tg) * v.size(), timed_s);
