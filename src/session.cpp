@@ -8,14 +8,11 @@
 namespace kvrun {
 
 Session::Session(const LoadedModel& lm, const KvCacheConfig& cfg, Placement placement, int max_batch)
-    : lm_(lm), kv_(cfg), fwd_(lm.model, kv_, std::move(placement), max_batch),
-      logits_(static_cast<size_t>(lm.model.hp.n_vocab)) {}
-
-void Session::keep_last_row(const float* logits) { std::copy(logits, logits + logits_.size(), logits_.begin()); }
+    : lm_(lm), kv_(cfg), fwd_(lm.model, kv_, std::move(placement), max_batch) {}
 
 bool Session::eval(std::span<const int32_t> more, const EvalHooks& hooks) {
     const int64_t total = static_cast<int64_t>(more.size());
-    const size_t n_vocab = logits_.size();
+    const size_t n_vocab = static_cast<size_t>(lm_.model.hp.n_vocab);
     for (int64_t i = 0; i < total;) {
         if (hooks.should_stop && hooks.should_stop()) return false;
         const int n = static_cast<int>(std::min<int64_t>(fwd_.max_batch(), total - i));
@@ -23,9 +20,9 @@ bool Session::eval(std::span<const int32_t> more, const EvalHooks& hooks) {
         tokens_.insert(tokens_.end(), more.begin() + i, more.begin() + i + n);
         if (hooks.on_rows) {
             hooks.on_rows(i, n, rows);
-            keep_last_row(rows + static_cast<size_t>(n - 1) * n_vocab);
+            last_ = const_cast<float*>(rows) + static_cast<size_t>(n - 1) * n_vocab;
         } else {
-            keep_last_row(rows);
+            last_ = const_cast<float*>(rows);
         }
         i += n;
         if (hooks.on_progress) hooks.on_progress(i, total);
@@ -34,7 +31,7 @@ bool Session::eval(std::span<const int32_t> more, const EvalHooks& hooks) {
 }
 
 void Session::step(int32_t token) {
-    keep_last_row(fwd_.eval_generated(token));
+    last_ = const_cast<float*>(fwd_.eval_generated(token));
     tokens_.push_back(token);
 }
 
@@ -58,6 +55,7 @@ bool Session::rewind(int64_t n) {
 void Session::clear() {
     kv_.clear();
     tokens_.clear();
+    last_ = nullptr;
 }
 
 uint64_t Session::model_digest() const { return kvrun::model_digest(lm_.file); }
@@ -97,7 +95,8 @@ GenerateResult Session::generate(const GenerateParams& p, Sampler& sampler, cons
             r.stop = "length";
             break;
         }
-        const int32_t id = sampler.sample(logits_.data());
+        KV_ASSERT(last_);
+        const int32_t id = sampler.sample(last_);
         if (!r.sampled_any) r.first_token = std::chrono::steady_clock::now(), r.sampled_any = true;
         const bool ends = tok.is_eog(id) || std::find(p.end_ids.begin(), p.end_ids.end(), id) != p.end_ids.end();
         if (ends && !p.ignore_eos) {
