@@ -94,7 +94,7 @@ class Session {
     bool rewind(int64_t n);
     void clear();
 
-    // Prompt-cache files (prompt_cache.h) for this session's model.
+    // Prompt-cache files (prompt_cache.h) for this Session's model.
     uint64_t model_digest() const;
     // Clears, then loads the longest prefix of `want` the file holds.
     PromptCacheLoad load_prompt_cache(const std::string& path, uint64_t digest, const std::vector<int32_t>& want);
