@@ -233,16 +233,10 @@ int run_chat(int argc, char** argv) {
     auto lm = LoadedModel::load(o.common.model, !offloads_every_layer(o.common));
     ChatTemplate tmpl = ChatTemplate::for_model(lm->file, lm->tokenizer, o.chat_template);
     const int threads = resolve_threads(o.common.threads);
-    ContextRequest req;
-    req.use = ContextRequest::Use::chat;
-    req.ctx = o.ctx;
-    req.type_k = tk;
-    req.type_v = tv;
-    req.batch = o.batch;
-    req.threads = threads;
-    const ContextPlan plan = plan_context(*lm, req);
-    for (const ContextPlan::Note& n : plan.notes)
-        if (!n.verbose_only || o.common.verbose) fmt::print(stderr, "kvrun: {}\n", n.text);
+    const ContextPlan plan = plan_and_tell(
+        *lm,
+        {.use = ContextRequest::Use::chat, .ctx = o.ctx, .type_k = tk, .type_v = tv, .batch = o.batch, .threads = threads},
+        o.common.verbose);
     const int n_ctx = plan.cache.n_ctx;
     const Backends backends = make_backends(o.common, threads, lm->model.hp.n_layer);
     ChatConfig cfg;

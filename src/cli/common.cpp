@@ -287,4 +287,11 @@ std::string gpu_memory_summary(const gl::MemoryUse& u, int n_gpu_layers, int n_l
                        human_bytes(u.kv), human_bytes(kv_host_bytes), human_bytes(u.scratch));
 }
 
+ContextPlan plan_and_tell(const LoadedModel& lm, const ContextRequest& req, bool verbose) {
+    ContextPlan plan = plan_context(lm, req);
+    for (const ContextPlan::Note& n : plan.notes)
+        if (!n.verbose_only || verbose) fmt::print(stderr, "kvrun: {}\n", n.text);
+    return plan;
+}
+
 } // namespace kvrun::cli

@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 
 #include "ggml-like/backend.h"
+#include "context.h"
 #include "format.h"
 #include "forward.h"
 #include "ggml-like/types.h"
@@ -65,6 +66,9 @@ struct Backends {
 // Throws Error(usage) like make_backend ("-ngl 4: kvrun was built without CUDA").
 Backends make_backends(const CommonOptions& o, int threads, int n_layer);
 int resolve_threads(int requested);
+// plan_context, with what it decided told on stderr ("kvrun: -c auto reduced
+// to ..."; the notes meant for -v only with `verbose`).
+ContextPlan plan_and_tell(const LoadedModel& lm, const ContextRequest& req, bool verbose);
 gl::Type parse_cache_type(const std::string& name, const char* flag);
 
 // "1,2, 3" -> ids; throws Error(usage) on junk.

@@ -154,19 +154,17 @@ int run_generate(int argc, char** argv) {
 
     const int threads = resolve_threads(o.common.threads);
     const int64_t n_prompt = static_cast<int64_t>(tokens.size());
-    ContextRequest req;
-    req.use = ContextRequest::Use::generate;
-    req.ctx = o.ctx;
-    req.n_prompt = n_prompt;
-    req.n_predict = o.n_predict;
-    req.keep = o.keep;
-    req.type_k = tk;
-    req.type_v = tv;
-    req.batch = o.batch;
-    req.threads = threads;
-    const ContextPlan plan = plan_context(*lm, req);
-    for (const ContextPlan::Note& n : plan.notes)
-        if (!n.verbose_only || o.common.verbose) fmt::print(stderr, "kvrun: {}\n", n.text);
+    const ContextPlan plan = plan_and_tell(*lm,
+                                           {.use = ContextRequest::Use::generate,
+                                            .ctx = o.ctx,
+                                            .n_prompt = n_prompt,
+                                            .n_predict = o.n_predict,
+                                            .keep = o.keep,
+                                            .type_k = tk,
+                                            .type_v = tv,
+                                            .batch = o.batch,
+                                            .threads = threads},
+                                           o.common.verbose);
     const KvCacheConfig& kc = plan.cache;
     const int n_ctx = kc.n_ctx;
     const bool ctx_auto = plan.automatic;
