@@ -44,6 +44,9 @@ class Backend {
     virtual void rope(float* x, int64_t rows, int n_heads, int head_dim, int rope_dims, const float* cos,
                       const float* sin, bool neox) = 0;
     virtual void silu_mul(float* gate, const float* up, int64_t n) = 0;
+    // gate[i] = gelu(gate[i]) * up[i], GELU by its tanh approximation
+    // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (Gemma's gated FFN).
+    virtual void gelu_mul(float* gate, const float* up, int64_t n) = 0;
     virtual void add(float* y, const float* x, int64_t n) = 0;
     // Convert `rows` rows of n floats to type t (a KV cache type), packed.
     virtual void convert_rows(Type t, const float* x, int64_t n, int64_t rows, void* dst) = 0;

@@ -50,6 +50,10 @@ class CpuBackend final : public Backend {
         pool_.parallel_for(
             n, [&](int64_t b, int64_t e, int) { ops::silu_mul(gate + b, up + b, e - b); }, n * 8);
     }
+    void gelu_mul(float* gate, const float* up, int64_t n) override {
+        pool_.parallel_for(
+            n, [&](int64_t b, int64_t e, int) { ops::gelu_mul(gate + b, up + b, e - b); }, n * 8);
+    }
 
     void add(float* y, const float* x, int64_t n) override { ops::add(y, x, n); }
 

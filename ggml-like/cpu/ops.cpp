@@ -27,6 +27,17 @@ void softmax(float* x, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] *= inv;
 }
 
+void gelu_mul(float* gate, const float* up, int64_t n) {
+    // 0.5 x (1 + tanh(u)) written as x / (1 + exp(-2u)): the same function,
+    // without the cancellation of 1 + tanh(u) near -1 (7e-5 relative error in
+    // float at x = -4, against 2e-7 this way).
+    constexpr float k2Sqrt2OverPi = 1.5957691216057308f;
+    for (int64_t i = 0; i < n; i++) {
+        const float x = gate[i];
+        gate[i] = x / (1.0f + std::exp(-k2Sqrt2OverPi * (x + 0.044715f * x * x * x))) * up[i];
+    }
+}
+
 void silu_mul(float* gate, const float* up, int64_t n) {
     // exp(-g) a chunk at a time through the vectorised kernel (cpu::exp_sum
     // with max 0 computes exp in place; its sum is not needed).

@@ -16,6 +16,7 @@ void rmsnorm(const float* x, const float* w, int64_t n, float eps, float* out);
 void softmax(float* x, int64_t n);
 // gate[i] = silu(gate[i]) * up[i]
 void silu_mul(float* gate, const float* up, int64_t n);
+void gelu_mul(float* gate, const float* up, int64_t n); // tanh approximation (backend.h)
 // y[i] += x[i]
 void add(float* y, const float* x, int64_t n);
 

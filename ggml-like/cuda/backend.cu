@@ -243,16 +243,18 @@ bool CudaBackend::end_step() {
     return true;
 }
 
-void CudaBackend::binary(float* y, const float* x, int64_t n, bool silu) {
+void CudaBackend::binary(float* y, const float* x, int64_t n, Binary which) {
     if (n <= 0) return;
     op([&] {
         const size_t nb = sizeof(float) * static_cast<size_t>(n);
         const auto* dx = static_cast<const float*>(in(x, nb, kX));
         const Out r = inout(y, nb, kY);
-        if (silu)
-            cuda::silu_mul(static_cast<float*>(r.dev), dx, n, s_);
-        else
-            cuda::add(static_cast<float*>(r.dev), dx, n, s_);
+        auto* dy = static_cast<float*>(r.dev);
+        switch (which) {
+        case Binary::silu_mul: cuda::silu_mul(dy, dx, n, s_); break;
+        case Binary::gelu_mul: cuda::gelu_mul(dy, dx, n, s_); break;
+        case Binary::add: cuda::add(dy, dx, n, s_); break;
+        }
         GL_CUDA(cudaGetLastError());
         finish({r});
     });

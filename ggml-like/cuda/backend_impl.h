@@ -61,8 +61,9 @@ class CudaBackend final : public Backend {
                  float* o) override;
     void rope(float* x, int64_t rows, int n_heads, int head_dim, int rope_dims, const float* cos,
               const float* sin, bool neox) override;
-    void silu_mul(float* gate, const float* up, int64_t n) override { binary(gate, up, n, true); }
-    void add(float* y, const float* x, int64_t n) override { binary(y, x, n, false); }
+    void silu_mul(float* gate, const float* up, int64_t n) override { binary(gate, up, n, Binary::silu_mul); }
+    void gelu_mul(float* gate, const float* up, int64_t n) override { binary(gate, up, n, Binary::gelu_mul); }
+    void add(float* y, const float* x, int64_t n) override { binary(y, x, n, Binary::add); }
     void convert_rows(Type t, const float* x, int64_t n, int64_t rows, void* dst) override;
     void attention(const AttentionArgs& a) override;
     MemoryUse memory_use() const override;
@@ -151,7 +152,8 @@ class CudaBackend final : public Backend {
     bool evict_one();
 
     // ---- backend.cu: silu_mul and add ----
-    void binary(float* y, const float* x, int64_t n, bool silu);
+    enum class Binary { silu_mul, gelu_mul, add };
+    void binary(float* y, const float* x, int64_t n, Binary which);
 
     // The activations' twins (coherence.h) live in ordinary device memory
     // (activations.cu).

@@ -29,6 +29,7 @@ void rmsnorm(const float* x, const float* w, int64_t n, int64_t rows, float eps,
 void rope(float* x, int64_t rows, int n_heads, int head_dim, int rope_dims, const float* cos,
           const float* sin, bool neox, cudaStream_t s);
 void silu_mul(float* gate, const float* up, int64_t n, cudaStream_t s);
+void gelu_mul(float* gate, const float* up, int64_t n, cudaStream_t s);
 void add(float* y, const float* x, int64_t n, cudaStream_t s);
 // Every type of GL_KV_TYPES (types.h); n a multiple of the block size.
 bool convert_supported(Type t);

@@ -62,6 +62,14 @@ __global__ void silu_mul_kernel(float* gate, const float* __restrict__ up, int64
     gate[i] = g / (1.0f + expf(-g)) * up[i];
 }
 
+__global__ void gelu_mul_kernel(float* gate, const float* __restrict__ up, int64_t n) {
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float x = gate[i];
+    // x / (1 + exp(-2u)) = 0.5 x (1 + tanh(u)) without the cancellation near -1 (ops::gelu_mul).
+    gate[i] = x / (1.0f + expf(-1.5957691216057308f * (x + 0.044715f * x * x * x))) * up[i];
+}
+
 __global__ void add_kernel(float* y, const float* __restrict__ x, int64_t n) {
     const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i < n) y[i] += x[i];
@@ -126,6 +134,10 @@ void rope(float* x, int64_t rows, int n_heads, int head_dim, int rope_dims, cons
     if (total <= 0) return;
     rope_kernel<<<blocks_for(total), kThreads, 0, s>>>(x, rows, n_heads, head_dim, half, cos, sin,
                                                        neox);
+}
+
+void gelu_mul(float* gate, const float* up, int64_t n, cudaStream_t s) {
+    if (n > 0) gelu_mul_kernel<<<blocks_for(n), kThreads, 0, s>>>(gate, up, n);
 }
 
 void silu_mul(float* gate, const float* up, int64_t n, cudaStream_t s) {

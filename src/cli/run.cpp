@@ -69,6 +69,71 @@ void emit(const std::string& s) {
     std::fwrite(s.data(), 1, s.size(), stdout);
     std::fflush(stdout);
 }
+
+// What a run did, for the stats line or the --json object.
+struct RunFigures {
+    int64_t n_prompt = 0, reused = 0, n_gen = 0;
+    double prompt_s = 0, gen_s = 0, ttft = -1; // seconds; ttft -1 when nothing was sampled
+    std::string stop, matched;                  // stop reason; the stop string, if one ended it
+};
+
+// GPU memory as the run left it: weights copied, the KV mirror (the hot
+// part with --kv-gpu-window; the host ring holds every slot), buffers.
+gl::MemoryUse gpu_use(const Backends& be) { return be.gpu ? be.gpu->memory_use() : gl::MemoryUse{}; }
+
+nlohmann::json result_json(const RunFigures& f, const std::string& text, const Session& s, const ContextPlan& plan,
+                           const Backends& backends) {
+    const KvCache& kv = s.cache();
+    const int n_ctx = kv.n_ctx();
+    const int64_t used = std::min<int64_t>(kv.n_past(), n_ctx);
+    nlohmann::json j;
+    j["text"] = text;
+    j["stop"] = f.stop;
+    j["stop_string"] = f.matched.empty() ? nlohmann::json(nullptr) : nlohmann::json(f.matched);
+    j["tokens"] = {{"prompt", f.n_prompt}, {"generated", f.n_gen}, {"reused", f.reused},
+                   {"evaluated", f.n_prompt - f.reused}};
+    j["timings"] = {{"prompt_s", f.prompt_s},
+                    {"generation_s", f.gen_s},
+                    {"prompt_tok_s", f.prompt_s > 0 ? (f.n_prompt - f.reused) / f.prompt_s : 0.0},
+                    {"generation_tok_s", f.gen_s > 0 && f.n_gen > 0 ? f.n_gen / f.gen_s : 0.0},
+                    {"first_token_ms", f.ttft * 1000}};
+    j["cache"] = {{"n_ctx", n_ctx},
+                  {"auto", plan.automatic},
+                  {"keep", kv.keep()},
+                  {"type_k", gl::type_name(kv.config().type_k)},
+                  {"type_v", gl::type_name(kv.config().type_v)},
+                  {"bytes", kv.ring_bytes()},
+                  {"used", used},
+                  {"fill", static_cast<double>(used) / n_ctx},
+                  {"prompt_cache_reused", f.reused}};
+    const gl::MemoryUse gpu = gpu_use(backends);
+    if (gpu.device) // absent on the CPU
+        j["gpu"] = {{"layers", backends.n_gpu_layers},
+                    {"n_layer", backends.n_layer},
+                    {"kv_window", backends.kv_gpu_window},
+                    {"weights_bytes", gpu.weights},
+                    {"weights_mapped_bytes", gpu.weights_mapped},
+                    {"kv_bytes", gpu.kv},
+                    {"kv_host_bytes", kv.ring_bytes()},
+                    {"scratch_bytes", gpu.scratch},
+                    {"free_bytes", gpu.free},
+                    {"total_bytes", gpu.total}};
+    return j;
+}
+
+std::string stats_line(const RunFigures& f, const Session& s, const ContextPlan& plan, const Backends& backends) {
+    const KvCache& kv = s.cache();
+    const gl::MemoryUse gpu = gpu_use(backends);
+    return fmt::format(
+        "[kvrun] prompt {} tok, {:.1f} tok/s | generated {} tok, {:.1f} tok/s | first token {:.0f} ms | "
+        "n_ctx {}{} | KV {} ({}){} | peak RSS {} | stop: {}",
+        f.n_prompt, f.prompt_s > 0 ? f.n_prompt / f.prompt_s : 0.0, f.n_gen,
+        f.gen_s > 0 && f.n_gen > 0 ? f.n_gen / f.gen_s : 0.0, f.ttft * 1000, kv.n_ctx(),
+        plan.automatic ? " (auto)" : "", human_bytes(kv.ring_bytes()), gl::type_name(kv.config().type_k),
+        !gpu.device ? std::string()
+                    : " | " + gpu_memory_summary(gpu, backends.n_gpu_layers, backends.n_layer, kv.ring_bytes()),
+        human_bytes(peak_rss_bytes()), f.stop);
+}
 } // namespace
 
 int run_generate(int argc, char** argv) {
@@ -244,61 +309,16 @@ int run_generate(int argc, char** argv) {
     const auto t_gen = Clock::now();
     GenerateResult gen;
     if (prompt_done) gen = session.generate(gp, sampler, gh);
-    const int64_t n_gen = gen.generated;
     const double ttft = gen.sampled_any ? std::chrono::duration<double>(gen.first_token - t_prompt).count() : -1;
     const double gen_s = seconds_since(t_gen);
     std::string stop = gen.stop;
     if (interrupted()) stop = "interrupted";
 
-    // GPU memory as the run left it: weights copied, the KV mirror (the hot
-    // part with --kv-gpu-window; the host ring holds every slot), buffers.
-    const gl::MemoryUse gpu = backends.gpu ? backends.gpu->memory_use() : gl::MemoryUse{};
-    if (o.json) {
-        nlohmann::json j;
-        j["text"] = answer;
-        j["stop"] = stop;
-        j["stop_string"] = gen.matched.empty() ? nlohmann::json(nullptr) : nlohmann::json(gen.matched);
-        j["tokens"] = {{"prompt", n_prompt}, {"generated", n_gen}, {"reused", reused}, {"evaluated", n_prompt - reused}};
-        j["timings"] = {{"prompt_s", prompt_s},
-                        {"generation_s", gen_s},
-                        {"prompt_tok_s", prompt_s > 0 ? (n_prompt - reused) / prompt_s : 0.0},
-                        {"generation_tok_s", gen_s > 0 && n_gen > 0 ? n_gen / gen_s : 0.0},
-                        {"first_token_ms", ttft * 1000}};
-        j["cache"] = {{"n_ctx", n_ctx},
-                      {"auto", ctx_auto},
-                      {"keep", kc.keep},
-                      {"type_k", gl::type_name(tk)},
-                      {"type_v", gl::type_name(tv)},
-                      {"bytes", kv.ring_bytes()},
-                      {"used", std::min<int64_t>(kv.n_past(), n_ctx)},
-                      {"fill", static_cast<double>(std::min<int64_t>(kv.n_past(), n_ctx)) / n_ctx},
-                      {"prompt_cache_reused", reused}};
-        if (gpu.device) // absent on the CPU
-            j["gpu"] = {{"layers", backends.n_gpu_layers},
-                        {"n_layer", hp.n_layer},
-                        {"kv_window", backends.kv_gpu_window},
-                        {"weights_bytes", gpu.weights},
-                        {"weights_mapped_bytes", gpu.weights_mapped},
-                        {"kv_bytes", gpu.kv},
-                        {"kv_host_bytes", kv.ring_bytes()},
-                        {"scratch_bytes", gpu.scratch},
-                        {"free_bytes", gpu.free},
-                        {"total_bytes", gpu.total}};
-        emit(j.dump() + "\n");
-    } else if (!o.quiet) {
-        fmt::print(
-            stderr,
-            "\n[kvrun] prompt {} tok, {:.1f} tok/s | generated {} tok, {:.1f} tok/s | first token "
-            "{:.0f} ms | "
-            "n_ctx {}{} | KV {} ({}){} | peak RSS {} | stop: {}\n",
-            n_prompt, prompt_s > 0 ? n_prompt / prompt_s : 0.0, n_gen,
-            gen_s > 0 && n_gen > 0 ? n_gen / gen_s : 0.0, ttft * 1000, n_ctx,
-            ctx_auto ? " (auto)" : "", human_bytes(kv.ring_bytes()), gl::type_name(tk),
-            !gpu.device ? std::string()
-                        : " | " + gpu_memory_summary(gpu, backends.n_gpu_layers, hp.n_layer,
-                                                     kv.ring_bytes()),
-            human_bytes(peak_rss_bytes()), stop);
-    }
+    const RunFigures f{n_prompt, reused, gen.generated, prompt_s, gen_s, ttft, stop, gen.matched};
+    if (o.json)
+        emit(result_json(f, answer, session, plan, backends).dump() + "\n");
+    else if (!o.quiet)
+        fmt::print(stderr, "\n{}\n", stats_line(f, session, plan, backends));
     return interrupted() ? static_cast<int>(Exit::interrupted) : 0;
 }
 

@@ -91,6 +91,10 @@ class FakeDeviceBackend final : public ForwardingBackend {
         const float* u = in(up, 4 * n);
         inner().silu_mul(inout(gate, 4 * n), u, n);
     }
+    void gelu_mul(float* gate, const float* up, int64_t n) override {
+        const float* u = in(up, 4 * n);
+        inner().gelu_mul(inout(gate, 4 * n), u, n);
+    }
     void add(float* y, const float* x, int64_t n) override {
         const float* xx = in(x, 4 * n);
         inner().add(inout(y, 4 * n), xx, n);

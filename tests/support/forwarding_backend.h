@@ -45,6 +45,9 @@ class ForwardingBackend : public gl::Backend {
     void silu_mul(float* gate, const float* up, int64_t n) override {
         inner_->silu_mul(gate, up, n);
     }
+    void gelu_mul(float* gate, const float* up, int64_t n) override {
+        inner_->gelu_mul(gate, up, n);
+    }
     void add(float* y, const float* x, int64_t n) override { inner_->add(y, x, n); }
     void convert_rows(gl::Type t, const float* x, int64_t n, int64_t rows, void* dst) override {
         inner_->convert_rows(t, x, n, rows, dst);
