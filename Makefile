@@ -64,7 +64,7 @@ fuzz:
 
 format:
 	clang-format -i main.cpp src/*.cpp src/*.h src/arch/*.cpp src/arch/*.h src/cli/*.cpp src/cli/*.h ggml-like/*.h ggml-like/ref/*.cpp \
-	  ggml-like/cpu/*.cpp ggml-like/cpu/*.h ggml-like/cpu/x86/*.cpp ggml-like/cpu/x86/*.h ggml-like/cpu/arm/*.cpp ggml-like/cuda/*.cpp ggml-like/cuda/*.h tests/*/*.cpp tests/*/*.h
+	  ggml-like/cpu/*.cpp ggml-like/cpu/*.h ggml-like/cpu/x86/*.cpp ggml-like/cpu/x86/*.h ggml-like/cpu/arm/*.cpp ggml-like/cuda/*.cpp ggml-like/cuda/*.h tools/*.cpp tools/*.h tests/*/*.cpp tests/*/*.h
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) build-aarch64 kvrun kvrun-lab
