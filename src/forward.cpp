@@ -232,6 +232,17 @@ void Forward::attention_block(int l, int n, int64_t pos0, bool generated) {
             be.add(v_.data() + static_cast<size_t>(i) * kvd, L.bv.data(), kvd);
         }
 
+    // Per-head norms (qwen3): each head of Q and K normed over head_dim. Out
+    // of place through att_ (free until attention writes it) and copied back,
+    // so no backend needs an in-place norm.
+    if (!L.q_norm.empty()) {
+        be.rmsnorm(q_.data(), L.q_norm.data(), hp.head_dim, static_cast<int64_t>(n) * hp.n_head, hp.rms_eps,
+                   att_.data());
+        be.convert_rows(gl::Type::F32, att_.data(), qd, n, q_.data());
+        be.rmsnorm(k_.data(), L.k_norm.data(), hp.head_dim, static_cast<int64_t>(n) * hp.n_head_kv, hp.rms_eps,
+                   att_.data());
+        be.convert_rows(gl::Type::F32, att_.data(), kvd, n, k_.data());
+    }
     // Sinks keep their unrotated keys, re-rotated for queries past the window.
     if (pos0 < kv_.keep()) {
         be.host_read(k_.data(), sizeof(float) * static_cast<size_t>(n) * kvd);

@@ -153,6 +153,10 @@ Model Model::load(const GgufFile& f) {
         L.bq = b.vector(name(tn::attn_q_bias), hp.q_dim(), arch->qkv_bias);
         L.bk = b.vector(name(tn::attn_k_bias), hp.kv_dim(), arch->qkv_bias);
         L.bv = b.vector(name(tn::attn_v_bias), hp.kv_dim(), arch->qkv_bias);
+        if (arch->qk_norm) {
+            L.q_norm = b.vector(name(tn::attn_q_norm), hp.head_dim);
+            L.k_norm = b.vector(name(tn::attn_k_norm), hp.head_dim);
+        }
         L.wo = b.matrix(name(tn::attn_output), hp.q_dim(), hp.n_embd);
         L.ffn_norm = b.vector(name(tn::ffn_norm), hp.n_embd);
         L.w_gate = b.matrix(name(tn::ffn_gate), hp.n_embd, hp.n_ff);

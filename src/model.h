@@ -43,6 +43,7 @@ struct LayerWeights {
     std::vector<float> attn_norm;            // [n_embd]
     gl::Tensor wq, wk, wv;                   // [n_embd] -> [q_dim], [kv_dim], [kv_dim]
     std::vector<float> bq, bk, bv;           // optional biases (qwen2)
+    std::vector<float> q_norm, k_norm;       // optional per-head norms [head_dim] (qwen3)
     gl::Tensor wo;                           // [q_dim] -> [n_embd]
     std::vector<float> ffn_norm;             // [n_embd]
     gl::Tensor w_gate, w_up;                 // [n_embd] -> [n_ff]

@@ -5,9 +5,10 @@ namespace kvrun {
 
 extern const Family kLlama;
 extern const Family kQwen2;
+extern const Family kQwen3;
 
 namespace {
-const Family* const kFamilies[] = {&kLlama, &kQwen2};
+const Family* const kFamilies[] = {&kLlama, &kQwen2, &kQwen3};
 } // namespace
 
 const Family* find_family(std::string_view arch) {
