@@ -90,17 +90,16 @@ void ChatSession::rewind_to_common_prefix(const std::vector<int32_t>& want) {
 }
 
 bool ChatSession::sync(const std::vector<int32_t>& want, const ChatHooks& hooks, TurnStats& st) {
-    // Session::sync keeps this prefix (less the last token, whose logits start the reply).
-    const size_t m = std::min(common_prefix(s_.tokens(), want), want.size() - 1);
     const auto t0 = std::chrono::steady_clock::now();
     EvalHooks eh;
     eh.should_stop = hooks.should_stop;
     eh.on_progress = hooks.on_progress;
-    const bool done = s_.sync(want, eh) >= 0;
+    const Session::Synced r = s_.sync(want, eh);
+    const size_t m = static_cast<size_t>(r.kept);
     // The repetition penalty remembers what was evaluated, as it was evaluated.
     for (size_t i = m; i < s_.tokens().size(); i++) sampler_.accept(s_.tokens()[i]);
     st.evaluated += static_cast<int64_t>(s_.tokens().size() - m);
-    if (!done) return false;
+    if (!r.done) return false;
     st.prompt_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return true;
 }

@@ -1,14 +1,11 @@
 #include "kv_cache.h"
 
-#include <cstring>
-
-#include "ggml-like/cpu/ops.h"
-
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "error.h"
+#include "ggml-like/cpu/ops.h"
 #include "ggml-like/kernels.h"
 
 namespace kvrun {

@@ -35,15 +35,13 @@ void Session::step(int32_t token) {
     tokens_.push_back(token);
 }
 
-int64_t Session::sync(std::span<const int32_t> want, const EvalHooks& hooks) {
+Session::Synced Session::sync(std::span<const int32_t> want, const EvalHooks& hooks) {
     KV_ASSERT(!want.empty() && want.size() <= static_cast<size_t>(kv_.n_ctx()));
     size_t m = 0;
     while (m < tokens_.size() && m < want.size() && tokens_[m] == want[m]) m++;
     if (m == want.size()) m--; // evaluate the last token again: its logits start what follows
     KV_ASSERT(rewind(static_cast<int64_t>(m)));
-    const size_t before = tokens_.size();
-    const bool done = eval(want.subspan(m), hooks);
-    return done ? static_cast<int64_t>(tokens_.size() - before) : -1;
+    return Synced{static_cast<int64_t>(m), eval(want.subspan(m), hooks)};
 }
 
 bool Session::rewind(int64_t n) {

@@ -87,14 +87,17 @@ class Session {
     // Make the cache hold `want`: keep the longest common prefix with what it
     // holds, evaluate the rest, and at least want's last token (its logits
     // start what follows). The ring must not have wrapped (see rewind).
-    // Returns the tokens evaluated, or -1 when stopped.
-    int64_t sync(std::span<const int32_t> want, const EvalHooks& hooks = {});
+    struct Synced {
+        int64_t kept = 0; // tokens of want the cache already held and kept
+        bool done = true; // false when should_stop stopped it
+    };
+    Synced sync(std::span<const int32_t> want, const EvalHooks& hooks = {});
     // Keep only the first n tokens; false when the ring has overwritten a slot
     // of those (the caller must clear()).
     bool rewind(int64_t n);
     void clear();
 
-    // Prompt-cache files (prompt_cache.h) for this Session's model.
+    // Prompt-cache files (prompt_cache.h): the digest of the loaded model.
     uint64_t model_digest() const;
     // Clears, then loads the longest prefix of `want` the file holds.
     PromptCacheLoad load_prompt_cache(const std::string& path, uint64_t digest, const std::vector<int32_t>& want);
