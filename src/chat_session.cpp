@@ -86,7 +86,9 @@ std::vector<int32_t> ChatSession::target() const {
 }
 
 void ChatSession::rewind_to_common_prefix(const std::vector<int32_t>& want) {
-    KV_ASSERT(s_.rewind(static_cast<int64_t>(common_prefix(s_.tokens(), want)))); // never wrapped: always possible
+    // Always possible for a global ring (the session never wraps it); a
+    // sliding-window layer's ring that moved past the prefix starts again.
+    if (!s_.rewind(static_cast<int64_t>(common_prefix(s_.tokens(), want)))) s_.clear();
 }
 
 bool ChatSession::sync(const std::vector<int32_t>& want, const ChatHooks& hooks, TurnStats& st) {

@@ -59,9 +59,13 @@ Forward::Forward(const Model& m, KvCache& kv, Placement placement, int max_batch
     vc_.resize(B * kv.row_bytes_v());
     att_.resize(B * hp.q_dim());
     hb_.resize(B * hp.n_ff);
-    hb2_.resize(B * hp.n_ff);
+    hb2_.resize(B * std::max(hp.n_ff, hp.n_embd)); // also the block output norms' rows
     cos_.resize(B * hp.rope_dims / 2);
     sin_.resize(B * hp.rope_dims / 2);
+    if (!m.rope_inv_freq_swa.empty()) {
+        cos_swa_.resize(B * hp.rope_dims / 2);
+        sin_swa_.resize(B * hp.rope_dims / 2);
+    }
     pos_.resize(B);
     logits_.resize(static_cast<size_t>(hp.n_vocab)); // grown once if all rows are asked for
 
@@ -108,18 +112,22 @@ std::vector<std::pair<void*, size_t>> Forward::buffers() {
             f(hb2_),
             f(cos_),
             f(sin_),
+            f(cos_swa_),
+            f(sin_swa_),
             {pos_.data(), sizeof(int64_t) * pos_.size()},
             f(logits_)};
 }
 
 void Forward::track_all() {
     for (gl::Backend* be : backends_)
-        for (auto [p, bytes] : buffers()) be->track(p, bytes);
+        for (auto [p, bytes] : buffers())
+            if (bytes > 0) be->track(p, bytes);
 }
 
 void Forward::untrack_all() {
     for (gl::Backend* be : backends_)
-        for (auto [p, bytes] : buffers()) be->untrack(p);
+        for (auto [p, bytes] : buffers())
+            if (bytes > 0) be->untrack(p);
 }
 
 void Forward::wrote(const void* p, size_t bytes) {
@@ -177,16 +185,25 @@ void Forward::step(const int32_t* tokens, int n, int first, int64_t pos0, bool g
     {
         OpTimer t(profile_, Op::other);
         for (int i = 0; i < n; i++) {
-            gl::cpu::dequantize_row(m_.token_embd.type, m_.token_embd.row(tokens[i]),
-                                    x_.data() + static_cast<size_t>(i) * hp.n_embd, hp.n_embd);
+            float* x = x_.data() + static_cast<size_t>(i) * hp.n_embd;
+            gl::cpu::dequantize_row(m_.token_embd.type, m_.token_embd.row(tokens[i]), x, hp.n_embd);
+            if (m_.embed_scale != 1.0f)
+                for (int j = 0; j < hp.n_embd; j++) x[j] *= m_.embed_scale;
             pos_[i] = pos0 + i;
+            const size_t at = static_cast<size_t>(i) * half;
             gl::ops::rope_angles(static_cast<double>(pos0 + i), half, m_.rope_inv_freq.data(),
-                                 cos_.data() + static_cast<size_t>(i) * half,
-                                 sin_.data() + static_cast<size_t>(i) * half);
+                                 cos_.data() + at, sin_.data() + at);
+            if (!cos_swa_.empty())
+                gl::ops::rope_angles(static_cast<double>(pos0 + i), half, m_.rope_inv_freq_swa.data(),
+                                     cos_swa_.data() + at, sin_swa_.data() + at);
         }
         wrote(x_.data(), sizeof(float) * static_cast<size_t>(n) * hp.n_embd);
         wrote(cos_.data(), sizeof(float) * static_cast<size_t>(n) * half);
         wrote(sin_.data(), sizeof(float) * static_cast<size_t>(n) * half);
+        if (!cos_swa_.empty()) {
+            wrote(cos_swa_.data(), sizeof(float) * static_cast<size_t>(n) * half);
+            wrote(sin_swa_.data(), sizeof(float) * static_cast<size_t>(n) * half);
+        }
         wrote(pos_.data(), sizeof(int64_t) * static_cast<size_t>(n));
     }
 
@@ -243,19 +260,22 @@ void Forward::attention_block(int l, int n, int64_t pos0, bool generated) {
                    att_.data());
         be.convert_rows(gl::Type::F32, att_.data(), kvd, n, k_.data());
     }
-    // Sinks keep their unrotated keys, re-rotated for queries past the window.
-    if (pos0 < kv_.keep()) {
+    // Sinks keep their unrotated keys, re-rotated for queries past the window
+    // (sliding-window layers have none: their ring is what they see).
+    const bool sinks = kv_.config().keep_of(l) > 0;
+    if (sinks && pos0 < kv_.keep()) {
         be.host_read(k_.data(), sizeof(float) * static_cast<size_t>(n) * kvd);
-        kv_.store_sinks(l, pos0, n, k_.data(), m_.rope());
+        kv_.store_sinks(l, pos0, n, k_.data(), m_.rope(l));
     }
-    const bool any_slid = pos0 + n - 1 >= kv_.n_ctx();
+    const bool any_slid = sinks && pos0 + n - 1 >= kv_.slots(l);
     // A copy (F32 "conversion"), so that it stays on the backend's device.
     if (any_slid) be.convert_rows(gl::Type::F32, q_.data(), qd, n, q_unrot_.data());
 
-    be.rope(q_.data(), n, hp.n_head, hp.head_dim, hp.rope_dims, cos_.data(), sin_.data(),
-            hp.rope_neox);
-    be.rope(k_.data(), n, hp.n_head_kv, hp.head_dim, hp.rope_dims, cos_.data(), sin_.data(),
-            hp.rope_neox);
+    const bool own_base = hp.is_swa(l) && !cos_swa_.empty();
+    const float* cs = own_base ? cos_swa_.data() : cos_.data();
+    const float* sn = own_base ? sin_swa_.data() : sin_.data();
+    be.rope(q_.data(), n, hp.n_head, hp.head_dim, hp.rope_dims, cs, sn, hp.rope_neox);
+    be.rope(k_.data(), n, hp.n_head_kv, hp.head_dim, hp.rope_dims, cs, sn, hp.rope_neox);
     be.convert_rows(kv_.config().type_k, k_.data(), kvd, n, kc_.data());
     be.convert_rows(kv_.config().type_v, v_.data(), kvd, n, vc_.data());
     other.reset();
@@ -265,7 +285,7 @@ void Forward::attention_block(int l, int n, int64_t pos0, bool generated) {
     a.n_head = hp.n_head;
     a.n_head_kv = hp.n_head_kv;
     a.head_dim = hp.head_dim;
-    a.scale = 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
+    a.scale = m_.attn_scale();
     a.q = q_.data();
     a.q_unrot = any_slid ? q_unrot_.data() : nullptr;
     a.pos = pos_.data();
@@ -276,7 +296,7 @@ void Forward::attention_block(int l, int n, int64_t pos0, bool generated) {
     a.half_ok = generated;
     {
         // The slots in view (the batch's own keys included), K and V.
-        const double kv_bytes = static_cast<double>(std::min<int64_t>(pos0 + n, kv_.n_ctx())) *
+        const double kv_bytes = static_cast<double>(std::min<int64_t>(pos0 + n, kv_.slots(l))) *
                                 static_cast<double>(kv_.row_bytes_k() + kv_.row_bytes_v());
         OpTimer t(profile_, Op::attention, kv_bytes);
         be.attention(a);
@@ -286,10 +306,11 @@ void Forward::attention_block(int l, int n, int64_t pos0, bool generated) {
     }
 
     matmul(be, Op::attn_output, L.wo, att_.data(), n, xb_.data());
-    add_residual(be, n);
+    add_residual(be, n, L.post_attn_norm);
 }
 
-// x += W_down · (silu(W_gate · norm(x)) * (W_up · norm(x)))   (SwiGLU)
+// x += W_down · (act(W_gate · norm(x)) * (W_up · norm(x))), act = SiLU
+// (SwiGLU) or GELU (gemma3)
 void Forward::ffn_block(int l, int n) {
     const Hparams& hp = m_.hp;
     const LayerWeights& L = m_.layers[l];
@@ -299,10 +320,13 @@ void Forward::ffn_block(int l, int n) {
     matmul(be, Op::ffn_up, L.w_up, xb_.data(), n, hb2_.data());
     {
         OpTimer t(profile_, Op::other);
-        be.silu_mul(hb_.data(), hb2_.data(), static_cast<int64_t>(n) * hp.n_ff);
+        if (m_.gelu_ffn)
+            be.gelu_mul(hb_.data(), hb2_.data(), static_cast<int64_t>(n) * hp.n_ff);
+        else
+            be.silu_mul(hb_.data(), hb2_.data(), static_cast<int64_t>(n) * hp.n_ff);
     }
     matmul(be, Op::ffn_down, L.w_down, hb_.data(), n, xb_.data());
-    add_residual(be, n);
+    add_residual(be, n, L.post_ffn_norm);
 }
 
 void Forward::matmul(gl::Backend& be, Op op, const gl::Tensor& w, const float* x, int n, float* y) {
@@ -316,9 +340,16 @@ void Forward::rmsnorm(gl::Backend& be, const float* x, const std::vector<float>&
     be.rmsnorm(x, w.data(), m_.hp.n_embd, rows, m_.hp.rms_eps, out);
 }
 
-void Forward::add_residual(gl::Backend& be, int n) {
+void Forward::add_residual(gl::Backend& be, int n, const std::vector<float>& post) {
+    const float* y = xb_.data();
+    if (!post.empty()) {
+        // Into hb2_: free by now (the FFN's up rows are consumed), and at
+        // least n_embd wide.
+        rmsnorm(be, xb_.data(), post, n, hb2_.data());
+        y = hb2_.data();
+    }
     OpTimer t(profile_, Op::other);
-    be.add(x_.data(), xb_.data(), static_cast<int64_t>(n) * m_.hp.n_embd);
+    be.add(x_.data(), y, static_cast<int64_t>(n) * m_.hp.n_embd);
 }
 
 } // namespace kvrun

@@ -72,7 +72,9 @@ class Forward {
     // (timed as norms, other).
     void rmsnorm(gl::Backend& be, const float* x, const std::vector<float>& w, int rows,
                  float* out);
-    void add_residual(gl::Backend& be, int n);
+    // x_ += xb_ for n rows, through `post` first when it is not empty (the
+    // block's output norm, gemma3).
+    void add_residual(gl::Backend& be, int n, const std::vector<float>& post);
     // The residual stream x_ (n rows) moves from backend `from` to `to`.
     void cross(gl::Backend* from, gl::Backend* to, int n);
     // The activation buffers, registered with every backend (Backend::track).
@@ -97,6 +99,7 @@ class Forward {
     std::vector<float> att_;      // [B][q_dim]
     std::vector<float> hb_, hb2_; // [B][n_ff]
     std::vector<float> cos_, sin_; // [B][rope_dims/2]
+    std::vector<float> cos_swa_, sin_swa_; // the same for sliding-window layers with their own base
     std::vector<int64_t> pos_;    // [B]
     std::vector<float> logits_;   // [B or 1][n_vocab]
     OpProfile* profile_ = nullptr;

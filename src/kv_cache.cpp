@@ -14,15 +14,46 @@ bool kv_cache_type_ok(gl::Type t) { return gl::type_info(t).kv_cache; }
 
 const char* kv_cache_type_names() { return gl::kv_type_names(); }
 
-size_t KvCache::bytes_per_token(const KvCacheConfig& c) {
-    const int64_t kv_dim = static_cast<int64_t>(c.n_head_kv) * c.head_dim;
-    return static_cast<size_t>(c.n_layer) * (gl::row_size(c.type_k, kv_dim) + gl::row_size(c.type_v, kv_dim));
+int KvCacheConfig::swa_count() const {
+    int n = 0;
+    for (int l = 0; l < n_layer; l++) n += is_swa(l);
+    return n;
 }
 
-size_t KvCache::ring_bytes_for(const KvCacheConfig& c) { return bytes_per_token(c) * c.n_ctx; }
+namespace {
+// K + V bytes of one slot of one layer.
+size_t slot_bytes(const KvCacheConfig& c) {
+    const int64_t kv_dim = static_cast<int64_t>(c.n_head_kv) * c.head_dim;
+    return gl::row_size(c.type_k, kv_dim) + gl::row_size(c.type_v, kv_dim);
+}
+} // namespace
+
+size_t KvCache::bytes_per_token(const KvCacheConfig& c) { return static_cast<size_t>(c.n_layer) * slot_bytes(c); }
+
+size_t KvCache::bytes_at_depth(const KvCacheConfig& c, int64_t depth) {
+    const int64_t n_swa = c.swa_count(), n_global = c.n_layer - n_swa;
+    const int64_t swa_rows = std::min<int64_t>(depth, std::min(c.swa_window, c.n_ctx));
+    const int64_t rows = n_global * std::min<int64_t>(depth, c.n_ctx) + n_swa * swa_rows;
+    return static_cast<size_t>(rows) * slot_bytes(c);
+}
+
+size_t KvCache::ring_bytes_for(const KvCacheConfig& c) { return bytes_at_depth(c, c.n_ctx); }
+
+int64_t KvCache::max_ctx_for_bytes(const KvCacheConfig& c, uint64_t bytes) {
+    const uint64_t row = slot_bytes(c);
+    const int64_t n_swa = c.swa_count(), n_global = c.n_layer - n_swa;
+    if (row == 0 || c.n_layer == 0) return 0;
+    // Below the window every layer grows with n_ctx; above it only the global ones.
+    const uint64_t all_rows = bytes / row;
+    const int64_t below = static_cast<int64_t>(all_rows / c.n_layer);
+    if (n_swa == 0 || below < c.swa_window) return below;
+    if (n_global == 0) return int64_t{1} << 30; // the rings stop growing at the window
+    return static_cast<int64_t>((all_rows - static_cast<uint64_t>(n_swa) * c.swa_window) / n_global);
+}
 
 KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg) {
     if (cfg.n_ctx < 2) fail(Exit::usage, "context size {} is too small (at least 2)", cfg.n_ctx);
+    KV_ASSERT(cfg.swa_layers.empty() || (static_cast<int>(cfg.swa_layers.size()) == cfg.n_layer && cfg.swa_window >= 1));
     if (cfg.keep < 0 || cfg.keep >= cfg.n_ctx)
         fail(Exit::usage, "--keep {} must be at least 0 and smaller than the context ({})", cfg.keep, cfg.n_ctx);
     for (gl::Type t : {cfg.type_k, cfg.type_v}) {
@@ -40,20 +71,21 @@ KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg) {
     // (`kvrun-lab attention`, TinyLlama Q4_0 at depth 4096: a plain read
     // of the ring 20.5 -> 27-28 GB/s, attention 7.0-7.4 -> 6.3-6.8 ms a token).
     auto aligned = [](size_t n) { return (n + 63) / 64 * 64; };
-    k_bytes_ = aligned(row_k_ * cfg.n_ctx);
-    layer_bytes_ = k_bytes_ + aligned(row_v_ * cfg.n_ctx);
-    const size_t used = cfg.n_layer * layer_bytes_;
+    size_t used = 0;
+    for (int l = 0; l < cfg.n_layer; l++) {
+        layer_at_.push_back(used);
+        k_bytes_.push_back(aligned(row_k_ * slots(l)));
+        used += k_bytes_.back() + aligned(row_v_ * slots(l));
+    }
     block_ = allocate_huge(used);
     if (!block_) fail(Exit::out_of_memory, "cannot allocate {} bytes for the KV cache", used);
     std::memset(block_.get(), 0, used);
-    slot_pos_.assign(cfg.n_ctx, -1);
+    rings_.push_back(Ring{cfg.n_ctx, cfg.keep, std::vector<int64_t>(cfg.n_ctx, -1)});
+    if (cfg.swa_count() > 0) {
+        const int s = std::min(cfg.swa_window, cfg.n_ctx);
+        rings_.push_back(Ring{s, 0, std::vector<int64_t>(s, -1)});
+    }
     sink_k_.assign(static_cast<size_t>(cfg.n_layer) * cfg.keep * kv_dim(), 0.0f);
-}
-
-int KvCache::slot_of(int64_t pos) const {
-    KV_ASSERT(pos >= 0);
-    if (pos < cfg_.keep) return static_cast<int>(pos);
-    return static_cast<int>(cfg_.keep + (pos - cfg_.keep) % window());
 }
 
 size_t KvCache::ring_bytes() const { return ring_bytes_for(cfg_); }
@@ -63,17 +95,18 @@ void KvCache::attention_slots(int layer, gl::AttentionArgs& a) const {
     a.v_type = cfg_.type_v;
     a.k_row_bytes = row_k_;
     a.v_row_bytes = row_v_;
-    a.n_ctx = cfg_.n_ctx;
+    const Ring& r = ring(layer);
+    a.n_ctx = r.slots;
     a.k_slots = k_slots(layer);
     a.v_slots = v_slots(layer);
     // 0 = rows (see gl::AttentionArgs)
-    a.k_head_bytes = head_bytes_k();
+    a.k_head_bytes = head_bytes_k(layer);
     a.v_slot_bytes = head_major_ ? slot_bytes_v() : 0;
-    a.v_head_bytes = head_bytes_v();
-    a.slot_pos = slot_pos();
-    a.n_sink = cfg_.keep;
-    a.window = window();
-    a.sink_k = sink_k(layer);
+    a.v_head_bytes = head_bytes_v(layer);
+    a.slot_pos = r.pos.data();
+    a.n_sink = r.keep;
+    a.window = r.window();
+    a.sink_k = r.keep > 0 ? sink_k(layer) : nullptr;
 }
 
 size_t KvCache::sink_bytes() const { return sink_k_.size() * sizeof(float); }
@@ -91,11 +124,12 @@ void KvCache::write(int layer, int64_t pos0, int n, const void* k_rows, const vo
     KV_ASSERT(layer >= 0 && layer < cfg_.n_layer && pos0 == n_past_);
     // When the batch is longer than the window only its newest tokens survive;
     // skip the ones that would be overwritten within the same batch.
-    const int first = n > window() ? static_cast<int>(n - window()) : 0; // sinks are never skipped (below)
+    const Ring& r = ring(layer);
+    const int first = n > r.window() ? static_cast<int>(n - r.window()) : 0; // sinks are never skipped (below)
     for (int i = 0; i < n; i++) {
         const int64_t p = pos0 + i;
-        if (i < first && p >= cfg_.keep) continue;
-        const int s = slot_of(p);
+        if (i < first && p >= r.keep) continue;
+        const int s = r.slot_of(p);
         put_row(layer, s, static_cast<const uint8_t*>(k_rows) + i * row_k_,
                 static_cast<const uint8_t*>(v_rows) + i * row_v_, copy);
     }
@@ -113,71 +147,95 @@ void KvCache::set_head_major(bool on) {
     std::vector<uint8_t> k(cfg_.n_ctx * row_k_), v(cfg_.n_ctx * row_v_);
     for (int l = 0; l < cfg_.n_layer; l++) {
         head_major_ = !on;
-        read_rows(l, cfg_.n_ctx, k.data(), v.data());
+        read_rows(l, slots(l), k.data(), v.data());
         head_major_ = on;
-        for (int s = 0; s < cfg_.n_ctx; s++)
-            put_row(l, s, k.data() + s * row_k_, v.data() + s * row_v_, copy_bytes);
+        restore_rows(l, slots(l), k.data(), v.data());
     }
 }
 
 void KvCache::put_row(int layer, int s, const uint8_t* kr, const uint8_t* vr, const RowCopy& copy) {
     uint8_t* kb = k_at(layer);
-    uint8_t* vb = kb + k_bytes_;
+    uint8_t* vb = kb + k_bytes_[layer];
     if (!head_major_) {
         copy(kb + s * row_k_, kr, row_k_);
         copy(vb + s * row_v_, vr, row_v_);
         return;
     }
-    const size_t hv = slot_bytes_v();
-    for (int h = 0; h < cfg_.n_head_kv; h++) copy(vb + h * head_bytes_v() + s * hv, vr + h * hv, hv);
+    const size_t hv = slot_bytes_v(), hbk = head_bytes_k(layer), hbv = head_bytes_v(layer);
+    for (int h = 0; h < cfg_.n_head_kv; h++) copy(vb + h * hbv + s * hv, vr + h * hv, hv);
     // Keys element by element into their tiles: a key's elements are a tile
     // width apart. (Not through a staged row: `copy` may complete later.)
     const size_t e = gl::type_info(cfg_.type_k).type_size;
-    const int hd = cfg_.head_dim;
+    const int hd = cfg_.head_dim, n_slots = slots(layer);
     for (int h = 0; h < cfg_.n_head_kv; h++)
         for (int k = 0; k < hd; k++)
-            copy(kb + h * head_bytes_k() + gl::key_tile_index(s, k, hd, cfg_.n_ctx) * e,
+            copy(kb + h * hbk + gl::key_tile_index(s, k, hd, n_slots) * e,
                  kr + (static_cast<size_t>(h) * hd + k) * e, e);
 }
 
 void KvCache::read_rows(int layer, int n, void* k_rows, void* v_rows) const {
-    KV_ASSERT(layer >= 0 && layer < cfg_.n_layer && n >= 0 && n <= cfg_.n_ctx);
+    KV_ASSERT(layer >= 0 && layer < cfg_.n_layer && n >= 0 && n <= slots(layer));
     auto* ko = static_cast<uint8_t*>(k_rows);
     auto* vo = static_cast<uint8_t*>(v_rows);
     const uint8_t* kb = k_at(layer);
-    const uint8_t* vb = kb + k_bytes_;
+    const uint8_t* vb = kb + k_bytes_[layer];
     if (!head_major_) {
         std::memcpy(ko, kb, n * row_k_);
         std::memcpy(vo, vb, n * row_v_);
         return;
     }
     const size_t hv = slot_bytes_v(), e = gl::type_info(cfg_.type_k).type_size;
-    const int hd = cfg_.head_dim;
+    const size_t hbk = head_bytes_k(layer), hbv = head_bytes_v(layer);
+    const int hd = cfg_.head_dim, n_slots = slots(layer);
     for (int s = 0; s < n; s++)
         for (int h = 0; h < cfg_.n_head_kv; h++) {
-            std::memcpy(vo + s * row_v_ + h * hv, vb + h * head_bytes_v() + s * hv, hv);
+            std::memcpy(vo + s * row_v_ + h * hv, vb + h * hbv + s * hv, hv);
             for (int k = 0; k < hd; k++)
                 std::memcpy(ko + s * row_k_ + (static_cast<size_t>(h) * hd + k) * e,
-                            kb + h * head_bytes_k() + gl::key_tile_index(s, k, hd, cfg_.n_ctx) * e,
-                            e);
+                            kb + h * hbk + gl::key_tile_index(s, k, hd, n_slots) * e, e);
         }
+}
+
+void KvCache::restore_rows(int layer, int n, const void* k_rows, const void* v_rows) {
+    KV_ASSERT(layer >= 0 && layer < cfg_.n_layer && n >= 0 && n <= slots(layer));
+    for (int s = 0; s < n; s++)
+        put_row(layer, s, static_cast<const uint8_t*>(k_rows) + s * row_k_,
+                static_cast<const uint8_t*>(v_rows) + s * row_v_, copy_bytes);
+}
+
+void KvCache::restore_positions(int64_t n) {
+    KV_ASSERT(n_past_ == 0 && n >= 0);
+    for (Ring& r : rings_) {
+        std::fill(r.pos.begin(), r.pos.end(), -1);
+        for (int64_t p = 0; p < n; p++)
+            if (p < r.keep || p >= n - r.window()) r.pos[r.slot_of(p)] = p;
+    }
+    n_past_ = n;
 }
 
 void KvCache::commit(int64_t pos0, int n) {
     KV_ASSERT(pos0 == n_past_);
-    for (int i = 0; i < n; i++) slot_pos_[slot_of(pos0 + i)] = pos0 + i;
+    for (Ring& r : rings_)
+        for (int i = 0; i < n; i++) r.pos[r.slot_of(pos0 + i)] = pos0 + i;
     n_past_ = pos0 + n;
 }
 
 void KvCache::clear() {
-    std::fill(slot_pos_.begin(), slot_pos_.end(), -1);
+    for (Ring& r : rings_) std::fill(r.pos.begin(), r.pos.end(), -1);
     n_past_ = 0;
 }
 
 bool KvCache::truncate(int64_t n) {
     if (n >= n_past_) return n == n_past_;
-    if (n_past_ > cfg_.n_ctx) return false; // the ring has wrapped: old slots are gone
-    for (int64_t p = n; p < n_past_; p++) slot_pos_[slot_of(p)] = -1;
+    // A query at n attends the sinks and positions lowest_seen(n) .. n - 1:
+    // each must still be in its slot (a wrapped ring has overwritten the
+    // oldest of them with later tokens).
+    for (const Ring& r : rings_)
+        for (int64_t p = std::max<int64_t>(r.keep, r.lowest_seen(n)); p < n; p++)
+            if (r.pos[r.slot_of(p)] != p) return false;
+    for (Ring& r : rings_)
+        for (int64_t& p : r.pos)
+            if (p >= n) p = -1;
     n_past_ = n;
     return true;
 }
@@ -185,6 +243,7 @@ bool KvCache::truncate(int64_t n) {
 void KvCache::store_sinks(int layer, int64_t pos0, int n, const float* k_unrot, const Rope& rope) {
     const int kvd = kv_dim(), half = rope.dims / 2;
     std::vector<float> cs(half), sn(half);
+    KV_ASSERT(!cfg_.is_swa(layer));
     for (int i = 0; i < n && pos0 + i < cfg_.keep; i++) {
         const int64_t j = pos0 + i;
         float* dst = sink_k(layer) + j * kvd;

@@ -1,17 +1,24 @@
-// The KV cache: per layer, one K and one V buffer of exactly n_ctx rows
+// The KV cache: per layer, one K and one V buffer of a fixed number of rows
 // ("slots") of n_head_kv * head_dim elements, allocated once and never grown.
 //
-// It is a ring with a pinned prefix. Position p lives in slot
+// Each layer's slots are a ring with a pinned prefix. Position p lives in slot
 //     p                                   if p < keep   (attention sinks)
-//     keep + (p - keep) mod (n_ctx - keep) otherwise,
-// so once generation passes n_ctx every new token overwrites the oldest
+//     keep + (p - keep) mod (slots - keep) otherwise,
+// so once generation passes the ring every new token overwrites the oldest
 // window token and goes on forever with no pause to shift or recompute.
 // Window keys are stored rotated at their absolute positions. Each sink key is
 // also kept once, in F32, pre-rotated by -(n_ctx - 1 - j): dotted with an
 // unrotated query it scores as if the sink sat just before the oldest window
 // token, so no query-key distance ever exceeds n_ctx - 1 (see gl::AttentionArgs).
+//
+// Most models have one kind of layer: every ring holds n_ctx slots and `keep`
+// sinks. Models with sliding-window layers (Gemma 3) have two rings: their
+// global layers as above, their sliding-window layers min(window, n_ctx)
+// slots and no sinks, which is exactly what such a layer can see: a ring of
+// W slots attends the last W positions.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -30,10 +37,19 @@ struct KvCacheConfig {
     int n_ctx = 0;
     int keep = 4;
     gl::Type type_k = gl::Type::F16, type_v = gl::Type::F16;
+    // Sliding-window layers (Hparams::swa_layers): [n_layer] flags, empty
+    // for none, and the window they see.
+    int swa_window = 0;
+    std::vector<uint8_t> swa_layers = {};
 
     static KvCacheConfig for_model(const Hparams& hp, int n_ctx, int keep, gl::Type type_k, gl::Type type_v) {
-        return {hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx, keep, type_k, type_v};
+        return {hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx, keep, type_k, type_v, hp.swa_window, hp.swa_layers};
     }
+    bool is_swa(int layer) const { return !swa_layers.empty() && swa_layers[layer] != 0; }
+    int swa_count() const;
+    // A layer's ring: its slots and sinks.
+    int slots(int layer) const { return is_swa(layer) ? std::min(swa_window, n_ctx) : n_ctx; }
+    int keep_of(int layer) const { return is_swa(layer) ? 0 : keep; }
 };
 
 // Element types a cache can hold (blocks run along each row of kv_dim): the
@@ -45,29 +61,37 @@ class KvCache {
   public:
     explicit KvCache(const KvCacheConfig& cfg); // throws Error on an invalid config
     const KvCacheConfig& config() const { return cfg_; }
+    // The context: the global layers' ring (every layer's, for most models).
     int n_ctx() const { return cfg_.n_ctx; }
     int keep() const { return cfg_.keep; }
     int64_t window() const { return cfg_.n_ctx - cfg_.keep; }
     int kv_dim() const { return cfg_.n_head_kv * cfg_.head_dim; }
+    int slots(int layer) const { return cfg_.slots(layer); }
 
     // Tokens evaluated so far; the next token goes at this position.
     int64_t n_past() const { return n_past_; }
-    int slot_of(int64_t pos) const;
+    int slot_of(int layer, int64_t pos) const { return ring(layer).slot_of(pos); }
 
-    // Exactly 2 × n_layer × n_ctx × n_head_kv × head_dim × bytes per element.
+    // Exactly 2 × n_head_kv × head_dim × bytes per element × the sum over
+    // layers of their slots (n_layer × n_ctx when every layer is global).
     size_t ring_bytes() const;
     // The sinks' pre-rotated F32 copies.
     size_t sink_bytes() const;
     // The one KV-bytes formula: every figure kvrun prints (info, the memory
-    // plan, bench, the stats line) comes from these two.
+    // plan, bench, the stats line) comes from these.
     static size_t ring_bytes_for(const KvCacheConfig& cfg);
+    // The bytes of the slots a token at `depth` reads: per layer,
+    // min(depth, slots) rows (ring_bytes_for at depth n_ctx).
+    static size_t bytes_at_depth(const KvCacheConfig& cfg, int64_t depth);
     // 2 × n_layer × n_head_kv × head_dim × bytes per element (n_ctx not counted).
     static size_t bytes_per_token(const KvCacheConfig& cfg);
+    // The largest n_ctx whose rings fit in `bytes` (0 if none).
+    static int64_t max_ctx_for_bytes(const KvCacheConfig& cfg, uint64_t bytes);
     size_t row_bytes_k() const { return row_k_; }
     size_t row_bytes_v() const { return row_v_; }
 
     const void* k_slots(int layer) const { return k_at(layer); }
-    const void* v_slots(int layer) const { return k_at(layer) + k_bytes_; }
+    const void* v_slots(int layer) const { return k_at(layer) + k_bytes_[layer]; }
     // Head-major slots instead of rows: per layer, each KV head's keys and
     // values are one contiguous stream, not a head_dim slice of every row
     // (TinyLlama shape, depth 4096: attention 8.9 instead of 11.7 ms per
@@ -81,15 +105,16 @@ class KvCache {
     void set_head_major(bool on);
     bool head_major() const { return head_major_; }
     size_t slot_bytes_v() const { return head_major_ ? row_v_ / cfg_.n_head_kv : row_v_; }
-    size_t head_bytes_k() const { return head_major_ ? row_k_ / cfg_.n_head_kv * cfg_.n_ctx : 0; }
-    size_t head_bytes_v() const { return head_major_ ? slot_bytes_v() * cfg_.n_ctx : 0; }
+    size_t head_bytes_k(int layer) const { return head_major_ ? row_k_ / cfg_.n_head_kv * slots(layer) : 0; }
+    size_t head_bytes_v(int layer) const { return head_major_ ? slot_bytes_v() * slots(layer) : 0; }
     // A layer's cached slots for gl::attention: the cache fields of `a`
     // (types, row sizes, n_ctx, slots in either layout, the positions they
     // hold, the sinks); the caller fills the batch's own.
     void attention_slots(int layer, gl::AttentionArgs& a) const;
     // Copy slots [0, n) of a layer out as rows (either layout).
     void read_rows(int layer, int n, void* k_rows, void* v_rows) const;
-    const int64_t* slot_pos() const { return slot_pos_.data(); }
+    // The positions a layer's slots hold (-1: empty).
+    const int64_t* slot_pos(int layer) const { return ring(layer).pos.data(); }
     float* sink_k(int layer) {
         return sink_k_.data() + static_cast<size_t>(layer) * cfg_.keep * kv_dim();
     }
@@ -122,23 +147,43 @@ class KvCache {
 
     // Forget everything.
     void clear();
-    // Keep only the first n tokens; possible while no slot of those has been
-    // overwritten (returns false otherwise, and the caller must clear).
+    // Keep only the first n tokens; possible while every slot a query at
+    // position n would attend still holds its position (returns false
+    // otherwise, and the caller must clear).
     bool truncate(int64_t n);
 
+    // A saved state back (prompt-cache files): slots [0, n) of a layer from
+    // rows, then restore_positions(n) once every layer is written: the cache
+    // holds n tokens in the slots a run of n tokens leaves them in.
+    void restore_rows(int layer, int n, const void* k_rows, const void* v_rows);
+    void restore_positions(int64_t n);
+
   private:
+    // The slot bookkeeping shared by the layers of one kind.
+    struct Ring {
+        int slots = 0, keep = 0;
+        std::vector<int64_t> pos; // [slots], -1 = empty
+        int64_t window() const { return slots - keep; }
+        int slot_of(int64_t p) const {
+            return p < keep ? static_cast<int>(p) : static_cast<int>(keep + (p - keep) % window());
+        }
+        // The first window position a query at p attends (sinks aside).
+        int64_t lowest_seen(int64_t p) const { return p >= slots ? p - window() + 1 : 0; }
+    };
+    const Ring& ring(int layer) const { return rings_[cfg_.is_swa(layer) ? 1 : 0]; }
+
     KvCacheConfig cfg_;
     size_t row_k_ = 0, row_v_ = 0;
     bool head_major_ = false;
     void put_row(int layer, int slot, const uint8_t* k_row, const uint8_t* v_row,
                  const RowCopy& copy);
-    // All layers' slots (allocate_huge): layer l's K slots at l *
-    // layer_bytes_, its V slots k_bytes_ further.
+    // All layers' slots (allocate_huge): layer l's K slots at layer_at_[l],
+    // its V slots k_bytes_[l] further.
     HugeBytes block_;
-    size_t k_bytes_ = 0, layer_bytes_ = 0;
-    uint8_t* k_at(int layer) const { return block_.get() + layer * layer_bytes_; }
-    std::vector<int64_t> slot_pos_; // [n_ctx], -1 = empty
-    std::vector<float> sink_k_;     // [n_layer][keep][kv_dim]
+    std::vector<size_t> layer_at_, k_bytes_;
+    uint8_t* k_at(int layer) const { return block_.get() + layer_at_[layer]; }
+    std::vector<Ring> rings_;   // [0]: global layers; [1]: sliding-window layers, if any
+    std::vector<float> sink_k_; // [n_layer][keep][kv_dim]
     int64_t n_past_ = 0;
 };
 

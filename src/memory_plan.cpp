@@ -25,9 +25,10 @@ MemoryPlan plan_memory(const GgufFile& f, const Hparams& hp, int64_t n_ctx, gl::
         p.weights += t.nbytes;
         p.weights_resident += resident_bytes(t.data, t.nbytes); // mapped, or moved (GgufFile)
     }
-    p.kv_per_token = KvCache::bytes_per_token(KvCacheConfig::for_model(hp, 0, 0, tk, tv));
+    const KvCacheConfig cache = KvCacheConfig::for_model(hp, static_cast<int>(n_ctx), 0, tk, tv);
+    p.kv_per_token = KvCache::bytes_per_token(cache);
     p.n_ctx = n_ctx;
-    p.kv = p.kv_per_token * n_ctx;
+    p.kv = KvCache::ring_bytes_for(cache);
     const uint64_t b = static_cast<uint64_t>(std::min<int64_t>(batch, n_ctx));
     // Forward's buffers (see forward.h) plus attention scratch per thread and one logits row.
     p.scratch = 4 * (b * (2ull * hp.n_embd + 3ull * hp.q_dim() + 2ull * hp.kv_dim() + 2ull * hp.n_ff) +
@@ -35,7 +36,8 @@ MemoryPlan plan_memory(const GgufFile& f, const Hparams& hp, int64_t n_ctx, gl::
                 b * 2 * (gl::row_size(tk, hp.kv_dim()) + gl::row_size(tv, hp.kv_dim()));
     const uint64_t to_fault = p.weights > p.weights_resident ? p.weights - p.weights_resident : 0;
     const uint64_t used = to_fault + p.scratch + kReserve;
-    p.max_ctx_that_fits = p.mem_available > used ? static_cast<int64_t>((p.mem_available - used) / p.kv_per_token) : 0;
+    p.kv_free = p.mem_available > used ? p.mem_available - used : 0;
+    p.max_ctx_that_fits = KvCache::max_ctx_for_bytes(cache, p.kv_free);
     return p;
 }
 
@@ -93,14 +95,14 @@ std::string memory_advice(const MemoryPlan& p, const Hparams& hp, int64_t n_prom
     std::ostringstream s;
     const uint64_t to_fault = p.weights > p.weights_resident ? p.weights - p.weights_resident : 0;
     s << "the KV cache for " << p.n_ctx << " tokens needs " << human_bytes(p.kv) << " but only "
-      << human_bytes(p.max_ctx_that_fits * p.kv_per_token) << " is free for it (available "
+      << human_bytes(p.kv_free) << " is free for it (available "
       << human_bytes(p.mem_available) << ", less " << human_bytes(to_fault)
       << " of weights still to load and " << human_bytes(p.scratch + kReserve) << " of buffers)";
     if (p.max_ctx_that_fits > n_prompt) s << "; -c " << p.max_ctx_that_fits << " would fit";
     // q8_0 K and V: 34 bytes per 32 elements
-    const uint64_t q8_per_token = static_cast<uint64_t>(hp.n_layer) * 2 * gl::row_size(gl::Type::Q8_0, hp.kv_dim());
-    if (hp.kv_dim() % 32 == 0 && q8_per_token < p.kv_per_token) {
-        const int64_t q8_fit = static_cast<int64_t>(p.max_ctx_that_fits * p.kv_per_token / q8_per_token);
+    const KvCacheConfig q8 = KvCacheConfig::for_model(hp, 0, 0, gl::Type::Q8_0, gl::Type::Q8_0);
+    if (hp.kv_dim() % 32 == 0 && KvCache::bytes_per_token(q8) < p.kv_per_token) {
+        const int64_t q8_fit = KvCache::max_ctx_for_bytes(q8, p.kv_free);
         s << "; with --ctk q8_0 --ctv q8_0 up to " << q8_fit << " tokens fit";
     }
     return s.str();

@@ -23,7 +23,8 @@ struct MemoryPlan {
     uint64_t weights_resident = 0; // already in RAM (page cache of the mapping)
     uint64_t scratch = 0;          // activations, logits, attention scratch (estimate)
     uint64_t kv_per_token = 0;
-    uint64_t kv = 0;               // at n_ctx
+    uint64_t kv = 0;               // at n_ctx (the sum over layers of their rings)
+    uint64_t kv_free = 0;          // what is left for the cache
     int64_t n_ctx = 0;
     int64_t max_ctx_that_fits = 0; // largest context whose cache fits
     bool fits() const { return n_ctx <= max_ctx_that_fits; }

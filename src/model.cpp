@@ -72,6 +72,10 @@ int as_int(uint64_t v, const GgufFile& f, const std::string& key, uint64_t max =
 
 } // namespace
 
+float Model::attn_scale() const {
+    return hp.attn_scale > 0 ? hp.attn_scale : 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
+}
+
 const char* supported_architectures() { return family_names().c_str(); }
 
 Hparams read_hparams(const GgufFile& f) {
@@ -159,6 +163,10 @@ Model Model::load(const GgufFile& f) {
         }
         L.wo = b.matrix(name(tn::attn_output), hp.q_dim(), hp.n_embd);
         L.ffn_norm = b.vector(name(tn::ffn_norm), hp.n_embd);
+        if (arch->post_norms) {
+            L.post_attn_norm = b.vector(name(tn::post_attention_norm), hp.n_embd);
+            L.post_ffn_norm = b.vector(name(tn::post_ffw_norm), hp.n_embd);
+        }
         L.w_gate = b.matrix(name(tn::ffn_gate), hp.n_embd, hp.n_ff);
         L.w_up = b.matrix(name(tn::ffn_up), hp.n_embd, hp.n_ff);
         L.w_down = b.matrix(name(tn::ffn_down), hp.n_ff, hp.n_embd);
@@ -173,6 +181,13 @@ Model Model::load(const GgufFile& f) {
         if (!factors.empty()) m.rope_inv_freq[i] /= factors[i];
         m.rope_inv_freq[i] /= hp.rope_linear_factor;
     }
+    // Sliding-window layers with a base of their own take it unscaled.
+    if (hp.rope_base_swa > 0 && !hp.swa_layers.empty()) {
+        m.rope_inv_freq_swa.resize(n_pairs);
+        for (int i = 0; i < n_pairs; i++) m.rope_inv_freq_swa[i] = std::pow(hp.rope_base_swa, -2.0 * i / hp.rope_dims);
+    }
+    m.embed_scale = arch->embed_scale ? std::sqrt(static_cast<float>(hp.n_embd)) : 1.0f;
+    m.gelu_ffn = arch->gelu_ffn;
     for (const auto& t : f.tensors()) m.weight_bytes += t.nbytes;
     return m;
 }

@@ -27,6 +27,14 @@ struct Hparams {
     bool rope_neox = false; // rotate pairs (i, i + d/2) instead of (2i, 2i+1)
     double rope_linear_factor = 1.0; // rope.scaling.type = linear: positions / factor
     int64_t sliding_window = 0; // attention span declared by the file (Mistral), 0 = none
+    // Per-layer windows (Gemma 3): a layer with swa_layers[l] sees only the
+    // last swa_window positions, the others all of them. Empty: every layer
+    // alike (a uniform sliding_window is the context plan's business).
+    int swa_window = 0;
+    std::vector<uint8_t> swa_layers;    // [n_layer] 1 = sliding-window layer
+    double rope_base_swa = 0;           // RoPE base of the sliding-window layers (0: rope_base)
+    float attn_scale = 0;               // query-key scale, 0 = 1/sqrt(head_dim)
+    bool is_swa(int layer) const { return !swa_layers.empty() && swa_layers[layer] != 0; }
     int q_dim() const { return n_head * head_dim; }
     int kv_dim() const { return n_head_kv * head_dim; }
 };
@@ -45,7 +53,9 @@ struct LayerWeights {
     std::vector<float> bq, bk, bv;           // optional biases (qwen2)
     std::vector<float> q_norm, k_norm;       // optional per-head norms [head_dim] (qwen3)
     gl::Tensor wo;                           // [q_dim] -> [n_embd]
+    std::vector<float> post_attn_norm;       // optional norm of the attention output [n_embd] (gemma3)
     std::vector<float> ffn_norm;             // [n_embd]
+    std::vector<float> post_ffn_norm;        // optional norm of the FFN output [n_embd] (gemma3)
     gl::Tensor w_gate, w_up;                 // [n_embd] -> [n_ff]
     gl::Tensor w_down;                       // [n_ff] -> [n_embd]
 
@@ -62,10 +72,19 @@ struct Model {
     gl::Tensor output;              // [n_embd] -> [n_vocab]; token_embd when tied
     std::vector<LayerWeights> layers;
     std::vector<double> rope_inv_freq; // [rope_dims / 2], with rope_freqs factors applied
+    // The sliding-window layers' frequencies where their base differs
+    // (Gemma 3: 10 000, unscaled); empty: rope_inv_freq for every layer.
+    std::vector<double> rope_inv_freq_swa;
+    float embed_scale = 1.0f;       // token embeddings are multiplied by it (gemma3: sqrt(n_embd))
+    bool gelu_ffn = false;          // GELU-gated FFN instead of SwiGLU
     uint64_t weight_bytes = 0;      // bytes of all tensors in the file
 
-    // How keys and queries are rotated, for the cache's sink copies.
-    Rope rope() const { return Rope{rope_inv_freq.data(), hp.rope_dims, hp.rope_neox}; }
+    // How a layer's keys and queries are rotated (the cache's sink copies too).
+    const std::vector<double>& inv_freq(int layer) const {
+        return hp.is_swa(layer) && !rope_inv_freq_swa.empty() ? rope_inv_freq_swa : rope_inv_freq;
+    }
+    Rope rope(int layer) const { return Rope{inv_freq(layer).data(), hp.rope_dims, hp.rope_neox}; }
+    float attn_scale() const;
 
     // Throws Error(Exit::bad_model) naming what is missing, misshapen or unsupported.
     static Model load(const GgufFile& f);

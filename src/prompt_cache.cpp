@@ -1,6 +1,7 @@
 #include "prompt_cache.h"
 
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -15,7 +16,7 @@ namespace kvrun {
 namespace {
 
 constexpr char kMagic[8] = {'K', 'V', 'R', 'U', 'N', 'P', 'C', '\0'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2; // 2: sliding-window rings saved slot by slot
 
 struct Header {
     char magic[8];
@@ -24,10 +25,18 @@ struct Header {
     uint32_t n_layer, n_head_kv, head_dim;
     uint32_t keep;
     uint32_t n_ctx; // the context the sink copies were rotated for
+    uint32_t swa_slots; // slots of a sliding-window layer's ring, 0 = none
+    uint32_t reserved;
     uint64_t digest;
     uint64_t n_tokens;
 };
-static_assert(sizeof(Header) == 56);
+static_assert(sizeof(Header) == 64);
+
+// Slots a layer saved: those its ring filled by n tokens.
+int64_t saved_slots(const KvCacheConfig& c, int layer, uint32_t swa_slots, uint64_t n) {
+    const int64_t slots = c.is_swa(layer) ? swa_slots : c.n_ctx;
+    return std::min<int64_t>(static_cast<int64_t>(n), slots);
+}
 
 uint64_t fnv1a(const uint8_t* p, size_t n, uint64_t h = 0xcbf29ce484222325ull) {
     for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
@@ -50,7 +59,7 @@ void save_prompt_cache(const std::string& path, uint64_t digest, const KvCache& 
                        const std::vector<int32_t>& tokens) {
     const KvCacheConfig& c = kv.config();
     const int64_t n = static_cast<int64_t>(tokens.size());
-    KV_ASSERT(n <= kv.n_past() && kv.n_past() <= c.n_ctx);
+    KV_ASSERT(n == kv.n_past() && n <= c.n_ctx);
     Header h{};
     std::memcpy(h.magic, kMagic, 8);
     h.version = kVersion;
@@ -61,6 +70,7 @@ void save_prompt_cache(const std::string& path, uint64_t digest, const KvCache& 
     h.head_dim = c.head_dim;
     h.keep = c.keep;
     h.n_ctx = c.n_ctx;
+    h.swa_slots = c.swa_count() > 0 ? std::min(c.swa_window, c.n_ctx) : 0;
     h.digest = digest;
     h.n_tokens = n;
     std::string out;
@@ -68,12 +78,13 @@ void save_prompt_cache(const std::string& path, uint64_t digest, const KvCache& 
     append(out, tokens.data(), tokens.size());
     std::vector<uint8_t> k_rows(n * kv.row_bytes_k()), v_rows(n * kv.row_bytes_v());
     for (int l = 0; l < c.n_layer; l++) {
-        // Before the ring wraps, position p is in slot p; the file holds rows
-        // whatever the cache's layout.
-        kv.read_rows(l, static_cast<int>(n), k_rows.data(), v_rows.data());
-        append(out, k_rows.data(), k_rows.size());
-        append(out, v_rows.data(), v_rows.size());
-        append(out, kv.sink_k(l), static_cast<size_t>(c.keep) * kv.kv_dim());
+        // Slot by slot (before a ring wraps, position p is in slot p); the
+        // file holds rows whatever the cache's layout.
+        const int64_t rows = saved_slots(c, l, h.swa_slots, n);
+        kv.read_rows(l, static_cast<int>(rows), k_rows.data(), v_rows.data());
+        append(out, k_rows.data(), rows * kv.row_bytes_k());
+        append(out, v_rows.data(), rows * kv.row_bytes_v());
+        append(out, kv.sink_k(l), static_cast<size_t>(c.keep_of(l)) * kv.kv_dim());
     }
     const uint64_t sum = fnv1a(reinterpret_cast<const uint8_t*>(out.data()), out.size());
     append(out, &sum, 1);
@@ -89,7 +100,7 @@ void save_prompt_cache(const std::string& path, uint64_t digest, const KvCache& 
 }
 
 PromptCacheLoad load_prompt_cache(const std::string& path, uint64_t digest, KvCache& kv,
-                                  const std::vector<int32_t>& prompt, const Rope& rope) {
+                                  const std::vector<int32_t>& prompt, const Model& model) {
     PromptCacheLoad r;
     std::ifstream in(path, std::ios::binary);
     if (!in) {
@@ -115,8 +126,16 @@ PromptCacheLoad load_prompt_cache(const std::string& path, uint64_t digest, KvCa
                        std::to_string(c.n_ctx) + ")",
                r;
     const uint64_t n = h.n_tokens;
-    const size_t sinks = static_cast<size_t>(c.keep) * kv.kv_dim() * sizeof(float);
-    const uint64_t want = sizeof(Header) + n * 4 + c.n_layer * (n * (kv.row_bytes_k() + kv.row_bytes_v()) + sinks) + 8;
+    const uint32_t swa_slots = c.swa_count() > 0 ? std::min(c.swa_window, c.n_ctx) : 0;
+    if ((h.swa_slots == 0) != (swa_slots == 0)) return r.why = "cache dimensions differ", r;
+    // A sliding-window ring of another size holds other positions in its
+    // slots once either has wrapped.
+    if (h.swa_slots != swa_slots && n > std::min(h.swa_slots, swa_slots))
+        return r.why = "made with another context size (its sliding-window rings differ)", r;
+    auto sink_bytes = [&](int l) { return static_cast<size_t>(c.keep_of(l)) * kv.kv_dim() * sizeof(float); };
+    uint64_t want = sizeof(Header) + n * 4 + 8;
+    for (int l = 0; l < c.n_layer; l++)
+        want += saved_slots(c, l, h.swa_slots, n) * (kv.row_bytes_k() + kv.row_bytes_v()) + sink_bytes(l);
     if (data.size() != want) return r.why = "truncated or padded (size " + std::to_string(data.size()) + ")", r;
     uint64_t sum;
     std::memcpy(&sum, data.data() + data.size() - 8, 8);
@@ -132,15 +151,25 @@ PromptCacheLoad load_prompt_cache(const std::string& path, uint64_t digest, KvCa
     KV_ASSERT(kv.n_past() == 0);
     const char* p = data.data() + sizeof(Header) + n * 4;
     for (int l = 0; l < c.n_layer; l++) {
+        const int64_t rows = saved_slots(c, l, h.swa_slots, n);
         const char* k = p;
-        const char* v = k + n * kv.row_bytes_k();
-        const char* s = v + n * kv.row_bytes_v();
-        kv.write(l, 0, static_cast<int>(m), k, v);
-        std::memcpy(kv.sink_k(l), s, sinks);
-        kv.reseat_sinks(l, static_cast<int64_t>(h.n_ctx), rope);
-        p = s + sinks;
+        const char* v = k + rows * kv.row_bytes_k();
+        const char* s = v + rows * kv.row_bytes_v();
+        kv.restore_rows(l, static_cast<int>(rows), k, v);
+        if (c.keep_of(l) > 0) {
+            std::memcpy(kv.sink_k(l), s, sink_bytes(l));
+            kv.reseat_sinks(l, static_cast<int64_t>(h.n_ctx), model.rope(l));
+        }
+        p = s + sink_bytes(l);
     }
-    kv.commit(0, static_cast<int>(m));
+    kv.restore_positions(static_cast<int64_t>(n));
+    if (!kv.truncate(m)) {
+        kv.clear();
+        return r.why = fmt::format("its sliding-window layers ({} positions) moved past token {}, where this "
+                                   "prompt parts from it",
+                                   c.swa_window, m),
+               r;
+    }
     r.ok = true;
     r.reused = m;
     return r;

@@ -29,14 +29,18 @@ struct PromptCacheLoad {
     int64_t reused = 0;   // tokens now in the cache
 };
 
-// Save tokens [0, n) that `kv` holds (no wrap yet: n <= n_ctx).
+// Save the tokens `kv` holds (all of them: tokens.size() == n_past <= n_ctx).
+// Each layer's slots are saved as they are, so a sliding-window layer's ring
+// may have wrapped.
 void save_prompt_cache(const std::string& path, uint64_t digest, const KvCache& kv,
                        const std::vector<int32_t>& tokens);
 
 // Load into an empty `kv` the longest prefix shared with `prompt`, keeping at
-// least one prompt token to evaluate (its logits start generation).
-// `rope_inv_freq`, `rope_dims` and `neox` re-place sink keys for this n_ctx.
+// least one prompt token to evaluate (its logits start generation). Sink keys
+// are re-placed for this n_ctx with each layer's RoPE (`m`). A file whose
+// sliding-window rings wrapped past the point where the prompts part cannot
+// serve that prefix and is refused.
 PromptCacheLoad load_prompt_cache(const std::string& path, uint64_t digest, KvCache& kv,
-                                  const std::vector<int32_t>& prompt, const Rope& rope);
+                                  const std::vector<int32_t>& prompt, const Model& m);
 
 } // namespace kvrun

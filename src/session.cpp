@@ -40,7 +40,12 @@ Session::Synced Session::sync(std::span<const int32_t> want, const EvalHooks& ho
     size_t m = 0;
     while (m < tokens_.size() && m < want.size() && tokens_[m] == want[m]) m++;
     if (m == want.size()) m--; // evaluate the last token again: its logits start what follows
-    KV_ASSERT(rewind(static_cast<int64_t>(m)));
+    // A sliding-window layer's ring keeps only its last positions: rewinding
+    // past them means starting again.
+    if (!rewind(static_cast<int64_t>(m))) {
+        clear();
+        m = 0;
+    }
     return Synced{static_cast<int64_t>(m), eval(want.subspan(m), hooks)};
 }
 
@@ -61,7 +66,7 @@ uint64_t Session::model_digest() const { return kvrun::model_digest(lm_.file); }
 PromptCacheLoad Session::load_prompt_cache(const std::string& path, uint64_t digest,
                                            const std::vector<int32_t>& want) {
     clear();
-    PromptCacheLoad pc = kvrun::load_prompt_cache(path, digest, kv_, want, lm_.model.rope());
+    PromptCacheLoad pc = kvrun::load_prompt_cache(path, digest, kv_, want, lm_.model);
     if (pc.ok)
         tokens_.assign(want.begin(), want.begin() + pc.reused);
     else

@@ -118,11 +118,11 @@ AttentionTimes bench_attention(const Model& m, gl::Type tk, gl::Type tv, int dep
         if (kv.head_major()) {
             const size_t ke = gl::type_info(tk).type_size;
             const size_t k_bytes = std::min(
-                kv.head_bytes_k(), static_cast<size_t>((depth + gl::kKeyTile - 1) / gl::kKeyTile) *
+                kv.head_bytes_k(l), static_cast<size_t>((depth + gl::kKeyTile - 1) / gl::kKeyTile) *
                                        gl::kKeyTile * hd * ke);
             for (int h = 0; h < hp.n_head_kv; h++) {
-                add(k + h * kv.head_bytes_k(), k_bytes);
-                add(v + h * kv.head_bytes_v(), depth * kv.slot_bytes_v());
+                add(k + h * kv.head_bytes_k(l), k_bytes);
+                add(v + h * kv.head_bytes_v(l), depth * kv.slot_bytes_v());
             }
         } else {
             add(k, depth * kv.row_bytes_k());

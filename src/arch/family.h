@@ -21,6 +21,9 @@ struct Family {
     bool rope_neox = false; // RoPE rotates pairs (i, i + d/2) instead of (2i, 2i+1)
     bool qkv_bias = false;  // the Q, K and V projections carry biases
     bool qk_norm = false;   // per-head RMS norms of Q and K (attn_q_norm, attn_k_norm) before RoPE
+    bool post_norms = false;  // RMS norms of the attention and FFN outputs before the residual add
+    bool gelu_ffn = false;    // GELU (tanh form) gate instead of SiLU
+    bool embed_scale = false; // token embeddings multiplied by sqrt(n_embd)
     // Family-specific metadata, read after the keys every family shares
     // (model.cpp); may throw Error(bad_model). Null: nothing more to read.
     void (*read_hparams)(const GgufFile& f, Hparams& hp) = nullptr;

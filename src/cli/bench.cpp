@@ -269,8 +269,8 @@ int run_bench(int argc, char** argv) {
                     Row row{name, "tg" + std::to_string(tg) + (depth ? "@d" + std::to_string(depth) : ""), threads,
                             stat_of(v), 0};
                     // KV read per token at the mean depth of the run
-                    const double kv_bytes =
-                        (depth + tg / 2.0) * static_cast<double>(KvCache::bytes_per_token(plan.cache));
+                    const double kv_bytes = static_cast<double>(
+                        KvCache::bytes_at_depth(plan.cache, depth + tg / 2));
                     row.bytes_per_token = weight_bytes_per_token + kv_bytes;
                     row.handoffs_per_token = handoffs;
                     if (profile) row.attach(prof, static_cast<double>(tg) * v.size(), timed_s);

@@ -1,7 +1,9 @@
 // `kvrun info -m M [-c N]`: what the model is and what its context costs.
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <map>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -53,6 +55,25 @@ int run_info(int argc, char** argv) {
     const KvCacheConfig kv_cfg = KvCacheConfig::for_model(hp, static_cast<int>(n_ctx), 0, tk, tv);
     const uint64_t per_token = KvCache::bytes_per_token(kv_cfg);
     const uint64_t kv_total = KvCache::ring_bytes_for(kv_cfg);
+    const uint64_t kv_uniform = per_token * static_cast<uint64_t>(n_ctx); // every layer n_ctx slots
+    // Per layer kind: how many layers, their slots and bytes.
+    struct KvKind {
+        const char* kind;
+        int layers = 0;
+        int64_t slots = 0;
+        uint64_t bytes = 0;
+    };
+    std::vector<KvKind> kinds;
+    {
+        const int n_swa = kv_cfg.swa_count();
+        const uint64_t slot_bytes = per_token / static_cast<uint64_t>(hp.n_layer);
+        if (hp.n_layer - n_swa > 0)
+            kinds.push_back({"global", hp.n_layer - n_swa, n_ctx, slot_bytes * (hp.n_layer - n_swa) * n_ctx});
+        if (n_swa > 0) {
+            const int64_t slots = std::min<int64_t>(hp.swa_window, n_ctx);
+            kinds.push_back({"sliding_window", n_swa, slots, slot_bytes * n_swa * slots});
+        }
+    }
     const uint64_t file_size = file.file_size();
 
     const MemoryPlan plan = plan_memory(file, hp, n_ctx, tk, tv, 512, resolve_threads(0));
@@ -76,12 +97,17 @@ int run_info(int argc, char** argv) {
             {"n_ctx_train", hp.n_ctx_train}, {"rope_base", hp.rope_base}, {"tensor_types", type_counts},
             {"file_bytes", file_size}, {"weight_bytes", weight_bytes},
             {"kv", {{"n_ctx", n_ctx}, {"type_k", gl::type_name(tk)}, {"type_v", gl::type_name(tv)},
-                    {"bytes_per_token", per_token}, {"bytes", kv_total}}},
+                    {"bytes_per_token", per_token}, {"bytes", kv_total}, {"uniform_bytes", kv_uniform}}},
             {"total_bytes", weight_bytes + kv_total}, {"runnable", unsupported.empty()},
             {"unsupported_types", unsupported},
             {"memory", {{"available_bytes", plan.mem_available}, {"weights_resident_bytes", plan.weights_resident},
                         {"scratch_bytes", plan.scratch}, {"kv_bytes", plan.kv}, {"fits", plan.fits()},
                         {"max_ctx_that_fits", plan.max_ctx_that_fits}}}};
+        nlohmann::json layer_kinds = nlohmann::json::array();
+        for (const KvKind& k : kinds)
+            layer_kinds.push_back({{"kind", k.kind}, {"layers", k.layers}, {"slots", k.slots}, {"bytes", k.bytes}});
+        j["kv"]["layer_kinds"] = layer_kinds;
+        if (hp.swa_window > 0) j["kv"]["sliding_window"] = hp.swa_window;
         nlohmann::json dev = nullptr;
         if (have_gpu) dev = {{"id", dev_id}, {"free_bytes", dev_free}, {"total_bytes", dev_total}};
         j["gpu"] = {{"n_gpu_layers", gp.n_gpu_layers},
@@ -115,7 +141,17 @@ int run_info(int argc, char** argv) {
                human_bytes(weight_bytes));
     fmt::print("KV per token: {} = {} layers × {} KV heads × {} dims × ({} + {} bytes)\n", human_bytes(per_token),
                hp.n_layer, hp.n_head_kv, hp.head_dim, bytes_k / hp.kv_dim(), bytes_v / hp.kv_dim());
-    fmt::print("KV at -c {}: {} ({} bytes); weights + KV = {}\n", n_ctx, human_bytes(kv_total), kv_total,
+    if (kinds.size() > 1) {
+        std::string parts;
+        for (const KvKind& k : kinds)
+            parts += fmt::format("{}{} {} × {} slots = {}", parts.empty() ? "" : "; ", k.layers,
+                                 k.kind == std::string("global") ? "global" : "sliding-window", k.slots,
+                                 human_bytes(k.bytes));
+        fmt::print("KV layers:    {} (window {})\n", parts, hp.swa_window);
+    }
+    fmt::print("KV at -c {}: {} ({} bytes){}; weights + KV = {}\n", n_ctx, human_bytes(kv_total), kv_total,
+               kv_uniform != kv_total ? fmt::format(", {} with every layer at {} slots", human_bytes(kv_uniform), n_ctx)
+                                      : std::string(),
                human_bytes(weight_bytes + kv_total));
     fmt::print("memory:       {} available, weights {} resident; {}\n", human_bytes(plan.mem_available),
                human_bytes(plan.weights_resident),

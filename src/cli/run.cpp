@@ -245,7 +245,7 @@ int run_generate(int argc, char** argv) {
                    backends.describe(), threads);
         fmt::print(stderr, "kvrun: n_ctx {} ({}), keep {}, KV cache {} ({} per token, {}), seed {}\n", n_ctx,
                    ctx_auto ? "auto" : "fixed", kc.keep, human_bytes(kv.ring_bytes()),
-                   human_bytes(kv.ring_bytes() / n_ctx), gl::type_name(tk), o.sampling.seed);
+                   human_bytes(KvCache::bytes_per_token(kv.config())), gl::type_name(tk), o.sampling.seed);
         fmt::print(stderr, "kvrun: weights {} ({}), prompt {} tokens, loaded in {:.2f} s\n",
                    human_bytes(lm->file.file_size() - lm->file.data_offset()),
                    lm->file.data_moved() ? "moved onto huge pages" : "in the file mapping", tokens.size(),

@@ -116,7 +116,7 @@ TEST_CASE("kv ring: the slots hold exactly the sinks and the newest window") {
     for (int64_t p = 0; p < 100; p++) {
         kv.write(0, p, 1, row.data(), row.data());
         kv.commit(p, 1);
-        std::vector<int64_t> held(kv.slot_pos(), kv.slot_pos() + kv.n_ctx());
+        std::vector<int64_t> held(kv.slot_pos(0), kv.slot_pos(0) + kv.n_ctx());
         std::sort(held.begin(), held.end());
         std::vector<int64_t> expect;
         for (int64_t q = 0; q <= p; q++)
@@ -137,8 +137,8 @@ TEST_CASE("kv ring: exact memory formula and truncate before wrapping") {
     kv.commit(0, 10);
     CHECK(kv.truncate(6));
     CHECK(kv.n_past() == 6);
-    CHECK(kv.slot_pos()[5] == 5);
-    CHECK(kv.slot_pos()[6] == -1);
+    CHECK(kv.slot_pos(0)[5] == 5);
+    CHECK(kv.slot_pos(0)[6] == -1);
 }
 
 TEST_CASE("context sizing: -c auto and fixed -c") {
@@ -207,15 +207,15 @@ TEST_CASE("kv ring: head-major slots hold each row's head slices (keys in tiles)
                 const auto* hv = static_cast<const uint8_t*>(heads.v_slots(l));
                 const size_t sv = heads.slot_bytes_v(), e = gl::type_info(c.tk).type_size;
                 CHECK(sv * c.n_head_kv == rv);
-                CHECK(heads.head_bytes_k() * c.n_head_kv == n_ctx * rk);
+                CHECK(heads.head_bytes_k(l) * c.n_head_kv == n_ctx * rk);
                 int wrong = 0;
                 for (int s = 0; s < n_ctx; s++)
                     for (int h = 0; h < c.n_head_kv; h++) {
                         for (int d = 0; d < c.head_dim; d++)
-                            wrong += std::memcmp(hk + h * heads.head_bytes_k() +
+                            wrong += std::memcmp(hk + h * heads.head_bytes_k(l) +
                                                      gl::key_tile_index(s, d, c.head_dim, n_ctx) * e,
                                                  k1.data() + s * rk + (h * c.head_dim + d) * e, e) != 0;
-                        wrong += std::memcmp(hv + h * heads.head_bytes_v() + s * sv,
+                        wrong += std::memcmp(hv + h * heads.head_bytes_v(l) + s * sv,
                                              v1.data() + s * rv + h * sv, sv) != 0;
                     }
                 CHECK(wrong == 0);
