@@ -1,5 +1,7 @@
 #include "chat_template.h"
 
+#include <algorithm>
+
 #include "error.h"
 #include "gguf.h"
 #include "tokenizer.h"
@@ -136,7 +138,29 @@ ChatTemplate ChatTemplate::for_model(const GgufFile& f, const Tokenizer& tok,
         return id >= 0 && id < static_cast<int32_t>(v.tokens.size()) ? v.tokens[id] : std::string();
     };
     if (!override_name.empty()) return named(override_name, text(v.bos), text(v.eos));
-    return detect(f.get_str("tokenizer.chat_template").value_or(""), text(v.bos), text(v.eos));
+    const std::string_view jinja = f.get_str("tokenizer.chat_template").value_or("");
+    if (trim(jinja).empty()) {
+        // No template (base models are often shipped so): a vocabulary with a
+        // family's turn markers was trained, or at least built, for that format.
+        auto has_token = [&](std::string_view s) {
+            return std::find(v.tokens.begin(), v.tokens.end(), s) != v.tokens.end();
+        };
+        const char* n = nullptr;
+        if (has_token("<start_of_turn>") && has_token("<end_of_turn>"))
+            n = "gemma";
+        else if (has_token("<|im_start|>") && has_token("<|im_end|>"))
+            n = "chatml";
+        else if (has_token("<|start_header_id|>") && has_token("<|eot_id|>"))
+            n = "llama3";
+        else if (has_token("<|user|>") && has_token("<|assistant|>") && has_token("<|end|>"))
+            n = "phi3";
+        if (n) {
+            ChatTemplate t = named(n, text(v.bos), text(v.eos));
+            t.inferred_ = true;
+            return t;
+        }
+    }
+    return detect(jinja, text(v.bos), text(v.eos));
 }
 
 std::string ChatTemplate::prefix(const std::string& sys) const {

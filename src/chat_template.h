@@ -49,6 +49,9 @@ class ChatTemplate {
     static const char* names(); // "llama2, llama3, ..." for help texts
 
     ChatFamily family() const { return family_; }
+    // The file has no template and the family was read off its vocabulary's
+    // turn markers (e.g. <start_of_turn> for a base Gemma file).
+    bool inferred() const { return inferred_; }
     const char* name() const;
     // A system prompt the template writes when the conversation has none
     // (Qwen: "You are a helpful assistant.").
@@ -76,6 +79,7 @@ class ChatTemplate {
   private:
     ChatFamily family_ = ChatFamily::plain;
     std::string bos_, eos_;
+    bool inferred_ = false;
     bool bos_at_start_ = false; // the template writes bos_token first
     std::string default_system_;
 };

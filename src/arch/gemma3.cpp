@@ -23,7 +23,8 @@ void read_gemma3(const GgufFile& f, Hparams& hp) {
     const int64_t window = hp.sliding_window;
     hp.sliding_window = 0;
     if (window <= 0 || window > (int64_t{1} << 30))
-        fail(Exit::bad_model, "{}: {}attention.sliding_window must be set (Gemma 3 has sliding-window layers)",
+        fail(Exit::bad_model,
+             "{}: {}attention.sliding_window must be set (Gemma 3 has sliding-window layers)",
              f.path(), p);
     hp.swa_window = static_cast<int>(window);
     // Which layers slide: an explicit per-layer array where the file has one,
@@ -35,15 +36,19 @@ void read_gemma3(const GgufFile& f, Hparams& hp) {
     if (pat && pat->type == GgufType::array) {
         if (pat->count != static_cast<uint64_t>(hp.n_layer) || pat->elem_type == GgufType::string ||
             pat->elem_type == GgufType::array)
-            fail(Exit::bad_model, "{}: '{}' must hold one flag per layer ({})", f.path(), pattern_key, hp.n_layer);
+            fail(Exit::bad_model, "{}: '{}' must hold one flag per layer ({})", f.path(),
+                 pattern_key, hp.n_layer);
         for (int l = 0; l < hp.n_layer; l++) hp.swa_layers[l] = pat->array_i64(l) != 0;
     } else {
         const uint64_t period = pat ? f.need_u64(pattern_key) : 6;
-        if (period > 4096) fail(Exit::bad_model, "{}: '{}' = {} is out of range", f.path(), pattern_key, period);
-        for (int l = 0; l < hp.n_layer; l++) hp.swa_layers[l] = period == 0 || l % period != period - 1;
+        if (period > 4096)
+            fail(Exit::bad_model, "{}: '{}' = {} is out of range", f.path(), pattern_key, period);
+        for (int l = 0; l < hp.n_layer; l++)
+            hp.swa_layers[l] = period == 0 || l % period != period - 1;
     }
     hp.rope_base_swa = f.get_f64(p + "rope.freq_base_swa").value_or(10000.0);
-    if (!(hp.rope_base_swa > 0)) fail(Exit::bad_model, "{}: rope.freq_base_swa must be positive", f.path());
+    if (!(hp.rope_base_swa > 0))
+        fail(Exit::bad_model, "{}: rope.freq_base_swa must be positive", f.path());
     // The query scale is 1/sqrt(query_pre_attn_scalar): the head size, but
     // for the 27B model, whose scalar is width / heads (5376 / 32 = 168
     // against heads of 128). Files may state it.

@@ -174,7 +174,8 @@ int run_chat(int argc, char** argv) {
     app.footer(
         std::string(kHelp) +
         "With stdin not a terminal: answer one message (-p, then stdin) and exit.\n"
-        "Templates are detected from tokenizer.chat_template; without one the plain fallback is\n"
+        "Templates are detected from tokenizer.chat_template; without one, from the vocabulary's\n"
+        "turn markers (<start_of_turn>, <|im_start|>, ...), and failing those the plain fallback is\n"
         "\"{system}\\n\\n\" then \"User: {message}\\nAssistant: {reply}\\n\" per turn.\n"
         "Exit status: 0 ok, 1 other error, 2 bad usage, 3 bad or unsupported model,\n"
         "4 message longer than the context, 5 out of memory, 6 chat template error, 130 "
@@ -247,7 +248,7 @@ int run_chat(int argc, char** argv) {
     if (o.common.verbose || tty)
         fmt::print(stderr, "kvrun chat: template {} ({}), n_ctx {}, {} threads{}\n", tmpl.name(),
                    !o.chat_template.empty()             ? "--chat-template"
-                   : tmpl.family() == ChatFamily::plain ? "the model has none: plain fallback"
+                   : tmpl.inferred() ? "the model has none: inferred from its vocabulary" : tmpl.family() == ChatFamily::plain ? "the model has none: plain fallback"
                                                         : "from the model",
                    n_ctx, threads, tty ? "; /help for commands" : "");
     ChatSession session(*lm, std::move(tmpl), n_ctx, tk, tv, backends.placement(), cfg);

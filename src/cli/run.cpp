@@ -211,7 +211,7 @@ int run_generate(int argc, char** argv) {
         reply_stop = reply_end(tmpl, tok);
         if (o.common.verbose)
             fmt::print(stderr, "kvrun: chat template {} ({})\n", tmpl.name(),
-                       !o.chat_template.empty() ? "--chat-template" : tmpl.family() == ChatFamily::plain ? "the model has none: plain fallback" : "from the model");
+                       !o.chat_template.empty() ? "--chat-template" : tmpl.inferred() ? "the model has none: inferred from its vocabulary" : tmpl.family() == ChatFamily::plain ? "the model has none: plain fallback" : "from the model");
     } else {
         tokens = tok.encode(prompt, true, true);
     }

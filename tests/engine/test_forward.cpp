@@ -8,76 +8,16 @@
 #include "error.h"
 #include "forward.h"
 #include "ggml-like/kernels.h"
-#include "gguf_writer.h"
+#include "random_model.h"
 #include "reference_model.h"
 #include "loader.h"
 #include "test_util.h"
 
 using namespace kvrun;
+using kvtest::random_model;
+using kvtest::Shape;
 
 namespace {
-
-struct Shape {
-    const char* arch;
-    int n_embd, n_head, n_head_kv, n_ff, n_layer;
-    gl::Type wtype;
-};
-
-// A random-weight model with the stories260K vocabulary (512 SPM tokens).
-std::vector<uint8_t> random_model(const Shape& s, uint32_t seed) {
-    GgufFile vocab = GgufFile::open(kvtest::shared("models/stories260K.gguf"));
-    GgufWriter w;
-    w.set_str("general.architecture", s.arch);
-    const std::string a = s.arch;
-    w.set_u32(a + ".context_length", 256);
-    w.set_u32(a + ".embedding_length", s.n_embd);
-    w.set_u32(a + ".block_count", s.n_layer);
-    w.set_u32(a + ".feed_forward_length", s.n_ff);
-    w.set_u32(a + ".attention.head_count", s.n_head);
-    w.set_u32(a + ".attention.head_count_kv", s.n_head_kv);
-    w.set_f32(a + ".attention.layer_norm_rms_epsilon", 1e-5f);
-    w.set_f32(a + ".rope.freq_base", 10000.0f);
-    for (const auto& [k, v] : vocab.metadata())
-        if (k.rfind("tokenizer.", 0) == 0) w.copy_kv(k, v);
-    const int n_vocab = 512, hd = s.n_embd / s.n_head;
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    auto add = [&](const std::string& name, int64_t in, int64_t out, gl::Type t, float scale) {
-        std::vector<float> f(in * out);
-        for (float& x : f) x = nd(rng) * scale;
-        std::vector<uint8_t> q(gl::row_size(t, in) * out);
-        for (int64_t r = 0; r < out; r++) gl::ref::quantize_row(t, f.data() + r * in, q.data() + r * gl::row_size(t, in), in);
-        std::vector<int64_t> ne = out == 1 ? std::vector<int64_t>{in} : std::vector<int64_t>{in, out};
-        w.add_tensor(name, t, ne, q.data(), q.size());
-    };
-    auto norm = [&](const std::string& name) {
-        std::vector<float> f(s.n_embd);
-        for (float& x : f) x = 1.0f + 0.1f * nd(rng);
-        w.add_tensor(name, gl::Type::F32, {s.n_embd}, f.data(), f.size() * 4);
-    };
-    const float ws = 1.0f / std::sqrt(static_cast<float>(s.n_embd));
-    add("token_embd.weight", s.n_embd, n_vocab, s.wtype, 1.0f);
-    norm("output_norm.weight");
-    add("output.weight", s.n_embd, n_vocab, s.wtype, ws);
-    for (int l = 0; l < s.n_layer; l++) {
-        const std::string n = "blk." + std::to_string(l) + ".";
-        norm(n + "attn_norm.weight");
-        norm(n + "ffn_norm.weight");
-        add(n + "attn_q.weight", s.n_embd, s.n_head * hd, s.wtype, ws);
-        add(n + "attn_k.weight", s.n_embd, s.n_head_kv * hd, s.wtype, ws);
-        add(n + "attn_v.weight", s.n_embd, s.n_head_kv * hd, s.wtype, ws);
-        add(n + "attn_output.weight", s.n_head * hd, s.n_embd, s.wtype, ws);
-        add(n + "ffn_gate.weight", s.n_embd, s.n_ff, s.wtype, ws);
-        add(n + "ffn_up.weight", s.n_embd, s.n_ff, s.wtype, ws);
-        add(n + "ffn_down.weight", s.n_ff, s.n_embd, s.wtype, 1.0f / std::sqrt(static_cast<float>(s.n_ff)));
-        if (a == "qwen2") {
-            add(n + "attn_q.bias", s.n_head * hd, 1, gl::Type::F32, 0.5f);
-            add(n + "attn_k.bias", s.n_head_kv * hd, 1, gl::Type::F32, 0.5f);
-            add(n + "attn_v.bias", s.n_head_kv * hd, 1, gl::Type::F32, 0.5f);
-        }
-    }
-    return w.bytes();
-}
 
 void compare_with_reference(const Shape& s, double tol, int keep = 4) {
     const std::vector<uint8_t> bytes = random_model(s, 1234);
@@ -90,7 +30,7 @@ void compare_with_reference(const Shape& s, double tol, int keep = 4) {
     for (auto& t : toks) t = static_cast<int32_t>(rng() % 512);
     kvtest::ReferenceModel ref(m, n_ctx, keep);
     auto be = gl::make_cpu_backend(2);
-    KvCache kv({m.hp.n_layer, m.hp.n_head_kv, m.hp.head_dim, n_ctx, keep, gl::Type::F32, gl::Type::F32});
+    KvCache kv(KvCacheConfig::for_model(m.hp, n_ctx, keep, gl::Type::F32, gl::Type::F32));
     Forward fwd(m, kv, *be, 5);
     double worst = 0;
     for (int i = 0; i < n_tok;) {
@@ -98,11 +38,13 @@ void compare_with_reference(const Shape& s, double tol, int keep = 4) {
         const float* rows = fwd.eval(&toks[i], n, true);
         for (int r = 0; r < n; r++) {
             std::vector<double> want = ref.step(toks[i + r], i + r);
-            for (int v = 0; v < m.hp.n_vocab; v++) worst = std::max(worst, std::abs(rows[r * m.hp.n_vocab + v] - want[v]));
+            for (int v = 0; v < m.hp.n_vocab; v++)
+                worst = std::max(worst, std::abs(rows[r * m.hp.n_vocab + v] - want[v]));
         }
         i += n;
     }
-    const std::string what = std::string(s.arch) + " heads " + std::to_string(s.n_head) + "/" + std::to_string(s.n_head_kv) + " " + gl::type_name(s.wtype);
+    const std::string what = std::string(s.arch) + " heads " + std::to_string(s.n_head) + "/" +
+                             std::to_string(s.n_head_kv) + " " + gl::type_name(s.wtype);
     MESSAGE(what, ": max |diff| ", worst);
     CHECK(worst < tol);
 }
@@ -111,10 +53,11 @@ void compare_with_reference(const Shape& s, double tol, int keep = 4) {
 
 TEST_CASE("forward: random models of other head layouts match the reference") {
     // F32 weights: the reference and the fast path differ only in summation order.
-    compare_with_reference({"llama", 64, 4, 1, 96, 2, gl::Type::F32}, 1e-3);  // one KV head
-    compare_with_reference({"llama", 64, 4, 4, 96, 2, gl::Type::F32}, 1e-3);  // no grouping
-    compare_with_reference({"llama", 96, 6, 2, 64, 2, gl::Type::F32}, 1e-3);  // 3 queries per KV head
-    compare_with_reference({"qwen2", 64, 4, 2, 96, 2, gl::Type::F32}, 1e-3);  // biases, NeoX RoPE
+    compare_with_reference({"llama", 64, 4, 1, 96, 2, gl::Type::F32}, 1e-3); // one KV head
+    compare_with_reference({"llama", 64, 4, 4, 96, 2, gl::Type::F32}, 1e-3); // no grouping
+    compare_with_reference({"llama", 96, 6, 2, 64, 2, gl::Type::F32},
+                           1e-3); // 3 queries per KV head
+    compare_with_reference({"qwen2", 64, 4, 2, 96, 2, gl::Type::F32}, 1e-3); // biases, NeoX RoPE
     // Half-precision weights meet F32 activations: still only summation order.
     compare_with_reference({"llama", 64, 4, 1, 96, 2, gl::Type::F16}, 1e-3);
     compare_with_reference({"llama", 64, 4, 2, 96, 2, gl::Type::BF16}, 1e-3);
@@ -126,9 +69,30 @@ TEST_CASE("forward: random models of other head layouts match the reference") {
     compare_with_reference({"llama", 64, 4, 2, 96, 2, gl::Type::F32}, 1e-3, 0);
 }
 
+// Gemma 3's layers of two kinds, each with its own ring: sliding-window
+// layers 8 slots and no sinks, global layers 48 with 4 sinks, over 120
+// tokens (the small rings wrap 14 times, the large ones twice), against the
+// reference's explicit per-layer eviction. Also its norms after each block,
+// per-head Q/K norms, GELU gate, scaled embeddings and two RoPE bases.
+TEST_CASE("forward: gemma3 per-layer rings match explicit per-layer eviction") {
+    const std::vector<uint8_t> bytes = random_model({"gemma3", 64, 4, 2, 96, 6, gl::Type::F32}, 99);
+    GgufFile f = GgufFile::parse(bytes.data(), bytes.size(), "gemma3");
+    Model m = Model::load(f);
+    REQUIRE(m.hp.swa_window == 8);
+    CHECK(m.hp.swa_layers == std::vector<uint8_t>{1, 1, 0, 1, 1, 0});
+    CHECK(m.rope_inv_freq_swa.size() == m.rope_inv_freq.size());
+    CHECK(m.rope_inv_freq_swa[1] == doctest::Approx(std::pow(10000.0, -2.0 / m.hp.rope_dims)));
+    CHECK(m.rope_inv_freq[1] == doctest::Approx(std::pow(1e6, -2.0 / m.hp.rope_dims)));
+    CHECK(m.embed_scale == doctest::Approx(8.0f));
+    compare_with_reference({"gemma3", 64, 4, 2, 96, 6, gl::Type::F32}, 1e-3);
+    // 8-bit activations after the post-norms and GELU: 0.18 measured.
+    compare_with_reference({"gemma3", 64, 4, 1, 96, 6, gl::Type::Q8_0}, 0.25);
+}
+
 namespace {
 // The random model again, with extra metadata set by `edit`.
-template <typename Edit> std::vector<uint8_t> with_metadata(const std::vector<uint8_t>& base, Edit edit) {
+template <typename Edit>
+std::vector<uint8_t> with_metadata(const std::vector<uint8_t>& base, Edit edit) {
     GgufFile f = GgufFile::parse(base.data(), base.size(), "base");
     GgufWriter w;
     for (const auto& [k, v] : f.metadata()) w.copy_kv(k, v);
@@ -149,10 +113,12 @@ TEST_CASE("model: RoPE scaling types") {
         GgufFile f = GgufFile::parse(bytes.data(), bytes.size(), "linear");
         Model m = Model::load(f);
         for (size_t i = 0; i < m.rope_inv_freq.size(); i++)
-            CHECK(m.rope_inv_freq[i] == doctest::Approx(std::pow(10000.0, -2.0 * i / m.hp.rope_dims) / 4.0));
+            CHECK(m.rope_inv_freq[i] ==
+                  doctest::Approx(std::pow(10000.0, -2.0 * i / m.hp.rope_dims) / 4.0));
     }
     SUBCASE("an unsupported scaling is an error naming it") {
-        const auto bytes = with_metadata(base, [](GgufWriter& w) { w.set_str("llama.rope.scaling.type", "yarn"); });
+        const auto bytes = with_metadata(
+            base, [](GgufWriter& w) { w.set_str("llama.rope.scaling.type", "yarn"); });
         GgufFile f = GgufFile::parse(bytes.data(), bytes.size(), "yarn");
         try {
             Model::load(f);

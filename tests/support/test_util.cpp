@@ -1,6 +1,9 @@
 #include "test_util.h"
 
+#include <doctest/doctest.h>
 #include <fcntl.h>
+#include <cstdlib>
+#include <fstream>
 #include <poll.h>
 #include <random>
 #include <signal.h>
@@ -14,11 +17,28 @@ std::string shared(const std::string& rel) {
     return std::string(KVRUN_SHARED_DIR) + "/" + rel;
 }
 
+std::string real_model(const std::string& name) {
+    const char* dir = std::getenv("KVRUN_MODEL_CACHE");
+    const char* home = std::getenv("HOME");
+    const std::string base =
+        dir && *dir ? dir : std::string(home ? home : ".") + "/.cache/kvrun-models";
+    return base + "/" + name;
+}
+
+bool have_real_model(const std::string& name) {
+    const std::string p = real_model(name);
+    if (std::ifstream(p).good()) return true;
+    FAIL_CHECK("real model " << p
+                             << " is missing: run scripts/fetch-real-models.sh (make test does)");
+    return false;
+}
+
 RunResult run_kvrun(const std::vector<std::string>& args, const std::string* input) {
     return run_binary(KVRUN_BINARY, args, input);
 }
 
-RunResult run_binary(const std::string& binary, const std::vector<std::string>& args, const std::string* input) {
+RunResult run_binary(const std::string& binary, const std::vector<std::string>& args,
+                     const std::string* input) {
     int in_p[2], out_p[2], err_p[2];
     if (pipe(in_p) || pipe(out_p) || pipe(err_p)) return {};
     pid_t pid = fork();

@@ -12,6 +12,14 @@ namespace kvtest {
 // The ../shared folder next to the repository (CI has it there too).
 std::string shared(const std::string& rel);
 
+// A real model fetched by scripts/fetch-real-models.sh (which `make test`
+// runs first) into $KVRUN_MODEL_CACHE, default ~/.cache/kvrun-models. The
+// path whether or not the file is there: tests that need it fail loudly,
+// naming the script, when it is missing.
+std::string real_model(const std::string& name);
+// real_model(name) exists; otherwise records a failure that says how to get it.
+bool have_real_model(const std::string& name);
+
 struct RunResult {
     int status = -1; // exit status, or 128 + signal
     std::string out; // stdout

@@ -1,0 +1,100 @@
+// Small random-weight GGUF models (F32 or quantized weights) with the
+// stories260K vocabulary, for tests of head layouts and families the goldens
+// do not cover.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ggml-like/kernels.h"
+#include "gguf.h"
+#include "gguf_writer.h"
+#include "test_util.h"
+
+namespace kvtest {
+
+using kvrun::GgufFile;
+using kvrun::GgufWriter;
+
+struct Shape {
+    const char* arch;
+    int n_embd, n_head, n_head_kv, n_ff, n_layer;
+    gl::Type wtype;
+};
+
+// A random-weight model with the stories260K vocabulary (512 SPM tokens).
+inline std::vector<uint8_t> random_model(const Shape& s, uint32_t seed) {
+    GgufFile vocab = GgufFile::open(kvtest::shared("models/stories260K.gguf"));
+    GgufWriter w;
+    w.set_str("general.architecture", s.arch);
+    const std::string a = s.arch;
+    w.set_u32(a + ".context_length", 256);
+    w.set_u32(a + ".embedding_length", s.n_embd);
+    w.set_u32(a + ".block_count", s.n_layer);
+    w.set_u32(a + ".feed_forward_length", s.n_ff);
+    w.set_u32(a + ".attention.head_count", s.n_head);
+    w.set_u32(a + ".attention.head_count_kv", s.n_head_kv);
+    w.set_f32(a + ".attention.layer_norm_rms_epsilon", 1e-5f);
+    w.set_f32(a + ".rope.freq_base", a == "gemma3" ? 1e6f : 10000.0f);
+    if (a == "gemma3") {
+        // A window of 8 and a global layer every third (layers 2, 5, ...).
+        w.set_u32(a + ".attention.sliding_window", 8);
+        w.set_u32(a + ".attention.sliding_window_pattern", 3);
+    }
+    for (const auto& [k, v] : vocab.metadata())
+        if (k.rfind("tokenizer.", 0) == 0) w.copy_kv(k, v);
+    const int n_vocab = 512, hd = s.n_embd / s.n_head;
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    auto add = [&](const std::string& name, int64_t in, int64_t out, gl::Type t, float scale) {
+        std::vector<float> f(in * out);
+        for (float& x : f) x = nd(rng) * scale;
+        std::vector<uint8_t> q(gl::row_size(t, in) * out);
+        for (int64_t r = 0; r < out; r++)
+            gl::ref::quantize_row(t, f.data() + r * in, q.data() + r * gl::row_size(t, in), in);
+        std::vector<int64_t> ne =
+            out == 1 ? std::vector<int64_t>{in} : std::vector<int64_t>{in, out};
+        w.add_tensor(name, t, ne, q.data(), q.size());
+    };
+    auto norm = [&](const std::string& name, int n = 0) {
+        std::vector<float> f(n ? n : s.n_embd);
+        for (float& x : f) x = 1.0f + 0.1f * nd(rng);
+        w.add_tensor(name, gl::Type::F32, {static_cast<int64_t>(f.size())}, f.data(), f.size() * 4);
+    };
+    const float ws = 1.0f / std::sqrt(static_cast<float>(s.n_embd));
+    const bool gemma = a == "gemma3";
+    // Gemma scales the embeddings up by sqrt(width): keep the stream's size.
+    add("token_embd.weight", s.n_embd, n_vocab, s.wtype, gemma ? ws : 1.0f);
+    norm("output_norm.weight");
+    if (!gemma) add("output.weight", s.n_embd, n_vocab, s.wtype, ws); // gemma3: tied
+    for (int l = 0; l < s.n_layer; l++) {
+        const std::string n = "blk." + std::to_string(l) + ".";
+        norm(n + "attn_norm.weight");
+        norm(n + "ffn_norm.weight");
+        add(n + "attn_q.weight", s.n_embd, s.n_head * hd, s.wtype, ws);
+        add(n + "attn_k.weight", s.n_embd, s.n_head_kv * hd, s.wtype, ws);
+        add(n + "attn_v.weight", s.n_embd, s.n_head_kv * hd, s.wtype, ws);
+        add(n + "attn_output.weight", s.n_head * hd, s.n_embd, s.wtype, ws);
+        add(n + "ffn_gate.weight", s.n_embd, s.n_ff, s.wtype, ws);
+        add(n + "ffn_up.weight", s.n_embd, s.n_ff, s.wtype, ws);
+        add(n + "ffn_down.weight", s.n_ff, s.n_embd, s.wtype,
+            1.0f / std::sqrt(static_cast<float>(s.n_ff)));
+        if (gemma) {
+            norm(n + "attn_q_norm.weight", hd);
+            norm(n + "attn_k_norm.weight", hd);
+            norm(n + "post_attention_norm.weight");
+            norm(n + "post_ffw_norm.weight");
+        }
+        if (a == "qwen2") {
+            add(n + "attn_q.bias", s.n_head * hd, 1, gl::Type::F32, 0.5f);
+            add(n + "attn_k.bias", s.n_head_kv * hd, 1, gl::Type::F32, 0.5f);
+            add(n + "attn_v.bias", s.n_head_kv * hd, 1, gl::Type::F32, 0.5f);
+        }
+    }
+    return w.bytes();
+}
+
+} // namespace kvtest
