@@ -5,9 +5,9 @@
 // row block is dequantized once per batch into a panel and multiplied against
 // all T tokens. Used by ops::matmul for batches of at least kMinTokens, on one
 // of two paths:
-//  - Amx: a bf16 panel on Intel AMX tiles (fp32 accumulation). Weights and
-//    activations are rounded to bf16 (8-bit mantissa), comparable to the
-//    8-bit activation blocks of the dot-product path.
+//  - Amx: bf16 panels on Intel AMX tiles (fp32 accumulation). Weights and
+//    activations each split into two bf16 parts (hi + lo), three tile
+//    products per pair: about 16 bits of mantissa, close to the F32 path.
 //  - Blas: an F32 panel and OpenBLAS SGEMM (builds with OpenBLAS, CPUs without
 //    AMX: on AVX2 machines without VNNI, FMA on F32 beats 8-bit dot products
 //    per instruction). Exact weights, F32 activations.

@@ -2,7 +2,8 @@
 // only from ggml-like/gemm.cpp after it has checked the CPU and obtained the
 // kernel's permission to use tile data.
 //
-// Layouts (bf16 stored as uint16_t):
+// Layouts (bf16 stored as uint16_t; every value as two parts, hi + lo, the
+// lo half of each buffer right after the hi half, see amx.cpp):
 //  - weight panel (the A operand): kPanelRows rows of n_in bf16, tile-major:
 //    for k-block kb, the tile of rows 0-15 at panel + kb * 1024 and rows 16-31
 //    at + 512, each 16 rows x 32 k. Contiguous tiles stream well; row-major
@@ -25,9 +26,11 @@ void configure_tiles();
 constexpr int kTileTokens = 16;
 constexpr int kTileK = 32;
 
-// Store weight row r (n_in floats, rounded to bf16) into a 64-byte aligned panel.
+// Store weight row r (n_in floats as hi + lo bf16) into a 64-byte aligned
+// panel of 2 x kPanelRows x n_in bf16.
 void panel_row(const float* src, int64_t n_in, int r, uint16_t* panel);
-// Pack token tiles [tt0, tt1) of x (n_tok rows of n_in floats, n_in % 32 == 0).
+// Pack token tiles [tt0, tt1) of x (n_tok rows of n_in floats, n_in % 32 == 0)
+// into xv: 2 x n_tt x kTileTokens x n_in bf16 (n_tt token tiles cover n_tok).
 void pack_tokens(const float* x, int64_t n_in, int64_t n_tok, int64_t tt0, int64_t tt1,
                  uint16_t* xv);
 // y[t * y_stride + r] = dot(panel row r, x[t]) for r < rows (<= kPanelRows), t < n_tok.
