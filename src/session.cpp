@@ -17,6 +17,7 @@ bool Session::eval(std::span<const int32_t> more, const EvalHooks& hooks) {
         if (hooks.should_stop && hooks.should_stop()) return false;
         const int n = static_cast<int>(std::min<int64_t>(fwd_.max_batch(), total - i));
         const float* rows = fwd_.eval(more.data() + i, n, static_cast<bool>(hooks.on_rows));
+        forward_tokens_ += n;
         tokens_.insert(tokens_.end(), more.begin() + i, more.begin() + i + n);
         if (hooks.on_rows) {
             hooks.on_rows(i, n, rows);
@@ -32,6 +33,7 @@ bool Session::eval(std::span<const int32_t> more, const EvalHooks& hooks) {
 
 void Session::step(int32_t token) {
     last_ = const_cast<float*>(fwd_.eval_generated(token));
+    forward_tokens_++;
     tokens_.push_back(token);
 }
 

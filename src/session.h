@@ -74,6 +74,9 @@ class Session {
     int n_ctx() const { return kv_.n_ctx(); }
     // Every token evaluated since clear(), position by position.
     const std::vector<int32_t>& tokens() const { return tokens_; }
+    // Positions the forward pass has computed since the session began (a
+    // window that slides never computes one twice).
+    int64_t forward_tokens() const { return forward_tokens_; }
     // Logits after the last evaluated token: Forward's own row, which the
     // sampler may modify (the next eval rewrites it). Not copied: a copy of a
     // 49k-token row per generated token measured 1-5% of SmolLM2-135M's tg.
@@ -113,6 +116,7 @@ class Session {
     Forward fwd_;
     std::vector<int32_t> tokens_;
     float* last_ = nullptr;
+    int64_t forward_tokens_ = 0;
 };
 
 } // namespace kvrun

@@ -90,8 +90,11 @@ nlohmann::json result_json(const RunFigures& f, const std::string& text, const S
     j["text"] = text;
     j["stop"] = f.stop;
     j["stop_string"] = f.matched.empty() ? nlohmann::json(nullptr) : nlohmann::json(f.matched);
-    j["tokens"] = {{"prompt", f.n_prompt}, {"generated", f.n_gen}, {"reused", f.reused},
-                   {"evaluated", f.n_prompt - f.reused}};
+    j["tokens"] = {{"prompt", f.n_prompt},
+                   {"generated", f.n_gen},
+                   {"reused", f.reused},
+                   {"evaluated", f.n_prompt - f.reused},
+                   {"forward", s.forward_tokens()}};
     j["timings"] = {{"prompt_s", f.prompt_s},
                     {"generation_s", f.gen_s},
                     {"prompt_tok_s", f.prompt_s > 0 ? (f.n_prompt - f.reused) / f.prompt_s : 0.0},
