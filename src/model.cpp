@@ -147,9 +147,16 @@ Model Model::load(const GgufFile& f) {
         LayerWeights& L = m.layers[l];
         auto name = [l](std::string_view suffix) { return tn::blk(l, suffix); };
         L.attn_norm = b.vector(name(tn::attn_norm), hp.n_embd);
-        L.wq = b.matrix(name(tn::attn_q), hp.n_embd, hp.q_dim());
-        L.wk = b.matrix(name(tn::attn_k), hp.n_embd, hp.kv_dim());
-        L.wv = b.matrix(name(tn::attn_v), hp.n_embd, hp.kv_dim());
+        if (b.find(name(tn::attn_qkv))) { // fused (phi3): Q rows, then K, then V
+            const gl::Tensor qkv = b.matrix(name(tn::attn_qkv), hp.n_embd, hp.q_dim() + 2 * hp.kv_dim());
+            L.wq = qkv.rows(0, hp.q_dim());
+            L.wk = qkv.rows(hp.q_dim(), hp.kv_dim());
+            L.wv = qkv.rows(hp.q_dim() + hp.kv_dim(), hp.kv_dim());
+        } else {
+            L.wq = b.matrix(name(tn::attn_q), hp.n_embd, hp.q_dim());
+            L.wk = b.matrix(name(tn::attn_k), hp.n_embd, hp.kv_dim());
+            L.wv = b.matrix(name(tn::attn_v), hp.n_embd, hp.kv_dim());
+        }
         L.bq = b.vector(name(tn::attn_q_bias), hp.q_dim(), arch->qkv_bias);
         L.bk = b.vector(name(tn::attn_k_bias), hp.kv_dim(), arch->qkv_bias);
         L.bv = b.vector(name(tn::attn_v_bias), hp.kv_dim(), arch->qkv_bias);
@@ -159,8 +166,15 @@ Model Model::load(const GgufFile& f) {
         }
         L.wo = b.matrix(name(tn::attn_output), hp.q_dim(), hp.n_embd);
         L.ffn_norm = b.vector(name(tn::ffn_norm), hp.n_embd);
-        L.w_gate = b.matrix(name(tn::ffn_gate), hp.n_embd, hp.n_ff);
-        L.w_up = b.matrix(name(tn::ffn_up), hp.n_embd, hp.n_ff);
+        const GgufTensor* up = b.find(name(tn::ffn_up));
+        if (!b.find(name(tn::ffn_gate)) && up && up->ne[1] == 2 * static_cast<int64_t>(hp.n_ff)) {
+            const gl::Tensor gate_up = b.matrix(name(tn::ffn_up), hp.n_embd, 2 * hp.n_ff); // fused (phi3)
+            L.w_gate = gate_up.rows(0, hp.n_ff);
+            L.w_up = gate_up.rows(hp.n_ff, hp.n_ff);
+        } else {
+            L.w_gate = b.matrix(name(tn::ffn_gate), hp.n_embd, hp.n_ff);
+            L.w_up = b.matrix(name(tn::ffn_up), hp.n_embd, hp.n_ff);
+        }
         L.w_down = b.matrix(name(tn::ffn_down), hp.n_ff, hp.n_embd);
     }
 
