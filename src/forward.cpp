@@ -174,16 +174,22 @@ const float* Forward::run(const int32_t* tokens, int n, bool all_logits, bool ge
 void Forward::step(const int32_t* tokens, int n, int first, int64_t pos0, bool generated) {
     const Hparams& hp = m_.hp;
     const int half = hp.rope_dims / 2;
+    const Rope rope = m_.rope(kv_.n_ctx());
     {
         OpTimer t(profile_, Op::other);
         for (int i = 0; i < n; i++) {
             gl::cpu::dequantize_row(m_.token_embd.type, m_.token_embd.row(tokens[i]),
                                     x_.data() + static_cast<size_t>(i) * hp.n_embd, hp.n_embd);
             pos_[i] = pos0 + i;
-            gl::ops::rope_angles(static_cast<double>(pos0 + i), half, m_.rope_inv_freq.data(),
+            gl::ops::rope_angles(static_cast<double>(pos0 + i), half, rope.inv_freq,
                                  cos_.data() + static_cast<size_t>(i) * half,
                                  sin_.data() + static_cast<size_t>(i) * half);
         }
+        if (rope.attn_factor != 1.0) // LongRoPE: the rotated dims of Q and K scaled
+            for (size_t j = 0; j < static_cast<size_t>(n) * half; j++) {
+                cos_[j] *= static_cast<float>(rope.attn_factor);
+                sin_[j] *= static_cast<float>(rope.attn_factor);
+            }
         wrote(x_.data(), sizeof(float) * static_cast<size_t>(n) * hp.n_embd);
         wrote(cos_.data(), sizeof(float) * static_cast<size_t>(n) * half);
         wrote(sin_.data(), sizeof(float) * static_cast<size_t>(n) * half);
@@ -246,7 +252,7 @@ void Forward::attention_block(int l, int n, int64_t pos0, bool generated) {
     // Sinks keep their unrotated keys, re-rotated for queries past the window.
     if (pos0 < kv_.keep()) {
         be.host_read(k_.data(), sizeof(float) * static_cast<size_t>(n) * kvd);
-        kv_.store_sinks(l, pos0, n, k_.data(), m_.rope());
+        kv_.store_sinks(l, pos0, n, k_.data(), m_.rope(kv_.n_ctx()));
     }
     const bool any_slid = pos0 + n - 1 >= kv_.n_ctx();
     // A copy (F32 "conversion"), so that it stays on the backend's device.

@@ -65,6 +65,11 @@ class Binder {
     const GgufFile& f_;
 };
 
+void check_factor(const GgufFile& f, std::string_view tensor, float x) {
+    if (!(x > 0) || !std::isfinite(x))
+        fail(Exit::bad_model, "{}: {} holds {}, expected positive factors", f.path(), tensor, x);
+}
+
 int as_int(uint64_t v, const GgufFile& f, const std::string& key, uint64_t max = 1u << 24) {
     if (v == 0 || v > max) fail(Exit::bad_model, "{}: '{}' = {} is out of range", f.path(), key, v);
     return static_cast<int>(v);
@@ -108,16 +113,27 @@ Hparams read_hparams(const GgufFile& f) {
     hp.rope_neox = arch->rope_neox;
     // RoPE scaling: "linear" divides positions by the factor (the same as
     // dividing every frequency); "llama3" is carried by the rope_freqs tensor
-    // (applied in Model::load). Others (yarn, longrope) would be silently wrong.
+    // and LongRoPE by rope_factors_short/long (applied in Model::load).
+    // Others (yarn) would be silently wrong.
+    const bool longrope = f.tensor(std::string(tn::rope_factors_long)) || f.tensor(std::string(tn::rope_factors_short));
     if (auto scaling = f.get_str(p + "rope.scaling.type"); scaling && *scaling != "none") {
         if (*scaling == "linear") {
             hp.rope_linear_factor = f.get_f64(p + "rope.scaling.factor").value_or(1.0);
             if (!(hp.rope_linear_factor > 0))
                 fail(Exit::bad_model, "{}: rope.scaling.factor must be positive", f.path());
-        } else if (!(*scaling == "llama3" && f.tensor(std::string(tn::rope_freqs)))) {
+        } else if (!(*scaling == "llama3" && f.tensor(std::string(tn::rope_freqs))) &&
+                   !((*scaling == "longrope" || *scaling == "su") && longrope)) {
             fail(Exit::bad_model, "{}: RoPE scaling '{}' is not supported yet", f.path(), *scaling);
         }
     }
+    // The reference engine scales cos and sin by rope.scaling.attn_factor
+    // whatever the scaling (LongRoPE files set it: 1.19 for Phi-4-mini).
+    hp.rope_attn_factor = f.get_f64(p + "rope.scaling.attn_factor").value_or(1.0);
+    if (!(hp.rope_attn_factor > 0) || hp.rope_attn_factor > 16)
+        fail(Exit::bad_model, "{}: rope.scaling.attn_factor {} is out of range", f.path(), hp.rope_attn_factor);
+    hp.rope_orig_ctx = f.get_u64(p + "rope.scaling.original_context_length")
+                           ? need("rope.scaling.original_context_length", 1u << 30)
+                           : hp.n_ctx_train;
 
     if (auto sw = f.get_u64(p + "attention.sliding_window")) hp.sliding_window = static_cast<int64_t>(*sw);
     if (arch->read_hparams) arch->read_hparams(f, hp);
@@ -178,14 +194,28 @@ Model Model::load(const GgufFile& f) {
         L.w_down = b.matrix(name(tn::ffn_down), hp.n_ff, hp.n_embd);
     }
 
-    // theta_i = base^(-2i/d); Llama 3 files carry per-frequency divisors in rope_freqs.
+    // theta_i = base^(-2i/d); Llama 3 files carry per-frequency divisors in
+    // rope_freqs, LongRoPE files two sets (short and long contexts).
     const int n_pairs = hp.rope_dims / 2;
-    std::vector<float> factors = b.vector(std::string(tn::rope_freqs), n_pairs, false);
-    m.rope_inv_freq.resize(n_pairs);
-    for (int i = 0; i < n_pairs; i++) {
-        m.rope_inv_freq[i] = std::pow(hp.rope_base, -2.0 * i / hp.rope_dims);
-        if (!factors.empty()) m.rope_inv_freq[i] /= factors[i];
-        m.rope_inv_freq[i] /= hp.rope_linear_factor;
+    auto inv_freq = [&](const std::vector<float>& factors) {
+        std::vector<double> v(n_pairs);
+        for (int i = 0; i < n_pairs; i++) {
+            v[i] = std::pow(hp.rope_base, -2.0 * i / hp.rope_dims);
+            if (!factors.empty()) v[i] /= factors[i];
+            v[i] /= hp.rope_linear_factor;
+        }
+        return v;
+    };
+    m.rope_inv_freq = inv_freq(b.vector(std::string(tn::rope_freqs), n_pairs, false));
+    if (f.tensor(std::string(tn::rope_factors_long)) || f.tensor(std::string(tn::rope_factors_short))) {
+        if (f.tensor(std::string(tn::rope_freqs)))
+            fail(Exit::bad_model, "{}: both rope_freqs and LongRoPE factors", f.path());
+        const std::vector<float> lng = b.vector(std::string(tn::rope_factors_long), n_pairs);
+        const std::vector<float> shrt = b.vector(std::string(tn::rope_factors_short), n_pairs);
+        for (float x : lng) check_factor(f, tn::rope_factors_long, x);
+        for (float x : shrt) check_factor(f, tn::rope_factors_short, x);
+        m.rope_inv_freq = inv_freq(shrt);
+        m.rope_inv_freq_long = inv_freq(lng);
     }
     for (const auto& t : f.tensors()) m.weight_bytes += t.nbytes;
     return m;

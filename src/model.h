@@ -26,6 +26,8 @@ struct Hparams {
     int rope_dims = 0;      // rotated dims per head (<= head_dim)
     bool rope_neox = false; // rotate pairs (i, i + d/2) instead of (2i, 2i+1)
     double rope_linear_factor = 1.0; // rope.scaling.type = linear: positions / factor
+    double rope_attn_factor = 1.0;   // rope.scaling.attn_factor: scales the rotated dims of Q and K (LongRoPE)
+    int64_t rope_orig_ctx = 0;       // rope.scaling.original_context_length (LongRoPE: long factors past it)
     int64_t sliding_window = 0; // attention span declared by the file (Mistral), 0 = none
     int q_dim() const { return n_head * head_dim; }
     int kv_dim() const { return n_head_kv * head_dim; }
@@ -37,6 +39,7 @@ struct Rope {
     const double* inv_freq = nullptr; // [dims / 2]
     int dims = 0;                     // rotated dims per head
     bool neox = false;                // pairs (i, i + dims/2) instead of (2i, 2i+1)
+    double attn_factor = 1.0;         // rotated dims scaled by it (cos and sin times the factor)
 };
 
 struct LayerWeights {
@@ -62,10 +65,18 @@ struct Model {
     gl::Tensor output;              // [n_embd] -> [n_vocab]; token_embd when tied
     std::vector<LayerWeights> layers;
     std::vector<double> rope_inv_freq; // [rope_dims / 2], with rope_freqs factors applied
+    // LongRoPE (phi3 128k): rope_inv_freq holds the short factors, this the
+    // long ones, for contexts past hp.rope_orig_ctx. Empty otherwise.
+    std::vector<double> rope_inv_freq_long;
     uint64_t weight_bytes = 0;      // bytes of all tensors in the file
 
-    // How keys and queries are rotated, for the cache's sink copies.
-    Rope rope() const { return Rope{rope_inv_freq.data(), hp.rope_dims, hp.rope_neox}; }
+    // How keys and queries are rotated in a context of n_ctx tokens (the
+    // forward pass, and the cache's sink copies).
+    Rope rope(int64_t n_ctx) const {
+        const bool long_factors = !rope_inv_freq_long.empty() && n_ctx > hp.rope_orig_ctx;
+        return Rope{(long_factors ? rope_inv_freq_long : rope_inv_freq).data(), hp.rope_dims, hp.rope_neox,
+                    hp.rope_attn_factor};
+    }
 
     // Throws Error(Exit::bad_model) naming what is missing, misshapen or unsupported.
     static Model load(const GgufFile& f);

@@ -35,7 +35,7 @@ void save_prompt_cache(const std::string& path, uint64_t digest, const KvCache& 
 
 // Load into an empty `kv` the longest prefix shared with `prompt`, keeping at
 // least one prompt token to evaluate (its logits start generation).
-// `rope_inv_freq`, `rope_dims` and `neox` re-place sink keys for this n_ctx.
+// `rope` (Model::rope for this n_ctx) re-places sink keys for this n_ctx.
 PromptCacheLoad load_prompt_cache(const std::string& path, uint64_t digest, KvCache& kv,
                                   const std::vector<int32_t>& prompt, const Rope& rope);
 

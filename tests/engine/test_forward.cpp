@@ -24,7 +24,9 @@ struct Shape {
 };
 
 // A random-weight model with the stories260K vocabulary (512 SPM tokens).
-std::vector<uint8_t> random_model(const Shape& s, uint32_t seed) {
+// phi3: fused attn_qkv and gate|up, RoPE over 3/4 of each head, and with
+// `longrope_orig_ctx` > 0 LongRoPE factors (long ones past that context).
+std::vector<uint8_t> random_model(const Shape& s, uint32_t seed, int64_t longrope_orig_ctx = 0) {
     GgufFile vocab = GgufFile::open(kvtest::shared("models/stories260K.gguf"));
     GgufWriter w;
     w.set_str("general.architecture", s.arch);
@@ -37,9 +39,15 @@ std::vector<uint8_t> random_model(const Shape& s, uint32_t seed) {
     w.set_u32(a + ".attention.head_count_kv", s.n_head_kv);
     w.set_f32(a + ".attention.layer_norm_rms_epsilon", 1e-5f);
     w.set_f32(a + ".rope.freq_base", 10000.0f);
+    const int hd = s.n_embd / s.n_head;
+    if (a == "phi3") w.set_u32(a + ".rope.dimension_count", hd * 3 / 4);
+    if (longrope_orig_ctx > 0) {
+        w.set_u32(a + ".rope.scaling.original_context_length", static_cast<uint32_t>(longrope_orig_ctx));
+        w.set_f32(a + ".rope.scaling.attn_factor", 1.19f);
+    }
     for (const auto& [k, v] : vocab.metadata())
         if (k.rfind("tokenizer.", 0) == 0) w.copy_kv(k, v);
-    const int n_vocab = 512, hd = s.n_embd / s.n_head;
+    const int n_vocab = 512;
     std::mt19937 rng(seed);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     auto add = [&](const std::string& name, int64_t in, int64_t out, gl::Type t, float scale) {
@@ -63,12 +71,17 @@ std::vector<uint8_t> random_model(const Shape& s, uint32_t seed) {
         const std::string n = "blk." + std::to_string(l) + ".";
         norm(n + "attn_norm.weight");
         norm(n + "ffn_norm.weight");
-        add(n + "attn_q.weight", s.n_embd, s.n_head * hd, s.wtype, ws);
-        add(n + "attn_k.weight", s.n_embd, s.n_head_kv * hd, s.wtype, ws);
-        add(n + "attn_v.weight", s.n_embd, s.n_head_kv * hd, s.wtype, ws);
+        if (a == "phi3") {
+            add(n + "attn_qkv.weight", s.n_embd, (s.n_head + 2 * s.n_head_kv) * hd, s.wtype, ws);
+            add(n + "ffn_up.weight", s.n_embd, 2 * s.n_ff, s.wtype, ws);
+        } else {
+            add(n + "attn_q.weight", s.n_embd, s.n_head * hd, s.wtype, ws);
+            add(n + "attn_k.weight", s.n_embd, s.n_head_kv * hd, s.wtype, ws);
+            add(n + "attn_v.weight", s.n_embd, s.n_head_kv * hd, s.wtype, ws);
+            add(n + "ffn_gate.weight", s.n_embd, s.n_ff, s.wtype, ws);
+            add(n + "ffn_up.weight", s.n_embd, s.n_ff, s.wtype, ws);
+        }
         add(n + "attn_output.weight", s.n_head * hd, s.n_embd, s.wtype, ws);
-        add(n + "ffn_gate.weight", s.n_embd, s.n_ff, s.wtype, ws);
-        add(n + "ffn_up.weight", s.n_embd, s.n_ff, s.wtype, ws);
         add(n + "ffn_down.weight", s.n_ff, s.n_embd, s.wtype, 1.0f / std::sqrt(static_cast<float>(s.n_ff)));
         if (a == "qwen2") {
             add(n + "attn_q.bias", s.n_head * hd, 1, gl::Type::F32, 0.5f);
@@ -76,11 +89,21 @@ std::vector<uint8_t> random_model(const Shape& s, uint32_t seed) {
             add(n + "attn_v.bias", s.n_head_kv * hd, 1, gl::Type::F32, 0.5f);
         }
     }
+    if (longrope_orig_ctx > 0) { // factors as in Phi-3's: about 1 (short), growing to tens (long)
+        const int pairs = (a == "phi3" ? hd * 3 / 4 : hd) / 2;
+        std::vector<float> lng(pairs), shrt(pairs);
+        for (int i = 0; i < pairs; i++) {
+            shrt[i] = 1.0f + 0.05f * i;
+            lng[i] = 1.0f + 40.0f * static_cast<float>(i) / pairs;
+        }
+        w.add_tensor("rope_factors_long.weight", gl::Type::F32, {pairs}, lng.data(), lng.size() * 4);
+        w.add_tensor("rope_factors_short.weight", gl::Type::F32, {pairs}, shrt.data(), shrt.size() * 4);
+    }
     return w.bytes();
 }
 
-void compare_with_reference(const Shape& s, double tol, int keep = 4) {
-    const std::vector<uint8_t> bytes = random_model(s, 1234);
+void compare_with_reference(const Shape& s, double tol, int keep = 4, int64_t longrope_orig_ctx = 0) {
+    const std::vector<uint8_t> bytes = random_model(s, 1234, longrope_orig_ctx);
     GgufFile f = GgufFile::parse(bytes.data(), bytes.size(), "random");
     Model m = Model::load(f);
     CHECK(m.hp.n_head_kv == s.n_head_kv);
@@ -124,6 +147,13 @@ TEST_CASE("forward: random models of other head layouts match the reference") {
     compare_with_reference({"llama", 64, 4, 2, 96, 2, gl::Type::Q4_0}, 0.1);
     // No sinks: the pure sliding window that Mistral-style models declare.
     compare_with_reference({"llama", 64, 4, 2, 96, 2, gl::Type::F32}, 1e-3, 0);
+    // phi3: fused QKV and gate|up, NeoX RoPE over 3/4 of each head (Phi-4-mini's).
+    compare_with_reference({"phi3", 64, 4, 2, 96, 2, gl::Type::F32}, 1e-3);
+    compare_with_reference({"phi3", 128, 2, 1, 64, 2, gl::Type::Q8_0}, 0.1);
+    // LongRoPE: the short factors (context 48 within the original 64) and the
+    // long ones (past 32), both with the attention factor, sinks re-rotated.
+    compare_with_reference({"phi3", 64, 4, 2, 96, 2, gl::Type::F32}, 1e-3, 4, 64);
+    compare_with_reference({"phi3", 64, 4, 2, 96, 2, gl::Type::F32}, 1e-3, 4, 32);
 }
 
 namespace {
@@ -159,6 +189,43 @@ TEST_CASE("model: RoPE scaling types") {
             FAIL("no error");
         } catch (const Error& e) {
             CHECK(std::string(e.what()).find("yarn") != std::string::npos);
+        }
+    }
+}
+
+TEST_CASE("model: LongRoPE picks short or long factors by context size") {
+    const auto bytes = random_model({"phi3", 64, 4, 2, 96, 1, gl::Type::F32}, 5, 64);
+    GgufFile f = GgufFile::parse(bytes.data(), bytes.size(), "longrope");
+    Model m = Model::load(f);
+    REQUIRE(m.hp.rope_dims == 12);
+    CHECK(m.hp.rope_orig_ctx == 64);
+    CHECK(m.hp.rope_attn_factor == doctest::Approx(1.19));
+    const Rope at_64 = m.rope(64), at_65 = m.rope(65);
+    CHECK(at_64.attn_factor == doctest::Approx(1.19));
+    for (int i = 0; i < 6; i++) {
+        const double base = std::pow(10000.0, -2.0 * i / 12);
+        CHECK(at_64.inv_freq[i] == doctest::Approx(base / (1.0 + 0.05 * i)));
+        CHECK(at_65.inv_freq[i] == doctest::Approx(base / (1.0 + 40.0 * i / 6)));
+    }
+    SUBCASE("one set of factors alone, or a bad factor, is an error naming the tensor") {
+        GgufWriter w;
+        for (const auto& [k, v] : f.metadata()) w.copy_kv(k, v);
+        const std::vector<float> bad(6, -1.0f);
+        for (const auto& t : f.tensors()) {
+            if (t.name == "rope_factors_short.weight") continue;
+            if (t.name == "rope_factors_long.weight") {
+                w.add_tensor(t.name, t.type, {6}, bad.data(), bad.size() * 4);
+                continue;
+            }
+            w.add_tensor(t.name, t.type, std::vector<int64_t>(t.ne, t.ne + t.n_dims), t.data, t.nbytes);
+        }
+        const auto broken = w.bytes();
+        GgufFile g = GgufFile::parse(broken.data(), broken.size(), "broken");
+        try {
+            Model::load(g);
+            FAIL("no error");
+        } catch (const Error& e) {
+            CHECK(std::string(e.what()).find("rope_factors_") != std::string::npos);
         }
     }
 }

@@ -21,7 +21,8 @@ using kvrun::Model;
 // Plain forward pass for one token at a time, in double precision.
 class ReferenceModel {
   public:
-    ReferenceModel(const Model& m, int n_ctx, int keep) : m_(m), n_ctx_(n_ctx), keep_(keep), layers_(m.hp.n_layer) {}
+    ReferenceModel(const Model& m, int n_ctx, int keep)
+        : m_(m), rope_(m.rope(n_ctx)), n_ctx_(n_ctx), keep_(keep), layers_(m.hp.n_layer) {}
 
     int64_t max_distance_seen = 0;
     size_t max_entries_seen = 0;
@@ -115,16 +116,17 @@ class ReferenceModel {
         for (int h = 0; h < n_heads; h++)
             for (int i = 0; i < hp.rope_dims / 2; i++) {
                 const int a = hp.rope_neox ? i : 2 * i, b = hp.rope_neox ? i + hp.rope_dims / 2 : 2 * i + 1;
-                const double th = pos * m_.rope_inv_freq[i];
+                const double th = pos * rope_.inv_freq[i];
                 double& x0 = v[h * hp.head_dim + a];
                 double& x1 = v[h * hp.head_dim + b];
                 const double r0 = x0 * std::cos(th) - x1 * std::sin(th), r1 = x0 * std::sin(th) + x1 * std::cos(th);
-                x0 = r0;
-                x1 = r1;
+                x0 = r0 * rope_.attn_factor; // LongRoPE's attention factor on the rotated dims
+                x1 = r1 * rope_.attn_factor;
             }
     }
 
     const Model& m_;
+    kvrun::Rope rope_; // the frequencies for this n_ctx (LongRoPE: short or long)
     int n_ctx_, keep_;
     std::vector<std::deque<Entry>> layers_;
 };
