@@ -6,10 +6,18 @@
 // ones for contexts past rope.scaling.original_context_length) and
 // rope.scaling.attn_factor on the rotated dims (Model::rope).
 #include "arch/family.h"
+#include "model.h"
 
 namespace kvrun {
 
+namespace {
+// Some Phi-3 files declare attention.sliding_window (2047 for
+// Phi-3-mini-4k); the reference engine disables Phi's sliding window and
+// attends to the whole context (llama.cpp PR 13676), and so does kvrun.
+void read_phi3(const GgufFile&, Hparams& hp) { hp.sliding_window = 0; }
+} // namespace
+
 extern const Family kPhi3;
-const Family kPhi3{.name = "phi3", .rope_neox = true, .qkv_bias = false};
+const Family kPhi3{.name = "phi3", .rope_neox = true, .qkv_bias = false, .read_hparams = read_phi3};
 
 } // namespace kvrun

@@ -229,3 +229,10 @@ TEST_CASE("model: LongRoPE picks short or long factors by context size") {
         }
     }
 }
+
+TEST_CASE("model: phi3 attends to the whole context whatever attention.sliding_window says") {
+    const auto base = random_model({"phi3", 64, 4, 2, 96, 1, gl::Type::F32}, 5);
+    const auto bytes = with_metadata(base, [](GgufWriter& w) { w.set_u32("phi3.attention.sliding_window", 2047); });
+    GgufFile f = GgufFile::parse(bytes.data(), bytes.size(), "phi3-swa");
+    CHECK(read_hparams(f).sliding_window == 0);
+}
