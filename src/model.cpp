@@ -115,7 +115,8 @@ Hparams read_hparams(const GgufFile& f) {
     // dividing every frequency); "llama3" is carried by the rope_freqs tensor
     // and LongRoPE by rope_factors_short/long (applied in Model::load).
     // Others (yarn) would be silently wrong.
-    const bool longrope = f.tensor(std::string(tn::rope_factors_long)) || f.tensor(std::string(tn::rope_factors_short));
+    const bool longrope = f.tensor(std::string(tn::rope_factors_long)) ||
+                          f.tensor(std::string(tn::rope_factors_short));
     if (auto scaling = f.get_str(p + "rope.scaling.type"); scaling && *scaling != "none") {
         if (*scaling == "linear") {
             hp.rope_linear_factor = f.get_f64(p + "rope.scaling.factor").value_or(1.0);
@@ -130,7 +131,8 @@ Hparams read_hparams(const GgufFile& f) {
     // whatever the scaling (LongRoPE files set it: 1.19 for Phi-4-mini).
     hp.rope_attn_factor = f.get_f64(p + "rope.scaling.attn_factor").value_or(1.0);
     if (!(hp.rope_attn_factor > 0) || hp.rope_attn_factor > 16)
-        fail(Exit::bad_model, "{}: rope.scaling.attn_factor {} is out of range", f.path(), hp.rope_attn_factor);
+        fail(Exit::bad_model, "{}: rope.scaling.attn_factor {} is out of range", f.path(),
+             hp.rope_attn_factor);
     hp.rope_orig_ctx = f.get_u64(p + "rope.scaling.original_context_length")
                            ? need("rope.scaling.original_context_length", 1u << 30)
                            : hp.n_ctx_train;
@@ -164,7 +166,8 @@ Model Model::load(const GgufFile& f) {
         auto name = [l](std::string_view suffix) { return tn::blk(l, suffix); };
         L.attn_norm = b.vector(name(tn::attn_norm), hp.n_embd);
         if (b.find(name(tn::attn_qkv))) { // fused (phi3): Q rows, then K, then V
-            const gl::Tensor qkv = b.matrix(name(tn::attn_qkv), hp.n_embd, hp.q_dim() + 2 * hp.kv_dim());
+            const gl::Tensor qkv =
+                b.matrix(name(tn::attn_qkv), hp.n_embd, hp.q_dim() + 2 * hp.kv_dim());
             L.wq = qkv.rows(0, hp.q_dim());
             L.wk = qkv.rows(hp.q_dim(), hp.kv_dim());
             L.wv = qkv.rows(hp.q_dim() + hp.kv_dim(), hp.kv_dim());
@@ -184,7 +187,8 @@ Model Model::load(const GgufFile& f) {
         L.ffn_norm = b.vector(name(tn::ffn_norm), hp.n_embd);
         const GgufTensor* up = b.find(name(tn::ffn_up));
         if (!b.find(name(tn::ffn_gate)) && up && up->ne[1] == 2 * static_cast<int64_t>(hp.n_ff)) {
-            const gl::Tensor gate_up = b.matrix(name(tn::ffn_up), hp.n_embd, 2 * hp.n_ff); // fused (phi3)
+            const gl::Tensor gate_up =
+                b.matrix(name(tn::ffn_up), hp.n_embd, 2 * hp.n_ff); // fused (phi3)
             L.w_gate = gate_up.rows(0, hp.n_ff);
             L.w_up = gate_up.rows(hp.n_ff, hp.n_ff);
         } else {
@@ -207,7 +211,8 @@ Model Model::load(const GgufFile& f) {
         return v;
     };
     m.rope_inv_freq = inv_freq(b.vector(std::string(tn::rope_freqs), n_pairs, false));
-    if (f.tensor(std::string(tn::rope_factors_long)) || f.tensor(std::string(tn::rope_factors_short))) {
+    if (f.tensor(std::string(tn::rope_factors_long)) ||
+        f.tensor(std::string(tn::rope_factors_short))) {
         if (f.tensor(std::string(tn::rope_freqs)))
             fail(Exit::bad_model, "{}: both rope_freqs and LongRoPE factors", f.path());
         const std::vector<float> lng = b.vector(std::string(tn::rope_factors_long), n_pairs);

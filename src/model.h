@@ -26,8 +26,10 @@ struct Hparams {
     int rope_dims = 0;      // rotated dims per head (<= head_dim)
     bool rope_neox = false; // rotate pairs (i, i + d/2) instead of (2i, 2i+1)
     double rope_linear_factor = 1.0; // rope.scaling.type = linear: positions / factor
-    double rope_attn_factor = 1.0;   // rope.scaling.attn_factor: scales the rotated dims of Q and K (LongRoPE)
-    int64_t rope_orig_ctx = 0;       // rope.scaling.original_context_length (LongRoPE: long factors past it)
+    // LongRoPE: rope.scaling.attn_factor scales the rotated dims of Q and K;
+    // the long factors apply past rope.scaling.original_context_length.
+    double rope_attn_factor = 1.0;
+    int64_t rope_orig_ctx = 0;
     int64_t sliding_window = 0; // attention span declared by the file (Mistral), 0 = none
     int q_dim() const { return n_head * head_dim; }
     int kv_dim() const { return n_head_kv * head_dim; }
@@ -74,8 +76,8 @@ struct Model {
     // forward pass, and the cache's sink copies).
     Rope rope(int64_t n_ctx) const {
         const bool long_factors = !rope_inv_freq_long.empty() && n_ctx > hp.rope_orig_ctx;
-        return Rope{(long_factors ? rope_inv_freq_long : rope_inv_freq).data(), hp.rope_dims, hp.rope_neox,
-                    hp.rope_attn_factor};
+        return Rope{(long_factors ? rope_inv_freq_long : rope_inv_freq).data(), hp.rope_dims,
+                    hp.rope_neox, hp.rope_attn_factor};
     }
 
     // Throws Error(Exit::bad_model) naming what is missing, misshapen or unsupported.

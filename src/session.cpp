@@ -65,7 +65,8 @@ uint64_t Session::model_digest() const {
 PromptCacheLoad Session::load_prompt_cache(const std::string& path, uint64_t digest,
                                            const std::vector<int32_t>& want) {
     clear();
-    PromptCacheLoad pc = kvrun::load_prompt_cache(path, digest, kv_, want, lm_.model.rope(kv_.n_ctx()));
+    PromptCacheLoad pc =
+        kvrun::load_prompt_cache(path, digest, kv_, want, lm_.model.rope(kv_.n_ctx()));
     if (pc.ok)
         tokens_.assign(want.begin(), want.begin() + pc.reused);
     else

@@ -15,7 +15,8 @@ inline constexpr std::string_view token_embd = "token_embd.weight";
 inline constexpr std::string_view output_norm = "output_norm.weight";
 inline constexpr std::string_view output = "output.weight"; // absent when tied to token_embd
 inline constexpr std::string_view rope_freqs = "rope_freqs.weight";
-inline constexpr std::string_view rope_factors_long = "rope_factors_long.weight"; // LongRoPE (phi3 128k)
+// LongRoPE (phi3 128k): frequency divisors for long and short contexts.
+inline constexpr std::string_view rope_factors_long = "rope_factors_long.weight";
 inline constexpr std::string_view rope_factors_short = "rope_factors_short.weight";
 
 // Per-layer tensors: blk(l, attn_q) = "blk.<l>.attn_q.weight".
@@ -23,7 +24,9 @@ inline constexpr std::string_view attn_norm = "attn_norm.weight";
 inline constexpr std::string_view attn_q = "attn_q.weight";
 inline constexpr std::string_view attn_k = "attn_k.weight";
 inline constexpr std::string_view attn_v = "attn_v.weight";
-inline constexpr std::string_view attn_qkv = "attn_qkv.weight"; // fused: Q rows, then K, then V (phi3)
+// Fused Q, K, V (phi3): Q rows, then K, then V. A phi3 ffn_up without
+// ffn_gate holds the gate rows, then the up rows.
+inline constexpr std::string_view attn_qkv = "attn_qkv.weight";
 inline constexpr std::string_view attn_q_bias = "attn_q.bias";
 inline constexpr std::string_view attn_k_bias = "attn_k.bias";
 inline constexpr std::string_view attn_v_bias = "attn_v.bias";
@@ -32,7 +35,7 @@ inline constexpr std::string_view attn_q_norm = "attn_q_norm.weight"; // [head_d
 inline constexpr std::string_view attn_k_norm = "attn_k_norm.weight";
 inline constexpr std::string_view ffn_norm = "ffn_norm.weight";
 inline constexpr std::string_view ffn_gate = "ffn_gate.weight";
-inline constexpr std::string_view ffn_up = "ffn_up.weight"; // gate rows, then up rows when ffn_gate is absent (phi3)
+inline constexpr std::string_view ffn_up = "ffn_up.weight";
 inline constexpr std::string_view ffn_down = "ffn_down.weight";
 
 inline std::string blk(int layer, std::string_view suffix) {

@@ -14,7 +14,9 @@ namespace {
 // Some Phi-3 files declare attention.sliding_window (2047 for
 // Phi-3-mini-4k); the reference engine disables Phi's sliding window and
 // attends to the whole context (llama.cpp PR 13676), and so does kvrun.
-void read_phi3(const GgufFile&, Hparams& hp) { hp.sliding_window = 0; }
+void read_phi3(const GgufFile&, Hparams& hp) {
+    hp.sliding_window = 0;
+}
 } // namespace
 
 extern const Family kPhi3;

@@ -177,7 +177,9 @@ TEST_CASE("golden: newer families from ../shared/golden-families") {
         for (const auto& f : goldens("golden-families")) {
             if (f.filename().string().rfind(std::string(family) + "-", 0) != 0) continue;
             n++;
-            SUBCASE(f.filename().string().c_str()) { check_golden(f); }
+            SUBCASE(f.filename().string().c_str()) {
+                check_golden(f);
+            }
         }
         CHECK_MESSAGE(n == 3, family);
     }

@@ -42,7 +42,8 @@ std::vector<uint8_t> random_model(const Shape& s, uint32_t seed, int64_t longrop
     const int hd = s.n_embd / s.n_head;
     if (a == "phi3") w.set_u32(a + ".rope.dimension_count", hd * 3 / 4);
     if (longrope_orig_ctx > 0) {
-        w.set_u32(a + ".rope.scaling.original_context_length", static_cast<uint32_t>(longrope_orig_ctx));
+        w.set_u32(a + ".rope.scaling.original_context_length",
+                  static_cast<uint32_t>(longrope_orig_ctx));
         w.set_f32(a + ".rope.scaling.attn_factor", 1.19f);
     }
     for (const auto& [k, v] : vocab.metadata())
@@ -96,13 +97,16 @@ std::vector<uint8_t> random_model(const Shape& s, uint32_t seed, int64_t longrop
             shrt[i] = 1.0f + 0.05f * i;
             lng[i] = 1.0f + 40.0f * static_cast<float>(i) / pairs;
         }
-        w.add_tensor("rope_factors_long.weight", gl::Type::F32, {pairs}, lng.data(), lng.size() * 4);
-        w.add_tensor("rope_factors_short.weight", gl::Type::F32, {pairs}, shrt.data(), shrt.size() * 4);
+        w.add_tensor("rope_factors_long.weight", gl::Type::F32, {pairs}, lng.data(),
+                     lng.size() * 4);
+        w.add_tensor("rope_factors_short.weight", gl::Type::F32, {pairs}, shrt.data(),
+                     shrt.size() * 4);
     }
     return w.bytes();
 }
 
-void compare_with_reference(const Shape& s, double tol, int keep = 4, int64_t longrope_orig_ctx = 0) {
+void compare_with_reference(const Shape& s, double tol, int keep = 4,
+                            int64_t longrope_orig_ctx = 0) {
     const std::vector<uint8_t> bytes = random_model(s, 1234, longrope_orig_ctx);
     GgufFile f = GgufFile::parse(bytes.data(), bytes.size(), "random");
     Model m = Model::load(f);
@@ -217,7 +221,8 @@ TEST_CASE("model: LongRoPE picks short or long factors by context size") {
                 w.add_tensor(t.name, t.type, {6}, bad.data(), bad.size() * 4);
                 continue;
             }
-            w.add_tensor(t.name, t.type, std::vector<int64_t>(t.ne, t.ne + t.n_dims), t.data, t.nbytes);
+            w.add_tensor(t.name, t.type, std::vector<int64_t>(t.ne, t.ne + t.n_dims), t.data,
+                         t.nbytes);
         }
         const auto broken = w.bytes();
         GgufFile g = GgufFile::parse(broken.data(), broken.size(), "broken");
@@ -232,7 +237,8 @@ TEST_CASE("model: LongRoPE picks short or long factors by context size") {
 
 TEST_CASE("model: phi3 attends to the whole context whatever attention.sliding_window says") {
     const auto base = random_model({"phi3", 64, 4, 2, 96, 1, gl::Type::F32}, 5);
-    const auto bytes = with_metadata(base, [](GgufWriter& w) { w.set_u32("phi3.attention.sliding_window", 2047); });
+    const auto bytes = with_metadata(
+        base, [](GgufWriter& w) { w.set_u32("phi3.attention.sliding_window", 2047); });
     GgufFile f = GgufFile::parse(bytes.data(), bytes.size(), "phi3-swa");
     CHECK(read_hparams(f).sliding_window == 0);
 }

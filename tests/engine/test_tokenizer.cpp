@@ -433,7 +433,8 @@ TEST_CASE("tokenizer: Llama 3 / Qwen2 / SmolLM / DeepSeek pre-tokenizers") {
     CHECK(split(PreSplit::gpt4o, "Hello world") == V{"Hello", " world"});
     CHECK(split(PreSplit::gpt4o, "HELLO world") == V{"HELLO", " world"});
     CHECK(split(PreSplit::gpt4o, "helloWorld HTTPServer") == V{"hello", "World", " HTTPServer"});
-    CHECK(split(PreSplit::gpt4o, "I'M HERE, don't we'LL") == V{"I'M", " HERE", ",", " don't", " we'LL"});
+    CHECK(split(PreSplit::gpt4o, "I'M HERE, don't we'LL") ==
+          V{"I'M", " HERE", ",", " don't", " we'LL"});
     CHECK(split(PreSplit::gpt4o, "1234567") == V{"123", "456", "7"});
     CHECK(split(PreSplit::gpt4o, "3.14") == V{"3", ".", "14"});
     CHECK(split(PreSplit::gpt4o, "a/b\n\n") == V{"a", "/b", "\n\n"});
