@@ -185,10 +185,11 @@ Model Model::load(const GgufFile& f) {
         }
         L.wo = b.matrix(name(tn::attn_output), hp.q_dim(), hp.n_embd);
         L.ffn_norm = b.vector(name(tn::ffn_norm), hp.n_embd);
+        // Fused (phi3): no ffn_gate, and an ffn_up of other than n_ff rows
+        // (2 n_ff: gate rows, then up; anything else is named as misshapen).
         const GgufTensor* up = b.find(name(tn::ffn_up));
-        if (!b.find(name(tn::ffn_gate)) && up && up->ne[1] == 2 * static_cast<int64_t>(hp.n_ff)) {
-            const gl::Tensor gate_up =
-                b.matrix(name(tn::ffn_up), hp.n_embd, 2 * hp.n_ff); // fused (phi3)
+        if (!b.find(name(tn::ffn_gate)) && up && up->ne[1] != hp.n_ff) {
+            const gl::Tensor gate_up = b.matrix(name(tn::ffn_up), hp.n_embd, 2 * hp.n_ff);
             L.w_gate = gate_up.rows(0, hp.n_ff);
             L.w_up = gate_up.rows(hp.n_ff, hp.n_ff);
         } else {

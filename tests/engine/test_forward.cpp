@@ -242,3 +242,30 @@ TEST_CASE("model: phi3 attends to the whole context whatever attention.sliding_w
     GgufFile f = GgufFile::parse(bytes.data(), bytes.size(), "phi3-swa");
     CHECK(read_hparams(f).sliding_window == 0);
 }
+
+TEST_CASE("model: phi3 fused matrices that do not fit the heads are an error naming them") {
+    const auto base = random_model({"phi3", 64, 4, 2, 96, 1, gl::Type::F32}, 5);
+    GgufFile f = GgufFile::parse(base.data(), base.size(), "phi3");
+    for (const char* broken : {"blk.0.attn_qkv.weight", "blk.0.ffn_up.weight"}) {
+        CAPTURE(broken);
+        GgufWriter w;
+        for (const auto& [k, v] : f.metadata()) w.copy_kv(k, v);
+        for (const auto& t : f.tensors()) {
+            std::vector<int64_t> ne(t.ne, t.ne + t.n_dims);
+            size_t bytes = t.nbytes;
+            if (t.name == broken) { // one head's rows short
+                ne[1] -= 16;
+                bytes = static_cast<size_t>(ne[0] * ne[1]) * 4;
+            }
+            w.add_tensor(t.name, t.type, ne, t.data, bytes);
+        }
+        const auto bytes = w.bytes();
+        GgufFile g = GgufFile::parse(bytes.data(), bytes.size(), "broken");
+        try {
+            Model::load(g);
+            FAIL("no error");
+        } catch (const Error& e) {
+            CHECK(std::string(e.what()).find(broken) != std::string::npos);
+        }
+    }
+}
