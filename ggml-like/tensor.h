@@ -19,6 +19,13 @@ struct Tensor {
     const uint8_t* row(int64_t r) const { return static_cast<const uint8_t*>(data) + r * row_bytes; }
     // The bytes a pass over every row reads (rows row_bytes apart).
     size_t bytes() const { return row_bytes * static_cast<size_t>(ne1); }
+    // Rows [first, first + n) of this one: the parts of a fused matrix.
+    Tensor rows(int64_t first, int64_t n) const {
+        Tensor t = *this;
+        t.ne1 = n;
+        t.data = row(first);
+        return t;
+    }
     explicit operator bool() const { return data != nullptr; }
 };
 

@@ -14,6 +14,14 @@ MODELS=(
   "llama-3.2-1b|https://huggingface.co/bartowski/Llama-3.2-1B-Instruct-GGUF/resolve/main/Llama-3.2-1B-Instruct-Q4_K_M.gguf|Llama-3.2-1B-Instruct-Q4_K_M.gguf||"
   "tinyllama-1.1b|https://huggingface.co/TheBloke/TinyLlama-1.1B-Chat-v1.0-GGUF/resolve/main/tinyllama-1.1b-chat-v1.0.Q4_K_M.gguf|tinyllama-1.1b-chat-v1.0.Q4_K_M.gguf||"
   "mistral-7b|https://huggingface.co/TheBloke/Mistral-7B-Instruct-v0.2-GGUF/resolve/main/mistral-7b-instruct-v0.2.Q4_K_M.gguf|mistral-7b-instruct-v0.2.Q4_K_M.gguf||"
+  "gemma-3-270m|https://huggingface.co/unsloth/gemma-3-270m-it-GGUF/resolve/main/gemma-3-270m-it-Q8_0.gguf|gemma-3-270m-it-Q8_0.gguf||"
+  "gemma-3-1b|https://huggingface.co/unsloth/gemma-3-1b-it-GGUF/resolve/main/gemma-3-1b-it-Q4_K_M.gguf|gemma-3-1b-it-Q4_K_M.gguf||"
+  "gemma-3-4b|https://huggingface.co/unsloth/gemma-3-4b-it-GGUF/resolve/main/gemma-3-4b-it-Q4_K_M.gguf|gemma-3-4b-it-Q4_K_M.gguf||"
+  "qwen3-0.6b|https://huggingface.co/Qwen/Qwen3-0.6B-GGUF/resolve/main/Qwen3-0.6B-Q8_0.gguf|Qwen3-0.6B-Q8_0.gguf||"
+  "qwen3-1.7b|https://huggingface.co/Qwen/Qwen3-1.7B-GGUF/resolve/main/Qwen3-1.7B-Q8_0.gguf|Qwen3-1.7B-Q8_0.gguf||"
+  "qwen3-4b|https://huggingface.co/Qwen/Qwen3-4B-GGUF/resolve/main/Qwen3-4B-Q4_K_M.gguf|Qwen3-4B-Q4_K_M.gguf||"
+  "phi-3-mini-4k|https://huggingface.co/microsoft/Phi-3-mini-4k-instruct-gguf/resolve/main/Phi-3-mini-4k-instruct-q4.gguf|Phi-3-mini-4k-instruct-q4.gguf||"
+  "phi-4-mini|https://huggingface.co/bartowski/microsoft_Phi-4-mini-instruct-GGUF/resolve/main/microsoft_Phi-4-mini-instruct-Q4_K_M.gguf|microsoft_Phi-4-mini-instruct-Q4_K_M.gguf||"
 )
 
 list() {

@@ -182,6 +182,7 @@ const float* Forward::run(const int32_t* tokens, int n, bool all_logits, bool ge
 void Forward::step(const int32_t* tokens, int n, int first, int64_t pos0, bool generated) {
     const Hparams& hp = m_.hp;
     const int half = hp.rope_dims / 2;
+    const Rope rope = m_.rope(kv_.n_ctx());
     {
         OpTimer t(profile_, Op::other);
         for (int i = 0; i < n; i++) {
@@ -191,12 +192,17 @@ void Forward::step(const int32_t* tokens, int n, int first, int64_t pos0, bool g
                 for (int j = 0; j < hp.n_embd; j++) x[j] *= m_.embed_scale;
             pos_[i] = pos0 + i;
             const size_t at = static_cast<size_t>(i) * half;
-            gl::ops::rope_angles(static_cast<double>(pos0 + i), half, m_.rope_inv_freq.data(),
-                                 cos_.data() + at, sin_.data() + at);
+            gl::ops::rope_angles(static_cast<double>(pos0 + i), half, rope.inv_freq, cos_.data() + at,
+                                 sin_.data() + at);
             if (!cos_swa_.empty())
                 gl::ops::rope_angles(static_cast<double>(pos0 + i), half, m_.rope_inv_freq_swa.data(),
                                      cos_swa_.data() + at, sin_swa_.data() + at);
         }
+        if (rope.attn_factor != 1.0) // LongRoPE: the rotated dims of Q and K scaled
+            for (size_t j = 0; j < static_cast<size_t>(n) * half; j++) {
+                cos_[j] *= static_cast<float>(rope.attn_factor);
+                sin_[j] *= static_cast<float>(rope.attn_factor);
+            }
         wrote(x_.data(), sizeof(float) * static_cast<size_t>(n) * hp.n_embd);
         wrote(cos_.data(), sizeof(float) * static_cast<size_t>(n) * half);
         wrote(sin_.data(), sizeof(float) * static_cast<size_t>(n) * half);
@@ -265,7 +271,7 @@ void Forward::attention_block(int l, int n, int64_t pos0, bool generated) {
     const bool sinks = kv_.config().keep_of(l) > 0;
     if (sinks && pos0 < kv_.keep()) {
         be.host_read(k_.data(), sizeof(float) * static_cast<size_t>(n) * kvd);
-        kv_.store_sinks(l, pos0, n, k_.data(), m_.rope(l));
+        kv_.store_sinks(l, pos0, n, k_.data(), m_.layer_rope(l, kv_.n_ctx()));
     }
     const bool any_slid = sinks && pos0 + n - 1 >= kv_.slots(l);
     // A copy (F32 "conversion"), so that it stays on the backend's device.

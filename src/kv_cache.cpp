@@ -249,6 +249,13 @@ void KvCache::store_sinks(int layer, int64_t pos0, int n, const float* k_unrot, 
         float* dst = sink_k(layer) + j * kvd;
         std::memcpy(dst, k_unrot + static_cast<size_t>(i) * kvd, sizeof(float) * kvd);
         gl::ops::rope_angles(-static_cast<double>(cfg_.n_ctx - 1 - j), half, rope.inv_freq, cs.data(), sn.data());
+        if (rope.attn_factor != 1.0) { // the query they meet is unrotated: both factors here
+            const float f2 = static_cast<float>(rope.attn_factor * rope.attn_factor);
+            for (int p = 0; p < half; p++) {
+                cs[p] *= f2;
+                sn[p] *= f2;
+            }
+        }
         gl::ops::rope(dst, cfg_.n_head_kv, cfg_.head_dim, rope.dims, cs.data(), sn.data(), rope.neox);
     }
 }

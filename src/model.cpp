@@ -65,6 +65,11 @@ class Binder {
     const GgufFile& f_;
 };
 
+void check_factor(const GgufFile& f, std::string_view tensor, float x) {
+    if (!(x > 0) || !std::isfinite(x))
+        fail(Exit::bad_model, "{}: {} holds {}, expected positive factors", f.path(), tensor, x);
+}
+
 int as_int(uint64_t v, const GgufFile& f, const std::string& key, uint64_t max = 1u << 24) {
     if (v == 0 || v > max) fail(Exit::bad_model, "{}: '{}' = {} is out of range", f.path(), key, v);
     return static_cast<int>(v);
@@ -112,16 +117,29 @@ Hparams read_hparams(const GgufFile& f) {
     hp.rope_neox = arch->rope_neox;
     // RoPE scaling: "linear" divides positions by the factor (the same as
     // dividing every frequency); "llama3" is carried by the rope_freqs tensor
-    // (applied in Model::load). Others (yarn, longrope) would be silently wrong.
+    // and LongRoPE by rope_factors_short/long (applied in Model::load).
+    // Others (yarn) would be silently wrong.
+    const bool longrope = f.tensor(std::string(tn::rope_factors_long)) ||
+                          f.tensor(std::string(tn::rope_factors_short));
     if (auto scaling = f.get_str(p + "rope.scaling.type"); scaling && *scaling != "none") {
         if (*scaling == "linear") {
             hp.rope_linear_factor = f.get_f64(p + "rope.scaling.factor").value_or(1.0);
             if (!(hp.rope_linear_factor > 0))
                 fail(Exit::bad_model, "{}: rope.scaling.factor must be positive", f.path());
-        } else if (!(*scaling == "llama3" && f.tensor(std::string(tn::rope_freqs)))) {
+        } else if (!(*scaling == "llama3" && f.tensor(std::string(tn::rope_freqs))) &&
+                   !((*scaling == "longrope" || *scaling == "su") && longrope)) {
             fail(Exit::bad_model, "{}: RoPE scaling '{}' is not supported yet", f.path(), *scaling);
         }
     }
+    // The reference engine scales cos and sin by rope.scaling.attn_factor
+    // whatever the scaling (LongRoPE files set it: 1.19 for Phi-4-mini).
+    hp.rope_attn_factor = f.get_f64(p + "rope.scaling.attn_factor").value_or(1.0);
+    if (!(hp.rope_attn_factor > 0) || hp.rope_attn_factor > 16)
+        fail(Exit::bad_model, "{}: rope.scaling.attn_factor {} is out of range", f.path(),
+             hp.rope_attn_factor);
+    hp.rope_orig_ctx = f.get_u64(p + "rope.scaling.original_context_length")
+                           ? need("rope.scaling.original_context_length", 1u << 30)
+                           : hp.n_ctx_train;
 
     if (auto sw = f.get_u64(p + "attention.sliding_window")) hp.sliding_window = static_cast<int64_t>(*sw);
     if (arch->read_hparams) arch->read_hparams(f, hp);
@@ -151,9 +169,17 @@ Model Model::load(const GgufFile& f) {
         LayerWeights& L = m.layers[l];
         auto name = [l](std::string_view suffix) { return tn::blk(l, suffix); };
         L.attn_norm = b.vector(name(tn::attn_norm), hp.n_embd);
-        L.wq = b.matrix(name(tn::attn_q), hp.n_embd, hp.q_dim());
-        L.wk = b.matrix(name(tn::attn_k), hp.n_embd, hp.kv_dim());
-        L.wv = b.matrix(name(tn::attn_v), hp.n_embd, hp.kv_dim());
+        if (b.find(name(tn::attn_qkv))) { // fused (phi3): Q rows, then K, then V
+            const gl::Tensor qkv =
+                b.matrix(name(tn::attn_qkv), hp.n_embd, hp.q_dim() + 2 * hp.kv_dim());
+            L.wq = qkv.rows(0, hp.q_dim());
+            L.wk = qkv.rows(hp.q_dim(), hp.kv_dim());
+            L.wv = qkv.rows(hp.q_dim() + hp.kv_dim(), hp.kv_dim());
+        } else {
+            L.wq = b.matrix(name(tn::attn_q), hp.n_embd, hp.q_dim());
+            L.wk = b.matrix(name(tn::attn_k), hp.n_embd, hp.kv_dim());
+            L.wv = b.matrix(name(tn::attn_v), hp.n_embd, hp.kv_dim());
+        }
         L.bq = b.vector(name(tn::attn_q_bias), hp.q_dim(), arch->qkv_bias);
         L.bk = b.vector(name(tn::attn_k_bias), hp.kv_dim(), arch->qkv_bias);
         L.bv = b.vector(name(tn::attn_v_bias), hp.kv_dim(), arch->qkv_bias);
@@ -167,19 +193,43 @@ Model Model::load(const GgufFile& f) {
             L.post_attn_norm = b.vector(name(tn::post_attention_norm), hp.n_embd);
             L.post_ffn_norm = b.vector(name(tn::post_ffw_norm), hp.n_embd);
         }
-        L.w_gate = b.matrix(name(tn::ffn_gate), hp.n_embd, hp.n_ff);
-        L.w_up = b.matrix(name(tn::ffn_up), hp.n_embd, hp.n_ff);
+        // Fused (phi3): no ffn_gate, and an ffn_up of other than n_ff rows
+        // (2 n_ff: gate rows, then up; anything else is named as misshapen).
+        const GgufTensor* up = b.find(name(tn::ffn_up));
+        if (!b.find(name(tn::ffn_gate)) && up && up->ne[1] != hp.n_ff) {
+            const gl::Tensor gate_up = b.matrix(name(tn::ffn_up), hp.n_embd, 2 * hp.n_ff);
+            L.w_gate = gate_up.rows(0, hp.n_ff);
+            L.w_up = gate_up.rows(hp.n_ff, hp.n_ff);
+        } else {
+            L.w_gate = b.matrix(name(tn::ffn_gate), hp.n_embd, hp.n_ff);
+            L.w_up = b.matrix(name(tn::ffn_up), hp.n_embd, hp.n_ff);
+        }
         L.w_down = b.matrix(name(tn::ffn_down), hp.n_ff, hp.n_embd);
     }
 
-    // theta_i = base^(-2i/d); Llama 3 files carry per-frequency divisors in rope_freqs.
+    // theta_i = base^(-2i/d); Llama 3 files carry per-frequency divisors in
+    // rope_freqs, LongRoPE files two sets (short and long contexts).
     const int n_pairs = hp.rope_dims / 2;
-    std::vector<float> factors = b.vector(std::string(tn::rope_freqs), n_pairs, false);
-    m.rope_inv_freq.resize(n_pairs);
-    for (int i = 0; i < n_pairs; i++) {
-        m.rope_inv_freq[i] = std::pow(hp.rope_base, -2.0 * i / hp.rope_dims);
-        if (!factors.empty()) m.rope_inv_freq[i] /= factors[i];
-        m.rope_inv_freq[i] /= hp.rope_linear_factor;
+    auto inv_freq = [&](const std::vector<float>& factors) {
+        std::vector<double> v(n_pairs);
+        for (int i = 0; i < n_pairs; i++) {
+            v[i] = std::pow(hp.rope_base, -2.0 * i / hp.rope_dims);
+            if (!factors.empty()) v[i] /= factors[i];
+            v[i] /= hp.rope_linear_factor;
+        }
+        return v;
+    };
+    m.rope_inv_freq = inv_freq(b.vector(std::string(tn::rope_freqs), n_pairs, false));
+    if (f.tensor(std::string(tn::rope_factors_long)) ||
+        f.tensor(std::string(tn::rope_factors_short))) {
+        if (f.tensor(std::string(tn::rope_freqs)))
+            fail(Exit::bad_model, "{}: both rope_freqs and LongRoPE factors", f.path());
+        const std::vector<float> lng = b.vector(std::string(tn::rope_factors_long), n_pairs);
+        const std::vector<float> shrt = b.vector(std::string(tn::rope_factors_short), n_pairs);
+        for (float x : lng) check_factor(f, tn::rope_factors_long, x);
+        for (float x : shrt) check_factor(f, tn::rope_factors_short, x);
+        m.rope_inv_freq = inv_freq(shrt);
+        m.rope_inv_freq_long = inv_freq(lng);
     }
     // Sliding-window layers with a base of their own take it unscaled.
     if (hp.rope_base_swa > 0 && !hp.swa_layers.empty()) {

@@ -26,6 +26,10 @@ struct Hparams {
     int rope_dims = 0;      // rotated dims per head (<= head_dim)
     bool rope_neox = false; // rotate pairs (i, i + d/2) instead of (2i, 2i+1)
     double rope_linear_factor = 1.0; // rope.scaling.type = linear: positions / factor
+    // LongRoPE: rope.scaling.attn_factor scales the rotated dims of Q and K;
+    // the long factors apply past rope.scaling.original_context_length.
+    double rope_attn_factor = 1.0;
+    int64_t rope_orig_ctx = 0;
     int64_t sliding_window = 0; // attention span declared by the file (Mistral), 0 = none
     // Per-layer windows (Gemma 3): a layer with swa_layers[l] sees only the
     // last swa_window positions, the others all of them. Empty: every layer
@@ -45,6 +49,7 @@ struct Rope {
     const double* inv_freq = nullptr; // [dims / 2]
     int dims = 0;                     // rotated dims per head
     bool neox = false;                // pairs (i, i + dims/2) instead of (2i, 2i+1)
+    double attn_factor = 1.0;         // rotated dims scaled by it (cos and sin times the factor)
 };
 
 struct LayerWeights {
@@ -73,17 +78,26 @@ struct Model {
     std::vector<LayerWeights> layers;
     std::vector<double> rope_inv_freq; // [rope_dims / 2], with rope_freqs factors applied
     // The sliding-window layers' frequencies where their base differs
-    // (Gemma 3: 10 000, unscaled); empty: rope_inv_freq for every layer.
+    // (Gemma 3: 10 000, unscaled); empty: the others' for every layer.
     std::vector<double> rope_inv_freq_swa;
+    // LongRoPE (phi3 128k): rope_inv_freq holds the short factors, this the
+    // long ones, for contexts past hp.rope_orig_ctx. Empty otherwise.
+    std::vector<double> rope_inv_freq_long;
     float embed_scale = 1.0f;       // token embeddings are multiplied by it (gemma3: sqrt(n_embd))
     bool gelu_ffn = false;          // GELU-gated FFN instead of SwiGLU
     uint64_t weight_bytes = 0;      // bytes of all tensors in the file
 
-    // How a layer's keys and queries are rotated (the cache's sink copies too).
-    const std::vector<double>& inv_freq(int layer) const {
-        return hp.is_swa(layer) && !rope_inv_freq_swa.empty() ? rope_inv_freq_swa : rope_inv_freq;
+    // How keys and queries are rotated in a context of n_ctx tokens: on
+    // global layers (the forward pass, the cache's sink copies), or on
+    // sliding-window ones.
+    Rope rope(int64_t n_ctx, bool sliding = false) const {
+        if (sliding && !rope_inv_freq_swa.empty())
+            return Rope{rope_inv_freq_swa.data(), hp.rope_dims, hp.rope_neox};
+        const bool long_factors = !rope_inv_freq_long.empty() && n_ctx > hp.rope_orig_ctx;
+        return Rope{(long_factors ? rope_inv_freq_long : rope_inv_freq).data(), hp.rope_dims,
+                    hp.rope_neox, hp.rope_attn_factor};
     }
-    Rope rope(int layer) const { return Rope{inv_freq(layer).data(), hp.rope_dims, hp.rope_neox}; }
+    Rope layer_rope(int layer, int64_t n_ctx) const { return rope(n_ctx, hp.is_swa(layer)); }
     float attn_scale() const;
 
     // Throws Error(Exit::bad_model) naming what is missing, misshapen or unsupported.

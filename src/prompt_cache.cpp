@@ -158,7 +158,7 @@ PromptCacheLoad load_prompt_cache(const std::string& path, uint64_t digest, KvCa
         kv.restore_rows(l, static_cast<int>(rows), k, v);
         if (c.keep_of(l) > 0) {
             std::memcpy(kv.sink_k(l), s, sink_bytes(l));
-            kv.reseat_sinks(l, static_cast<int64_t>(h.n_ctx), model.rope(l));
+            kv.reseat_sinks(l, static_cast<int64_t>(h.n_ctx), model.layer_rope(l, kv.n_ctx()));
         }
         p = s + sink_bytes(l);
     }

@@ -63,7 +63,11 @@ void Session::clear() {
     last_ = nullptr;
 }
 
-uint64_t Session::model_digest() const { return kvrun::model_digest(lm_.file); }
+// Cached keys depend on the file and, for LongRoPE, on which factors this context uses.
+uint64_t Session::model_digest() const {
+    const bool long_rope = lm_.model.rope(kv_.n_ctx()).inv_freq != lm_.model.rope_inv_freq.data();
+    return kvrun::model_digest(lm_.file) ^ (long_rope ? 0x4c6f6e67526f5045ull : 0);
+}
 
 PromptCacheLoad Session::load_prompt_cache(const std::string& path, uint64_t digest,
                                            const std::vector<int32_t>& want) {

@@ -15,12 +15,18 @@ inline constexpr std::string_view token_embd = "token_embd.weight";
 inline constexpr std::string_view output_norm = "output_norm.weight";
 inline constexpr std::string_view output = "output.weight"; // absent when tied to token_embd
 inline constexpr std::string_view rope_freqs = "rope_freqs.weight";
+// LongRoPE (phi3 128k): frequency divisors for long and short contexts.
+inline constexpr std::string_view rope_factors_long = "rope_factors_long.weight";
+inline constexpr std::string_view rope_factors_short = "rope_factors_short.weight";
 
 // Per-layer tensors: blk(l, attn_q) = "blk.<l>.attn_q.weight".
 inline constexpr std::string_view attn_norm = "attn_norm.weight";
 inline constexpr std::string_view attn_q = "attn_q.weight";
 inline constexpr std::string_view attn_k = "attn_k.weight";
 inline constexpr std::string_view attn_v = "attn_v.weight";
+// Fused Q, K, V (phi3): Q rows, then K, then V. A phi3 ffn_up without
+// ffn_gate holds the gate rows, then the up rows.
+inline constexpr std::string_view attn_qkv = "attn_qkv.weight";
 inline constexpr std::string_view attn_q_bias = "attn_q.bias";
 inline constexpr std::string_view attn_k_bias = "attn_k.bias";
 inline constexpr std::string_view attn_v_bias = "attn_v.bias";

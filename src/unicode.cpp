@@ -1,5 +1,6 @@
 #include "unicode.h"
 
+#include <algorithm>
 #include <array>
 
 #include <utf8proc.h>
@@ -263,6 +264,42 @@ template <size_t MaxDigits> size_t match_llama3(const Text& t, size_t pos) {
     return space_run(t, pos);
 }
 
+// GPT-4o's (o200k: Phi-4-mini, Llama 4), as the reference engine runs it:
+// [^\r\n\p{L}\p{N}]?U*L+C?|[^\r\n\p{L}\p{N}]?U+L*C?|\p{N}{1,3}|
+//  ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
+// where U is a letter other than a-z, L a letter other than A-Z (the
+// reference's stand-ins for the cased classes: a non-ASCII letter is both, a
+// mark neither) and C a contraction, ASCII case-insensitive.
+size_t match_gpt4o(const Text& t, size_t pos) {
+    auto upper = [](uint32_t cp) { return is_letter(cp) && !(cp >= 'a' && cp <= 'z'); };
+    auto lower = [](uint32_t cp) { return is_letter(cp) && !(cp >= 'A' && cp <= 'Z'); };
+    auto lead = [](uint32_t cp) { return !is_crlf(cp) && !is_letter(cp) && !is_number(cp); };
+    // The two word alternatives from s, in the order a backtracking matcher
+    // tries them: U* as long as possible such that an L follows, else U+ L*.
+    auto word = [&](size_t s) -> size_t {
+        if (!t.in(s)) return 0;
+        const size_t u = run(t, s, upper);
+        for (size_t k = u + 1; k-- > 0;)
+            if (size_t l = run(t, s + k, lower)) return k + l + contraction(t, s + k + l, true);
+        if (u == 0) return 0;
+        const size_t l = run(t, s + u, lower);
+        return u + l + contraction(t, s + u + l, true);
+    };
+    if (lead(t.c[pos])) {
+        if (size_t n = word(pos + 1)) return 1 + n;
+    } else if (size_t n = word(pos)) {
+        return n;
+    }
+    if (is_number(t.c[pos])) return std::min<size_t>(run(t, pos, is_number), 3);
+    if (size_t n = opt_then_run(t, pos, is_space_char, is_other))
+        return n + run(t, pos + n, [](uint32_t cp) { return is_crlf(cp) || cp == '/'; });
+    size_t k = run(t, pos, is_whitespace);
+    for (size_t j = pos + k; j > pos; j--) {
+        if (is_crlf(t.c[j - 1])) return j - pos;
+    }
+    return space_run(t, pos);
+}
+
 size_t match_one_number(const Text& t, size_t pos) {
     return is_number(t.c[pos]) ? 1 : 0;
 }
@@ -343,6 +380,8 @@ std::vector<Matcher> matchers(PreSplit kind) {
     case PreSplit::deepseek_llm:
         return {match_crlf,   match_ds_letters, match_ds_punct, match_ds_trailing_space,
                 match_ds_cjk, match_numbers};
+    case PreSplit::gpt4o:
+        return {match_gpt4o};
     }
     return {match_gpt2};
 }
@@ -359,6 +398,7 @@ std::optional<PreSplit> pre_split_from_name(std::string_view name) {
     if (name == "qwen2" || name == "deepseek-r1-qwen") return PreSplit::qwen2;
     if (name == "smollm") return PreSplit::smollm;
     if (name == "deepseek-llm") return PreSplit::deepseek_llm;
+    if (name == "gpt-4o" || name == "llama4") return PreSplit::gpt4o;
     return std::nullopt;
 }
 

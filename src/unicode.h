@@ -46,7 +46,7 @@ void byte_encode(std::string_view bytes, std::string& out);
 // Inverse of byte_encode; code points outside the table are kept as UTF-8.
 std::string byte_decode(std::string_view text);
 
-enum class PreSplit { gpt2, llama3, qwen2, smollm, deepseek_llm };
+enum class PreSplit { gpt2, llama3, qwen2, smollm, deepseek_llm, gpt4o };
 // The splitter for a `tokenizer.ggml.pre` value, nullopt when unknown.
 std::optional<PreSplit> pre_split_from_name(std::string_view name);
 // Splits text into the pieces BPE merges within; the pieces are consecutive

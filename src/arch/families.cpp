@@ -7,9 +7,10 @@ extern const Family kLlama;
 extern const Family kQwen2;
 extern const Family kQwen3;
 extern const Family kGemma3;
+extern const Family kPhi3;
 
 namespace {
-const Family* const kFamilies[] = {&kLlama, &kQwen2, &kQwen3, &kGemma3};
+const Family* const kFamilies[] = {&kLlama, &kQwen2, &kQwen3, &kGemma3, &kPhi3};
 } // namespace
 
 const Family* find_family(std::string_view arch) {

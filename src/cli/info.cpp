@@ -13,6 +13,7 @@
 #include "kv_cache.h"
 #include "memory_plan.h"
 #include "model.h"
+#include "tensor_names.h"
 #include "loader.h"
 
 namespace kvrun::cli {
@@ -135,6 +136,11 @@ int run_info(int argc, char** argv) {
                hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff, hp.n_vocab);
     fmt::print("context:      {} tokens trained; RoPE base {}, {} dims{}\n", hp.n_ctx_train, hp.rope_base,
                hp.rope_dims, hp.rope_neox ? " (neox)" : "");
+    if (file.tensor(std::string(tensor_names::rope_factors_long)))
+        fmt::print("LongRoPE:     short factors up to {} tokens, long ones past it ({} at -c {}); "
+                   "attention factor {:.4g}\n",
+                   hp.rope_orig_ctx, n_ctx > hp.rope_orig_ctx ? "long" : "short", n_ctx,
+                   hp.rope_attn_factor);
     fmt::print("tensors:      {}\n", types);
     if (!unsupported.empty()) fmt::print("runnable:     no (tensor types not supported yet: {})\n", unsupported);
     fmt::print("file size:    {} ({} bytes); weights {}\n", human_bytes(file_size), file_size,

@@ -1,8 +1,8 @@
 // `kvrun quantize IN.gguf OUT.gguf TYPE`: re-encode a model's weights.
 //
 // TYPE is a recipe, as in the files people download: Q4_K_M mixes types per
-// tensor (Q6_K for the output matrix and for attn_v / ffn_down in the layers
-// that matter most, Q4_K elsewhere); Q4_0 keeps a Q6_K output matrix. Rows
+// tensor (Q6_K for the output matrix and for attn_v, a fused attn_qkv and
+// ffn_down in the layers that matter most, Q4_K elsewhere); Q4_0 keeps a Q6_K output matrix. Rows
 // whose length is not a multiple of a type's block fall back to a type whose
 // block fits. 1-D tensors (norms, biases) stay F32. The result is a standard
 // GGUF file that other readers load.
@@ -93,6 +93,7 @@ int run_quantize(int argc, char** argv) {
             namespace tn = tensor_names;
             const int l = tn::layer_of(t.name).value_or(-1);
             const bool important = l >= 0 && (tn::is_layer_tensor(t.name, tn::attn_v) ||
+                                              tn::is_layer_tensor(t.name, tn::attn_qkv) ||
                                               tn::is_layer_tensor(t.name, tn::ffn_down));
             target = t.name == tn::output ? r->output
                      : important && more_bits_layer(l, n_layer) ? r->important

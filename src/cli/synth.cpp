@@ -23,7 +23,8 @@ struct Preset {
     int n_embd, n_layer, n_head, n_head_kv, n_ff;
     int64_t n_ctx;
     float rope_base;
-    bool tied; // output matrix shared with the embedding
+    bool tied;         // output matrix shared with the embedding
+    int rope_dims = 0; // rotated dims per head (0: all); phi3 presets fuse QKV and gate|up
 };
 
 constexpr Preset kPresets[] = {
@@ -32,6 +33,9 @@ constexpr Preset kPresets[] = {
     {"qwen2.5-0.5b", "qwen2", 896, 24, 14, 2, 4864, 32768, 1000000.0f, true},
     {"llama-2-7b", "llama", 4096, 32, 32, 32, 11008, 4096, 10000.0f, false},
     {"mini", "llama", 256, 4, 8, 4, 768, 2048, 10000.0f, false},
+    {"phi-3-mini", "phi3", 3072, 32, 32, 32, 8192, 4096, 10000.0f, false},
+    {"phi-4-mini", "phi3", 3072, 32, 24, 8, 8192, 131072, 10000.0f, true,
+     96}, // without LongRoPE factors
 };
 
 // Uniform in [-scale, scale), from a per-row seed: reproducible and parallel.
@@ -88,6 +92,7 @@ int run_synth(int argc, char** argv) {
     w.set_u32(a + ".attention.head_count_kv", p->n_head_kv);
     w.set_f32(a + ".attention.layer_norm_rms_epsilon", 1e-5f);
     w.set_f32(a + ".rope.freq_base", p->rope_base);
+    if (p->rope_dims) w.set_u32(a + ".rope.dimension_count", p->rope_dims);
     for (const auto& [k, v] : vocab.metadata())
         if (k.rfind("tokenizer.", 0) == 0) w.copy_kv(k, v);
 
@@ -121,12 +126,17 @@ int run_synth(int argc, char** argv) {
     for (int l = 0; l < p->n_layer; l++) {
         ones(tn::blk(l, tn::attn_norm), p->n_embd);
         ones(tn::blk(l, tn::ffn_norm), p->n_embd);
-        matrix(tn::blk(l, tn::attn_q), p->n_embd, p->n_head * hd, wt);
-        matrix(tn::blk(l, tn::attn_k), p->n_embd, p->n_head_kv * hd, wt);
-        matrix(tn::blk(l, tn::attn_v), p->n_embd, p->n_head_kv * hd, wt);
+        if (a == "phi3") { // fused: Q|K|V rows, gate|up rows
+            matrix(tn::blk(l, tn::attn_qkv), p->n_embd, (p->n_head + 2 * p->n_head_kv) * hd, wt);
+            matrix(tn::blk(l, tn::ffn_up), p->n_embd, 2 * p->n_ff, wt);
+        } else {
+            matrix(tn::blk(l, tn::attn_q), p->n_embd, p->n_head * hd, wt);
+            matrix(tn::blk(l, tn::attn_k), p->n_embd, p->n_head_kv * hd, wt);
+            matrix(tn::blk(l, tn::attn_v), p->n_embd, p->n_head_kv * hd, wt);
+            matrix(tn::blk(l, tn::ffn_gate), p->n_embd, p->n_ff, wt);
+            matrix(tn::blk(l, tn::ffn_up), p->n_embd, p->n_ff, wt);
+        }
         matrix(tn::blk(l, tn::attn_output), p->n_head * hd, p->n_embd, wt);
-        matrix(tn::blk(l, tn::ffn_gate), p->n_embd, p->n_ff, wt);
-        matrix(tn::blk(l, tn::ffn_up), p->n_embd, p->n_ff, wt);
         matrix(tn::blk(l, tn::ffn_down), p->n_ff, p->n_embd, wt);
         if (a == "qwen2")
             for (auto [nm, len] : {std::pair{tn::attn_q_bias, p->n_head * hd}, {tn::attn_k_bias, p->n_head_kv * hd},

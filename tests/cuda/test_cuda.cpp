@@ -568,9 +568,11 @@ TEST_CASE("cuda goldens: teacher-forced logits through the CUDA backend") {
     }
     auto be = gl::make_cuda_backend(0);
     int ran = 0;
-    std::vector<fs::path> files;
-    for (const auto& e : fs::directory_iterator(dir))
-        if (e.path().extension() == ".json") files.push_back(e.path());
+    std::vector<fs::path> files; // and the newer families' (qwen3, phi3's fused row views)
+    for (const fs::path& d : {dir, fs::path(shared_dir()) / "golden-families"})
+        if (fs::exists(d))
+            for (const auto& e : fs::directory_iterator(d))
+                if (e.path().extension() == ".json") files.push_back(e.path());
     std::sort(files.begin(), files.end());
     for (const fs::path& file : files) {
         std::ifstream in(file);
@@ -578,6 +580,7 @@ TEST_CASE("cuda goldens: teacher-forced logits through the CUDA backend") {
         const std::string model = g["model"];
         fs::path mp = fs::path(shared_dir()) / "models" / model;
         if (!fs::exists(mp)) mp = fs::path(shared_dir()) / "models" / "synthetic" / model;
+        if (!fs::exists(mp)) mp = fs::path(shared_dir()) / "models" / "families" / model;
         if (!fs::exists(mp)) continue;
         const double tol =
             model.find("-f16") != std::string::npos || model.find("-f32") != std::string::npos

@@ -177,17 +177,20 @@ TEST_CASE("golden: every reference file in ../shared/golden") {
 
 // Newer families (../shared/golden-families, models in models/families),
 // one at a time as kvrun runs them: qwen3 (per-head Q/K norms, head size 64
-// at width 256).
-TEST_CASE("golden: qwen3 from ../shared/golden-families") {
-    int n = 0;
-    for (const auto& f : goldens("golden-families")) {
-        if (f.filename().string().rfind("tiny-qwen3", 0) != 0) continue;
-        n++;
-        SUBCASE(f.filename().string().c_str()) {
-            check_golden(f);
+// at width 256) and phi3 (fused attn_qkv and gate|up, NeoX RoPE over 24 of
+// each head's 32 dims).
+TEST_CASE("golden: newer families from ../shared/golden-families") {
+    for (const char* family : {"tiny-qwen3", "tiny-phi3"}) {
+        int n = 0;
+        for (const auto& f : goldens("golden-families")) {
+            if (f.filename().string().rfind(std::string(family) + "-", 0) != 0) continue;
+            n++;
+            SUBCASE(f.filename().string().c_str()) {
+                check_golden(f);
+            }
         }
+        CHECK_MESSAGE(n == 3, family);
     }
-    CHECK(n == 3);
 }
 
 // Other cache types on the F16 model (heads of 32: whole blocks per head).

@@ -23,8 +23,8 @@ struct Golden {
     std::vector<double> lse;
 };
 
-Golden read_golden(const std::string& name) {
-    std::ifstream in(kvtest::shared("golden/" + name));
+Golden read_golden(const std::string& name, const std::string& dir = "golden/") {
+    std::ifstream in(kvtest::shared(dir + name));
     auto j = nlohmann::json::parse(in);
     Golden g;
     g.tokens = j["prompt_tokens"].get<std::vector<int32_t>>();
@@ -92,6 +92,33 @@ TEST_CASE("quantize: each recipe round-trips tiny-f16 within its quantization er
         CHECK(tensor_types(out) == tensor_types(kvtest::shared(std::string("models/synthetic/") + c.reference_file)));
         auto [worst, disagree] = compare(out, g, 2 * c.bound);
         MESSAGE(std::string(c.type), ": max |diff| vs F16 goldens ", worst);
+        CHECK(worst <= c.bound);
+        CHECK(disagree == 0);
+    }
+    fs::remove_all(dir);
+}
+
+// A second phi3 file of each recipe (fused attn_qkv and gate|up): requantized
+// from tiny-phi3-Q4_K_M, its logits stay near that file's goldens, and Q4_K_M
+// mixes types as the reference quantizer did (attn_qkv counts as attn_v).
+TEST_CASE("quantize: tiny-phi3 requantized stays near its goldens") {
+    char tmpl[] = "/tmp/kvrun-q-XXXXXX";
+    const fs::path dir = mkdtemp(tmpl);
+    const std::string src = kvtest::shared("models/families/tiny-phi3-Q4_K_M.gguf");
+    const Golden g = read_golden("tiny-phi3-Q4_K_M__long.json", "golden-families/");
+    // Bounds from measured max |diff| (long prompt, 289 rows): F16 0.004, Q8_0
+    // 0.045, Q4_K_M 0.030 (Q4_K blocks requantized nearly unchanged).
+    struct Case {
+        const char* type;
+        double bound;
+    };
+    for (Case c : {Case{"F16", 0.02}, Case{"Q8_0", 0.08}, Case{"Q4_K_M", 0.1}}) {
+        const std::string out = (dir / (std::string(c.type) + ".gguf")).string();
+        auto r = kvtest::run_kvrun({"quantize", src, out, c.type});
+        REQUIRE_MESSAGE(r.status == 0, r.err);
+        if (std::string(c.type) == "Q4_K_M") CHECK(tensor_types(out) == tensor_types(src));
+        auto [worst, disagree] = compare(out, g, 2 * c.bound);
+        MESSAGE("tiny-phi3 ", std::string(c.type), ": max |diff| vs goldens ", worst);
         CHECK(worst <= c.bound);
         CHECK(disagree == 0);
     }

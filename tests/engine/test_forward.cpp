@@ -19,8 +19,9 @@ using kvtest::Shape;
 
 namespace {
 
-void compare_with_reference(const Shape& s, double tol, int keep = 4) {
-    const std::vector<uint8_t> bytes = random_model(s, 1234);
+void compare_with_reference(const Shape& s, double tol, int keep = 4,
+                            int64_t longrope_orig_ctx = 0) {
+    const std::vector<uint8_t> bytes = random_model(s, 1234, longrope_orig_ctx);
     GgufFile f = GgufFile::parse(bytes.data(), bytes.size(), "random");
     Model m = Model::load(f);
     CHECK(m.hp.n_head_kv == s.n_head_kv);
@@ -67,6 +68,13 @@ TEST_CASE("forward: random models of other head layouts match the reference") {
     compare_with_reference({"llama", 64, 4, 2, 96, 2, gl::Type::Q4_0}, 0.1);
     // No sinks: the pure sliding window that Mistral-style models declare.
     compare_with_reference({"llama", 64, 4, 2, 96, 2, gl::Type::F32}, 1e-3, 0);
+    // phi3: fused QKV and gate|up, NeoX RoPE over 3/4 of each head (Phi-4-mini's).
+    compare_with_reference({"phi3", 64, 4, 2, 96, 2, gl::Type::F32}, 1e-3);
+    compare_with_reference({"phi3", 128, 2, 1, 64, 2, gl::Type::Q8_0}, 0.1);
+    // LongRoPE: the short factors (context 48 within the original 64) and the
+    // long ones (past 32), both with the attention factor, sinks re-rotated.
+    compare_with_reference({"phi3", 64, 4, 2, 96, 2, gl::Type::F32}, 1e-3, 4, 64);
+    compare_with_reference({"phi3", 64, 4, 2, 96, 2, gl::Type::F32}, 1e-3, 4, 32);
 }
 
 // Gemma 3's layers of two kinds, each with its own ring: sliding-window
@@ -125,6 +133,79 @@ TEST_CASE("model: RoPE scaling types") {
             FAIL("no error");
         } catch (const Error& e) {
             CHECK(std::string(e.what()).find("yarn") != std::string::npos);
+        }
+    }
+}
+
+TEST_CASE("model: LongRoPE picks short or long factors by context size") {
+    const auto bytes = random_model({"phi3", 64, 4, 2, 96, 1, gl::Type::F32}, 5, 64);
+    GgufFile f = GgufFile::parse(bytes.data(), bytes.size(), "longrope");
+    Model m = Model::load(f);
+    REQUIRE(m.hp.rope_dims == 12);
+    CHECK(m.hp.rope_orig_ctx == 64);
+    CHECK(m.hp.rope_attn_factor == doctest::Approx(1.19));
+    const Rope at_64 = m.rope(64), at_65 = m.rope(65);
+    CHECK(at_64.attn_factor == doctest::Approx(1.19));
+    for (int i = 0; i < 6; i++) {
+        const double base = std::pow(10000.0, -2.0 * i / 12);
+        CHECK(at_64.inv_freq[i] == doctest::Approx(base / (1.0 + 0.05 * i)));
+        CHECK(at_65.inv_freq[i] == doctest::Approx(base / (1.0 + 40.0 * i / 6)));
+    }
+    SUBCASE("one set of factors alone, or a bad factor, is an error naming the tensor") {
+        GgufWriter w;
+        for (const auto& [k, v] : f.metadata()) w.copy_kv(k, v);
+        const std::vector<float> bad(6, -1.0f);
+        for (const auto& t : f.tensors()) {
+            if (t.name == "rope_factors_short.weight") continue;
+            if (t.name == "rope_factors_long.weight") {
+                w.add_tensor(t.name, t.type, {6}, bad.data(), bad.size() * 4);
+                continue;
+            }
+            w.add_tensor(t.name, t.type, std::vector<int64_t>(t.ne, t.ne + t.n_dims), t.data,
+                         t.nbytes);
+        }
+        const auto broken = w.bytes();
+        GgufFile g = GgufFile::parse(broken.data(), broken.size(), "broken");
+        try {
+            Model::load(g);
+            FAIL("no error");
+        } catch (const Error& e) {
+            CHECK(std::string(e.what()).find("rope_factors_") != std::string::npos);
+        }
+    }
+}
+
+TEST_CASE("model: phi3 attends to the whole context whatever attention.sliding_window says") {
+    const auto base = random_model({"phi3", 64, 4, 2, 96, 1, gl::Type::F32}, 5);
+    const auto bytes = with_metadata(
+        base, [](GgufWriter& w) { w.set_u32("phi3.attention.sliding_window", 2047); });
+    GgufFile f = GgufFile::parse(bytes.data(), bytes.size(), "phi3-swa");
+    CHECK(read_hparams(f).sliding_window == 0);
+}
+
+TEST_CASE("model: phi3 fused matrices that do not fit the heads are an error naming them") {
+    const auto base = random_model({"phi3", 64, 4, 2, 96, 1, gl::Type::F32}, 5);
+    GgufFile f = GgufFile::parse(base.data(), base.size(), "phi3");
+    for (const char* broken : {"blk.0.attn_qkv.weight", "blk.0.ffn_up.weight"}) {
+        CAPTURE(broken);
+        GgufWriter w;
+        for (const auto& [k, v] : f.metadata()) w.copy_kv(k, v);
+        for (const auto& t : f.tensors()) {
+            std::vector<int64_t> ne(t.ne, t.ne + t.n_dims);
+            size_t bytes = t.nbytes;
+            if (t.name == broken) { // one head's rows short
+                ne[1] -= 16;
+                bytes = static_cast<size_t>(ne[0] * ne[1]) * 4;
+            }
+            w.add_tensor(t.name, t.type, ne, t.data, bytes);
+        }
+        const auto bytes = w.bytes();
+        GgufFile g = GgufFile::parse(bytes.data(), bytes.size(), "broken");
+        try {
+            Model::load(g);
+            FAIL("no error");
+        } catch (const Error& e) {
+            CHECK(std::string(e.what()).find(broken) != std::string::npos);
         }
     }
 }

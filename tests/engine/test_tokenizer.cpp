@@ -425,10 +425,27 @@ TEST_CASE("tokenizer: Llama 3 / Qwen2 / SmolLM / DeepSeek pre-tokenizers") {
           V{"Hello", ",", " ", "世界", " ", "123", "\n"});
     CHECK(split(PreSplit::deepseek_llm, "ab  ") == V{"ab", "  "});
 
+    // gpt-4o (Phi-4-mini): cased words, contractions kept on them, digits in
+    // threes, punctuation runs taking trailing line breaks and slashes. No
+    // reference vectors are in ../shared: these follow the reference
+    // engine's regex by hand, including its stand-in classes (a non-ASCII
+    // letter counts as both upper and lower case, hence "É" alone below).
+    CHECK(split(PreSplit::gpt4o, "Hello world") == V{"Hello", " world"});
+    CHECK(split(PreSplit::gpt4o, "HELLO world") == V{"HELLO", " world"});
+    CHECK(split(PreSplit::gpt4o, "helloWorld HTTPServer") == V{"hello", "World", " HTTPServer"});
+    CHECK(split(PreSplit::gpt4o, "I'M HERE, don't we'LL") ==
+          V{"I'M", " HERE", ",", " don't", " we'LL"});
+    CHECK(split(PreSplit::gpt4o, "1234567") == V{"123", "456", "7"});
+    CHECK(split(PreSplit::gpt4o, "3.14") == V{"3", ".", "14"});
+    CHECK(split(PreSplit::gpt4o, "a/b\n\n") == V{"a", "/b", "\n\n"});
+    CHECK(split(PreSplit::gpt4o, "x!!!/\ny") == V{"x", "!!!/\n", "y"});
+    CHECK(split(PreSplit::gpt4o, "  hi\nabc") == V{" ", " hi", "\n", "abc"});
+    CHECK(split(PreSplit::gpt4o, "ÉCOLE école") == V{"É", "COLE", " école"});
+
     // Every splitter covers its input exactly, whatever the bytes.
     std::string messy = "Ab'c 12 345\r\n\t \xE2\x80\x83x\xFF\xC3 🦙é\u3000。. ";
     for (PreSplit k : {PreSplit::gpt2, PreSplit::llama3, PreSplit::qwen2, PreSplit::smollm,
-                       PreSplit::deepseek_llm}) {
+                       PreSplit::deepseek_llm, PreSplit::gpt4o}) {
         std::string joined;
         for (const auto& p : split(k, messy)) {
             CHECK_FALSE(p.empty());
@@ -438,6 +455,7 @@ TEST_CASE("tokenizer: Llama 3 / Qwen2 / SmolLM / DeepSeek pre-tokenizers") {
     }
 
     CHECK(unicode::pre_split_from_name("llama-bpe") == PreSplit::llama3);
+    CHECK(unicode::pre_split_from_name("gpt-4o") == PreSplit::gpt4o);
     CHECK(unicode::pre_split_from_name("default") == PreSplit::gpt2);
     CHECK_FALSE(unicode::pre_split_from_name("no-such-pre"));
 }

@@ -26,7 +26,11 @@ struct Shape {
 };
 
 // A random-weight model with the stories260K vocabulary (512 SPM tokens).
-inline std::vector<uint8_t> random_model(const Shape& s, uint32_t seed) {
+// phi3: fused attn_qkv and gate|up, RoPE over 3/4 of each head, and with
+// `longrope_orig_ctx` > 0 LongRoPE factors (long ones past that context).
+// gemma3: post-norms, per-head Q/K norms, tied output, a window of 8 and a
+// global layer every third.
+inline std::vector<uint8_t> random_model(const Shape& s, uint32_t seed, int64_t longrope_orig_ctx = 0) {
     GgufFile vocab = GgufFile::open(kvtest::shared("models/stories260K.gguf"));
     GgufWriter w;
     w.set_str("general.architecture", s.arch);
@@ -43,6 +47,11 @@ inline std::vector<uint8_t> random_model(const Shape& s, uint32_t seed) {
         // A window of 8 and a global layer every third (layers 2, 5, ...).
         w.set_u32(a + ".attention.sliding_window", 8);
         w.set_u32(a + ".attention.sliding_window_pattern", 3);
+    }
+    if (a == "phi3") w.set_u32(a + ".rope.dimension_count", s.n_embd / s.n_head * 3 / 4);
+    if (longrope_orig_ctx > 0) {
+        w.set_u32(a + ".rope.scaling.original_context_length", static_cast<uint32_t>(longrope_orig_ctx));
+        w.set_f32(a + ".rope.scaling.attn_factor", 1.19f);
     }
     for (const auto& [k, v] : vocab.metadata())
         if (k.rfind("tokenizer.", 0) == 0) w.copy_kv(k, v);
@@ -74,14 +83,18 @@ inline std::vector<uint8_t> random_model(const Shape& s, uint32_t seed) {
         const std::string n = "blk." + std::to_string(l) + ".";
         norm(n + "attn_norm.weight");
         norm(n + "ffn_norm.weight");
-        add(n + "attn_q.weight", s.n_embd, s.n_head * hd, s.wtype, ws);
-        add(n + "attn_k.weight", s.n_embd, s.n_head_kv * hd, s.wtype, ws);
-        add(n + "attn_v.weight", s.n_embd, s.n_head_kv * hd, s.wtype, ws);
+        if (a == "phi3") {
+            add(n + "attn_qkv.weight", s.n_embd, (s.n_head + 2 * s.n_head_kv) * hd, s.wtype, ws);
+            add(n + "ffn_up.weight", s.n_embd, 2 * s.n_ff, s.wtype, ws);
+        } else {
+            add(n + "attn_q.weight", s.n_embd, s.n_head * hd, s.wtype, ws);
+            add(n + "attn_k.weight", s.n_embd, s.n_head_kv * hd, s.wtype, ws);
+            add(n + "attn_v.weight", s.n_embd, s.n_head_kv * hd, s.wtype, ws);
+            add(n + "ffn_gate.weight", s.n_embd, s.n_ff, s.wtype, ws);
+            add(n + "ffn_up.weight", s.n_embd, s.n_ff, s.wtype, ws);
+        }
         add(n + "attn_output.weight", s.n_head * hd, s.n_embd, s.wtype, ws);
-        add(n + "ffn_gate.weight", s.n_embd, s.n_ff, s.wtype, ws);
-        add(n + "ffn_up.weight", s.n_embd, s.n_ff, s.wtype, ws);
-        add(n + "ffn_down.weight", s.n_ff, s.n_embd, s.wtype,
-            1.0f / std::sqrt(static_cast<float>(s.n_ff)));
+        add(n + "ffn_down.weight", s.n_ff, s.n_embd, s.wtype, 1.0f / std::sqrt(static_cast<float>(s.n_ff)));
         if (gemma) {
             norm(n + "attn_q_norm.weight", hd);
             norm(n + "attn_k_norm.weight", hd);
@@ -93,6 +106,16 @@ inline std::vector<uint8_t> random_model(const Shape& s, uint32_t seed) {
             add(n + "attn_k.bias", s.n_head_kv * hd, 1, gl::Type::F32, 0.5f);
             add(n + "attn_v.bias", s.n_head_kv * hd, 1, gl::Type::F32, 0.5f);
         }
+    }
+    if (longrope_orig_ctx > 0) { // factors as in Phi-3's: about 1 (short), growing to tens (long)
+        const int pairs = (a == "phi3" ? hd * 3 / 4 : hd) / 2;
+        std::vector<float> lng(pairs), shrt(pairs);
+        for (int i = 0; i < pairs; i++) {
+            shrt[i] = 1.0f + 0.05f * i;
+            lng[i] = 1.0f + 40.0f * static_cast<float>(i) / pairs;
+        }
+        w.add_tensor("rope_factors_long.weight", gl::Type::F32, {pairs}, lng.data(), lng.size() * 4);
+        w.add_tensor("rope_factors_short.weight", gl::Type::F32, {pairs}, shrt.data(), shrt.size() * 4);
     }
     return w.bytes();
 }

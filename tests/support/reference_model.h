@@ -56,8 +56,8 @@ class ReferenceModel {
                 for (auto it = list.begin(); it != list.end();)
                     it = (it->pos >= keep && it->pos < pos - window + 1) ? list.erase(it) : it + 1;
             max_entries_seen = std::max(max_entries_seen, list.size());
-            const std::vector<double>& inv_freq = m_.inv_freq(l);
-            rotate(q, hp.n_head, static_cast<double>(pos), inv_freq);
+            const kvrun::Rope rope = m_.layer_rope(l, n_ctx_);
+            rotate(q, hp.n_head, static_cast<double>(pos), rope);
             std::vector<double> att(hp.q_dim(), 0.0);
             const int group = hp.n_head / hp.n_head_kv;
             for (int h = 0; h < hp.n_head; h++) {
@@ -70,7 +70,7 @@ class ReferenceModel {
                     max_distance_seen = std::max(max_distance_seen, pos - vpos);
                     std::vector<double> k(en.k.begin() + kvh * hp.head_dim,
                                           en.k.begin() + (kvh + 1) * hp.head_dim);
-                    rotate(k, 1, static_cast<double>(vpos), inv_freq);
+                    rotate(k, 1, static_cast<double>(vpos), rope);
                     double s = 0;
                     for (int d = 0; d < hp.head_dim; d++) s += q[h * hp.head_dim + d] * k[d];
                     scores.push_back(s * m_.attn_scale());
@@ -145,20 +145,19 @@ class ReferenceModel {
             std::copy(one.begin(), one.end(), v.begin() + h * hd);
         }
     }
-    void rotate(std::vector<double>& v, int n_heads, double pos,
-                const std::vector<double>& inv_freq) const {
+    void rotate(std::vector<double>& v, int n_heads, double pos, const kvrun::Rope& rope) const {
         const Hparams& hp = m_.hp;
         for (int h = 0; h < n_heads; h++)
             for (int i = 0; i < hp.rope_dims / 2; i++) {
                 const int a = hp.rope_neox ? i : 2 * i,
                           b = hp.rope_neox ? i + hp.rope_dims / 2 : 2 * i + 1;
-                const double th = pos * inv_freq[i];
+                const double th = pos * rope.inv_freq[i];
                 double& x0 = v[h * hp.head_dim + a];
                 double& x1 = v[h * hp.head_dim + b];
                 const double r0 = x0 * std::cos(th) - x1 * std::sin(th),
                              r1 = x0 * std::sin(th) + x1 * std::cos(th);
-                x0 = r0;
-                x1 = r1;
+                x0 = r0 * rope.attn_factor; // LongRoPE's attention factor on the rotated dims
+                x1 = r1 * rope.attn_factor;
             }
     }
 
