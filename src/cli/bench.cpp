@@ -202,7 +202,7 @@ int run_bench(int argc, char** argv) {
             co.device = device;
             co.n_gpu_layers = offload.n_gpu_layers;
             co.kv_gpu_window = offload.kv_gpu_window;
-            const Backends be = make_backends(co, threads, hp.n_layer);
+            const Backends be = make_backends(co, threads, hp);
             if (profile && be.gpu)
                 fail(Exit::usage,
                      "--profile times ops on the CPU; a GPU queues its work and returns "

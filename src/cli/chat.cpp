@@ -239,7 +239,7 @@ int run_chat(int argc, char** argv) {
         {.use = ContextRequest::Use::chat, .ctx = o.ctx, .type_k = tk, .type_v = tv, .batch = o.batch, .threads = threads},
         o.common.verbose);
     const int n_ctx = plan.cache.n_ctx;
-    const Backends backends = make_backends(o.common, threads, lm->model.hp.n_layer);
+    const Backends backends = make_backends(o.common, threads, lm->model.hp);
     ChatConfig cfg;
     cfg.batch = o.batch;
     cfg.n_predict = o.n_predict;

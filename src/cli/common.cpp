@@ -201,13 +201,18 @@ std::string Backends::describe() const {
                        n_gpu_layers - 1, window, cpu->name(), n_gpu_layers, n_layer - 1);
 }
 
-Backends make_backends(const CommonOptions& o, int threads, int n_layer) {
+Backends make_backends(const CommonOptions& o, int threads, const Hparams& hp) {
+    const int n_layer = hp.n_layer;
     Backends b;
     b.n_layer = n_layer;
     b.n_gpu_layers = resolve_gpu_layers(o, n_layer);
     if (o.kv_gpu_window > 0 && b.n_gpu_layers == 0)
         fail(Exit::usage, "--kv-gpu-window {} needs layers on the GPU (--device cuda or -ngl N)",
              o.kv_gpu_window);
+    // The hot/cold split has only been checked on rings of one size.
+    if (o.kv_gpu_window > 0 && !hp.swa_layers.empty())
+        fail(Exit::usage, "--kv-gpu-window is not supported yet for models with sliding-window layers ({})",
+             hp.arch);
     if (b.n_gpu_layers > 0) {
         const std::string d = is_cuda_device(o.device) ? o.device : "cuda";
         const std::string what =

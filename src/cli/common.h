@@ -64,7 +64,7 @@ struct Backends {
     std::string describe() const;
 };
 // Throws Error(usage) like make_backend ("-ngl 4: kvrun was built without CUDA").
-Backends make_backends(const CommonOptions& o, int threads, int n_layer);
+Backends make_backends(const CommonOptions& o, int threads, const Hparams& hp);
 int resolve_threads(int requested);
 // plan_context, with what it decided told on stderr ("kvrun: -c auto reduced
 // to ..."; the notes meant for -v only with `verbose`).

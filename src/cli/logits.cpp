@@ -50,7 +50,7 @@ int run_logits(int argc, char** argv) {
     req.type_v = tv;
     req.batch = static_cast<int>(std::min<int64_t>(n, 512));
     const ContextPlan plan = plan_context(*lm, req);
-    const Backends backends = make_backends(c, resolve_threads(c.threads), hp.n_layer);
+    const Backends backends = make_backends(c, resolve_threads(c.threads), hp);
     Session session(*lm, plan.cache, backends.placement(), plan.batch);
     const int k = std::min(top_k, hp.n_vocab);
 

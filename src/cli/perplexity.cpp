@@ -57,7 +57,7 @@ int run_perplexity(int argc, char** argv) {
     req.type_v = tv;
     req.batch = batch;
     const ContextPlan plan = plan_context(*lm, req);
-    const Backends backends = make_backends(c, resolve_threads(c.threads), hp.n_layer);
+    const Backends backends = make_backends(c, resolve_threads(c.threads), hp);
     Session session(*lm, plan.cache, backends.placement(), plan.batch);
     const bool progress = isatty(2);
     const int first = n_ctx / 2;

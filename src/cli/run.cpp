@@ -236,7 +236,7 @@ int run_generate(int argc, char** argv) {
     const KvCacheConfig& kc = plan.cache;
     const int n_ctx = kc.n_ctx;
     const bool ctx_auto = plan.automatic;
-    const Backends backends = make_backends(o.common, threads, hp.n_layer);
+    const Backends backends = make_backends(o.common, threads, hp);
     Session session(*lm, kc, backends.placement(), plan.batch);
     KvCache& kv = session.cache();
     Sampler sampler(o.sampling, hp.n_vocab);

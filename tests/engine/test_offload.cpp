@@ -132,19 +132,21 @@ TEST_CASE("offload: -ngl, --device and --kv-gpu-window rules") {
     // -ngl 0 and --device cpu need no GPU; a window without GPU layers is an error.
     o = {};
     o.n_gpu_layers = "0";
-    cli::Backends b = cli::make_backends(o, 1, 5);
+    Hparams five;
+    five.n_layer = 5;
+    cli::Backends b = cli::make_backends(o, 1, five);
     CHECK(!b.gpu);
     REQUIRE(b.cpu);
     CHECK(b.placement().distinct().size() == 1);
     o.kv_gpu_window = 64;
-    CHECK_THROWS_AS(cli::make_backends(o, 1, 5), Error);
+    CHECK_THROWS_AS(cli::make_backends(o, 1, five), Error);
 
     std::string why;
     if (!gl::cuda_available(&why)) {
         o = {};
         o.n_gpu_layers = "2";
         try {
-            cli::make_backends(o, 1, 5);
+            cli::make_backends(o, 1, five);
             FAIL("-ngl 2 should fail without CUDA");
         } catch (const Error& e) {
             CHECK(e.code() == Exit::usage);
