@@ -423,10 +423,10 @@ float vec_dot_iq4_nl(int64_t n, const void* w, const void* a) {
 // As Q4_0 does in x86/avx2.cpp: the four rows share the activation block's
 // load, its scale and the offset term (offset * a as maddubs pairs, taken off
 // each row's pairs before they are widened), and stream as one span
-// prefetched linearly. A type with a min adds m * s per row-block as a
-// scalar (s is the activation block's). maddubs pairs cannot saturate:
-// unsigned q <= 31 gives at most 2 * 31 * 127; IQ4_NL goes in as |w| with
-// w's sign on a (at most 2 * 127 * 127).
+// prefetched linearly. A type with a min adds m * s per row-block with one
+// more FMA, s (the activation block's) in lane 0 and zeros elsewhere.
+// maddubs pairs cannot saturate: unsigned q <= 31 gives at most 2 * 31 * 127;
+// IQ4_NL goes in as |w| with w's sign on a (at most 2 * 127 * 127).
 
 namespace {
 
@@ -471,17 +471,17 @@ template <typename R> constexpr bool kHasMin = std::is_same_v<typename R::Act, B
 
 template <typename R>
 __attribute__((always_inline)) inline void row_block32(const typename R::Block& x, __m256i a,
-                                                       __m256i offset, __m256 da, float sa,
-                                                       __m256& acc, float& mins) {
+                                                       __m256i offset, __m256 da, __m256 sa,
+                                                       __m256& acc) {
     __m256i p = R::pairs(x, a);
     if constexpr (R::kOffset != 0) p = _mm256_sub_epi16(p, offset);
     const __m256i s = _mm256_madd_epi16(p, _mm256_set1_epi16(1));
     acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_broadcast_ss(&kFp16ToFp32[x.d]), da),
                           _mm256_cvtepi32_ps(s), acc);
     if constexpr (kHasMin<R>) {
-        mins += kFp16ToFp32[x.m] * sa;
+        acc = _mm256_fmadd_ps(_mm256_broadcast_ss(&kFp16ToFp32[x.m]), sa, acc);
     } else {
-        (void)sa, (void)mins;
+        (void)sa;
     }
 }
 
@@ -501,7 +501,6 @@ void matvec_rows4_32(int64_t n, const void* w, size_t row_bytes, int64_t n_rows,
         const auto* x2 = reinterpret_cast<const Block*>(g + 2 * row_bytes);
         const auto* x3 = reinterpret_cast<const Block*>(g + 3 * row_bytes);
         __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
-        float m0 = 0.0f, m1 = 0.0f, m2 = 0.0f, m3 = 0.0f;
         for (int64_t i = 0; i < nb; i++) {
             const char* p =
                 reinterpret_cast<const char*>(g) + kPrefetchBytes + i * 4 * sizeof(Block);
@@ -510,17 +509,19 @@ void matvec_rows4_32(int64_t n, const void* w, size_t row_bytes, int64_t n_rows,
             __m256i offset = _mm256_setzero_si256();
             if constexpr (R::kOffset != 0) offset = _mm256_maddubs_epi16(bytes(R::kOffset), av);
             const __m256 da = _mm256_broadcast_ss(&kFp16ToFp32[ya[i].d]);
-            float sa = 0.0f;
-            if constexpr (kHasMin<R>) sa = kFp16ToFp32[ya[i].s];
-            row_block32<R>(x0[i], av, offset, da, sa, c0, m0);
-            row_block32<R>(x1[i], av, offset, da, sa, c1, m1);
-            row_block32<R>(x2[i], av, offset, da, sa, c2, m2);
-            row_block32<R>(x3[i], av, offset, da, sa, c3, m3);
+            // s in lane 0 only (a lane the Q4_1 unscale leaves alone).
+            __m256 sa = _mm256_setzero_ps();
+            if constexpr (kHasMin<R>)
+                sa = _mm256_zextps128_ps256(_mm_load_ss(&kFp16ToFp32[ya[i].s]));
+            row_block32<R>(x0[i], av, offset, da, sa, c0);
+            row_block32<R>(x1[i], av, offset, da, sa, c1);
+            row_block32<R>(x2[i], av, offset, da, sa, c2);
+            row_block32<R>(x3[i], av, offset, da, sa, c3);
         }
-        y[r] = hsum(c0) + m0;
-        y[r + 1] = hsum(c1) + m1;
-        y[r + 2] = hsum(c2) + m2;
-        y[r + 3] = hsum(c3) + m3;
+        y[r] = hsum(c0);
+        y[r + 1] = hsum(c1);
+        y[r + 2] = hsum(c2);
+        y[r + 3] = hsum(c3);
     }
     for (; r < n_rows; r++) y[r] = R::one_row(n, base + r * row_bytes, a);
 }

@@ -461,8 +461,9 @@ float vec_dot_iq4_nl(int64_t n, const void* w, const void* a) {
 // accumulator (-offset * sum(a)), so a row's block costs its unpacking,
 // one vpdpbusd, a convert and two float ops. The four rows are one span read
 // at four blocks a step and prefetched linearly. A type with a min adds
-// m * s per row-block as a scalar: s (Q8_1's d * sum(q)) is the activation
-// block's, shared by the rows.
+// m * s per row-block with one more FMA, s (Q8_1's d * sum(q), the
+// activation block's, shared by the rows) in lane 0 and zeros elsewhere: one
+// uop against two scalar ones, in loops bound by their vector ALU uops.
 //
 //   Q4_1, Q5_1: unsigned q, min;  Q5_0: unsigned q, offset 16;
 //   IQ4_NL: the codebook + 128 (1..241, unsigned), offset 128.
@@ -520,15 +521,15 @@ template <typename R> constexpr bool kHasMin = std::is_same_v<typename R::Act, B
 
 template <typename R>
 __attribute__((always_inline)) inline void row_block32(const typename R::Block& x, __m256i start,
-                                                       __m256i a, __m256 da, float sa, __m256& acc,
-                                                       float& mins) {
+                                                       __m256i a, __m256 da, __m256 sa,
+                                                       __m256& acc) {
     const __m256i s = _mm256_dpbusd_epi32(start, R::weights(x), a);
     acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_broadcast_ss(&kFp16ToFp32[x.d]), da),
                           _mm256_cvtepi32_ps(s), acc);
     if constexpr (kHasMin<R>) {
-        mins += kFp16ToFp32[x.m] * sa;
+        acc = _mm256_fmadd_ps(_mm256_broadcast_ss(&kFp16ToFp32[x.m]), sa, acc);
     } else {
-        (void)sa, (void)mins;
+        (void)sa;
     }
 }
 
@@ -548,7 +549,6 @@ void matvec_rows4_32(int64_t n, const void* w, size_t row_bytes, int64_t n_rows,
         const auto* x2 = reinterpret_cast<const Block*>(g + 2 * row_bytes);
         const auto* x3 = reinterpret_cast<const Block*>(g + 3 * row_bytes);
         __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
-        float m0 = 0.0f, m1 = 0.0f, m2 = 0.0f, m3 = 0.0f;
         for (int64_t i = 0; i < nb; i++) {
             const char* p =
                 reinterpret_cast<const char*>(g) + kPrefetchBytes + i * 4 * sizeof(Block);
@@ -559,18 +559,20 @@ void matvec_rows4_32(int64_t n, const void* w, size_t row_bytes, int64_t n_rows,
                 start = _mm256_sub_epi32(
                     start, dpbusd256(_mm256_set1_epi8(static_cast<char>(R::kOffset)), av));
             const __m256 da = _mm256_broadcast_ss(&kFp16ToFp32[ya[i].d]);
-            float sa = 0.0f;
-            if constexpr (kHasMin<R>) sa = kFp16ToFp32[ya[i].s];
-            row_block32<R>(x0[i], start, av, da, sa, c0, m0);
-            row_block32<R>(x1[i], start, av, da, sa, c1, m1);
-            row_block32<R>(x2[i], start, av, da, sa, c2, m2);
-            row_block32<R>(x3[i], start, av, da, sa, c3, m3);
+            // s in lane 0 only (a lane the Q4_1 unscale leaves alone).
+            __m256 sa = _mm256_setzero_ps();
+            if constexpr (kHasMin<R>)
+                sa = _mm256_zextps128_ps256(_mm_load_ss(&kFp16ToFp32[ya[i].s]));
+            row_block32<R>(x0[i], start, av, da, sa, c0);
+            row_block32<R>(x1[i], start, av, da, sa, c1);
+            row_block32<R>(x2[i], start, av, da, sa, c2);
+            row_block32<R>(x3[i], start, av, da, sa, c3);
         }
         const __m256 unscale = R::unscale();
-        y[r] = hsum(_mm256_mul_ps(c0, unscale)) + m0;
-        y[r + 1] = hsum(_mm256_mul_ps(c1, unscale)) + m1;
-        y[r + 2] = hsum(_mm256_mul_ps(c2, unscale)) + m2;
-        y[r + 3] = hsum(_mm256_mul_ps(c3, unscale)) + m3;
+        y[r] = hsum(_mm256_mul_ps(c0, unscale));
+        y[r + 1] = hsum(_mm256_mul_ps(c1, unscale));
+        y[r + 2] = hsum(_mm256_mul_ps(c2, unscale));
+        y[r + 3] = hsum(_mm256_mul_ps(c3, unscale));
     }
     for (; r < n_rows; r++) y[r] = R::one_row(n, base + r * row_bytes, a);
 }
