@@ -463,7 +463,7 @@ float vec_dot_iq4_nl(int64_t n, const void* w, const void* a) {
 // at four blocks a step and prefetched linearly. A type with a min adds
 // m * s per row-block with one more FMA, s (Q8_1's d * sum(q), the
 // activation block's, shared by the rows) in lane 0 and zeros elsewhere: one
-// uop against two scalar ones, in loops bound by their vector ALU uops.
+// uop against two scalar ones.
 //
 //   Q4_1, Q5_1: unsigned q, min;  Q5_0: unsigned q, offset 16;
 //   IQ4_NL: the codebook + 128 (1..241, unsigned), offset 128.
