@@ -78,18 +78,6 @@ __m256i dot_i8(__m256i w, __m256i a) {
     return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
 }
 
-// Q3_K's sixteen 6-bit scales minus 32, as signed bytes.
-__m128i unpack_scales_k3(const uint8_t* s) {
-    const uint32_t w0 = load_u32(s), w1 = load_u32(s + 4), w2 = load_u32(s + 8);
-    const uint32_t lo4 = 0x0f0f0f0f, lo2 = 0x03030303;
-    const __m128i v =
-        _mm_setr_epi32(static_cast<int>((w0 & lo4) | ((w2 & lo2) << 4)),
-                       static_cast<int>((w1 & lo4) | (((w2 >> 2) & lo2) << 4)),
-                       static_cast<int>(((w0 >> 4) & lo4) | (((w2 >> 4) & lo2) << 4)),
-                       static_cast<int>(((w1 >> 4) & lo4) | (((w2 >> 6) & lo2) << 4)));
-    return _mm_sub_epi8(v, _mm_set1_epi8(32));
-}
-
 // Sub-block sums of a Q8_K block weighted by 16 int16 scales: 8 int32 lanes
 // whose total is sum_j scale[j] * bsums[j].
 __m256i scaled_bsums(__m256i scale16, const BlockQ8_K& y) {

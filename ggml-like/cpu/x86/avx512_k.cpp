@@ -114,17 +114,6 @@ __m512i scales_by_4(__m512i sc32, int first) {
     return _mm512_permutexvar_epi32(idx, sc32);
 }
 
-__m128i unpack_scales_k3(const uint8_t* s) {
-    const uint32_t w0 = load_u32(s), w1 = load_u32(s + 4), w2 = load_u32(s + 8);
-    const uint32_t lo4 = 0x0f0f0f0f, lo2 = 0x03030303;
-    const __m128i v =
-        _mm_setr_epi32(static_cast<int>((w0 & lo4) | ((w2 & lo2) << 4)),
-                       static_cast<int>((w1 & lo4) | (((w2 >> 2) & lo2) << 4)),
-                       static_cast<int>(((w0 >> 4) & lo4) | (((w2 >> 4) & lo2) << 4)),
-                       static_cast<int>(((w1 >> 4) & lo4) | (((w2 >> 6) & lo2) << 4)));
-    return _mm_sub_epi8(v, _mm_set1_epi8(32));
-}
-
 // sum_j scale16[j] * bsums[j] as 8 int32 lanes.
 __m256i scaled_bsums(__m256i scale16, const BlockQ8_K& y) {
     return _mm256_madd_epi16(scale16, load256(y.bsums));

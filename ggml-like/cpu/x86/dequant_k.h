@@ -165,18 +165,14 @@ template <typename S> void q2_K(const void* src, float* dst, int64_t n) {
     }
 }
 
-// Q3_K's scale j (0..15) as stored, 0..63 (blocks_k.h).
-inline int k3_scale(const uint8_t* s, int j) {
-    const int lo = j < 8 ? (s[j] & 0x0f) : (s[j - 8] >> 4);
-    return lo | (((s[8 + j % 4] >> (2 * (j / 4))) & 3) << 4);
-}
-
 // Q3_K: the crumbs as in Q2_K plus a third bit, bit 4 h + k of hmask[l],
-// minus 4; the scale is the stored one minus 32.
+// minus 4; the scale is the stored one minus 32 (k_scales.h).
 template <typename S> void q3_K(const void* src, float* dst, int64_t n) {
     const auto* b = static_cast<const BlockQ3_K*>(src);
     for (int64_t i = 0; i < n / QK_K; i++) {
         const float d = kFp16ToFp32[b[i].d];
+        alignas(16) int8_t sc[16];
+        _mm_store_si128(reinterpret_cast<__m128i*>(sc), unpack_scales_k3(b[i].scales));
         const __m256i hm = load256(b[i].hmask);
         float* out = dst + i * QK_K;
         for (int h = 0; h < 2; h++) {
@@ -186,10 +182,8 @@ template <typename S> void q3_K(const void* src, float* dst, int64_t n) {
                 const __m256i q =
                     _mm256_sub_epi8(_mm256_or_si256(crumb, bit_to(hm, 4 * h + k, 2)), bytes(4));
                 const int j = 8 * h + 2 * k;
-                S::i8_mul(lo128(q), d * static_cast<float>(k3_scale(b[i].scales, j) - 32),
-                          out + 16 * j);
-                S::i8_mul(hi128(q), d * static_cast<float>(k3_scale(b[i].scales, j + 1) - 32),
-                          out + 16 * j + 16);
+                S::i8_mul(lo128(q), d * static_cast<float>(sc[j]), out + 16 * j);
+                S::i8_mul(hi128(q), d * static_cast<float>(sc[j + 1]), out + 16 * j + 16);
             }
         }
     }
