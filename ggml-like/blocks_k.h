@@ -213,21 +213,28 @@ template <size_t N> constexpr void add_kernels_k(KernelTable& t, const KernelEnt
     float vec_dot_q5_1(int64_t n, const void* w, const void* a);          \
     float vec_dot_iq4_nl(int64_t n, const void* w, const void* a);        \
     void quantize_row_q8_K(const float* src, void* dst, int64_t n);       \
+    void dequantize_row_q2_K(const void* src, float* dst, int64_t n);     \
+    void dequantize_row_q3_K(const void* src, float* dst, int64_t n);     \
     void dequantize_row_q4_K(const void* src, float* dst, int64_t n);     \
-    void dequantize_row_q6_K(const void* src, float* dst, int64_t n);
+    void dequantize_row_q5_K(const void* src, float* dst, int64_t n);     \
+    void dequantize_row_q6_K(const void* src, float* dst, int64_t n);     \
+    void dequantize_row_q4_1(const void* src, float* dst, int64_t n);     \
+    void dequantize_row_q5_0(const void* src, float* dst, int64_t n);     \
+    void dequantize_row_q5_1(const void* src, float* dst, int64_t n);     \
+    void dequantize_row_iq4_nl(const void* src, float* dst, int64_t n);
 
-#define GL_K_KERNEL_ENTRIES(ns)                                           \
-    {                                                                     \
-        {Type::Q2_K, ns::vec_dot_q2_K, nullptr, nullptr},                 \
-        {Type::Q3_K, ns::vec_dot_q3_K, nullptr, nullptr},                 \
-        {Type::Q4_K, ns::vec_dot_q4_K, nullptr, ns::dequantize_row_q4_K}, \
-        {Type::Q5_K, ns::vec_dot_q5_K, nullptr, nullptr},                 \
-        {Type::Q6_K, ns::vec_dot_q6_K, nullptr, ns::dequantize_row_q6_K}, \
-        {Type::Q4_1, ns::vec_dot_q4_1, nullptr, nullptr},                 \
-        {Type::Q5_0, ns::vec_dot_q5_0, nullptr, nullptr},                 \
-        {Type::Q5_1, ns::vec_dot_q5_1, nullptr, nullptr},                 \
-        {Type::IQ4_NL, ns::vec_dot_iq4_nl, nullptr, nullptr},             \
-        {Type::Q8_K, nullptr, ns::quantize_row_q8_K, nullptr},            \
+#define GL_K_KERNEL_ENTRIES(ns)                                             \
+    {                                                                       \
+        {Type::Q2_K, ns::vec_dot_q2_K, nullptr, ns::dequantize_row_q2_K},   \
+        {Type::Q3_K, ns::vec_dot_q3_K, nullptr, ns::dequantize_row_q3_K},   \
+        {Type::Q4_K, ns::vec_dot_q4_K, nullptr, ns::dequantize_row_q4_K},   \
+        {Type::Q5_K, ns::vec_dot_q5_K, nullptr, ns::dequantize_row_q5_K},   \
+        {Type::Q6_K, ns::vec_dot_q6_K, nullptr, ns::dequantize_row_q6_K},   \
+        {Type::Q4_1, ns::vec_dot_q4_1, nullptr, ns::dequantize_row_q4_1},   \
+        {Type::Q5_0, ns::vec_dot_q5_0, nullptr, ns::dequantize_row_q5_0},   \
+        {Type::Q5_1, ns::vec_dot_q5_1, nullptr, ns::dequantize_row_q5_1},   \
+        {Type::IQ4_NL, ns::vec_dot_iq4_nl, nullptr, ns::dequantize_row_iq4_nl}, \
+        {Type::Q8_K, nullptr, ns::quantize_row_q8_K, nullptr},              \
     }
 
 #if defined(__x86_64__)
@@ -235,16 +242,28 @@ namespace avx2_k { GL_DECLARE_K_KERNELS }
 namespace avx512_k { GL_DECLARE_K_KERNELS }
 inline constexpr KernelEntryK kAvx2KernelsK[] = GL_K_KERNEL_ENTRIES(avx2_k);
 inline constexpr KernelEntryK kAvx512KernelsK[] = GL_K_KERNEL_ENTRIES(avx512_k);
-// Multi-row kernels (KernelTable::matvec), x86 only so far.
-namespace avx2_k {
-void matvec_q4_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a, float* y);
-void matvec_q5_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a, float* y);
-} // namespace avx2_k
-namespace avx512_k {
-void matvec_q4_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a, float* y);
-void matvec_q5_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a, float* y);
-void matvec_q6_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a, float* y);
-} // namespace avx512_k
+// Multi-row kernels (KernelTable::matvec), x86 only so far: each x86
+// namespace has one for every type of this header.
+#define GL_DECLARE_MATVEC_K(T) \
+    void matvec_##T(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a, float* y);
+#define GL_MATVEC_K_TYPES(X) X(q2_K) X(q3_K) X(q4_K) X(q5_K) X(q6_K) X(q4_1) X(q5_0) X(q5_1) X(iq4_nl)
+namespace avx2_k { GL_MATVEC_K_TYPES(GL_DECLARE_MATVEC_K) }
+namespace avx512_k { GL_MATVEC_K_TYPES(GL_DECLARE_MATVEC_K) }
+#undef GL_DECLARE_MATVEC_K
+#undef GL_MATVEC_K_TYPES
+// The matvec entries of a table, from one of the namespaces above.
+#define GL_ADD_MATVEC_K(t, ns)                            \
+    do {                                                  \
+        (t).matvec[id(Type::Q2_K)] = ns::matvec_q2_K;     \
+        (t).matvec[id(Type::Q3_K)] = ns::matvec_q3_K;     \
+        (t).matvec[id(Type::Q4_K)] = ns::matvec_q4_K;     \
+        (t).matvec[id(Type::Q5_K)] = ns::matvec_q5_K;     \
+        (t).matvec[id(Type::Q6_K)] = ns::matvec_q6_K;     \
+        (t).matvec[id(Type::Q4_1)] = ns::matvec_q4_1;     \
+        (t).matvec[id(Type::Q5_0)] = ns::matvec_q5_0;     \
+        (t).matvec[id(Type::Q5_1)] = ns::matvec_q5_1;     \
+        (t).matvec[id(Type::IQ4_NL)] = ns::matvec_iq4_nl; \
+    } while (false)
 #endif
 #if defined(__aarch64__)
 namespace neon_k { GL_DECLARE_K_KERNELS }

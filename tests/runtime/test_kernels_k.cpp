@@ -414,8 +414,9 @@ TEST_CASE("vec_dot k: random rows agree with ref within the float rounding bound
 }
 
 TEST_CASE("matvec k: row groups of every table give each row's ref vec_dot") {
-    // Multi-row kernels (four rows at a time for Q4_K, Q5_K, Q6_K on
-    // AVX-512) with each row count 1..9 and 13: full groups and every tail.
+    // Multi-row kernels (four rows at a time for every type here, on AVX2
+    // and AVX-512) with each row count 1..9 and 13: full groups and every
+    // tail; the 32-element types also on rows of one and seven blocks.
     // Each row has its own random weights, so a row or block read from the
     // wrong place misses by far more than the rounding bound of the vec_dot
     // test above. Rows start 2 bytes off alignment with a padded stride, as a
@@ -423,7 +424,9 @@ TEST_CASE("matvec k: row groups of every table give each row's ref vec_dot") {
     uint32_t seed = 9000;
     for (Type t : kTypesK) {
         const Type at = gl::vec_dot_type(t);
-        for (int64_t n : {int64_t{256}, int64_t{5 * 256}}) {
+        std::vector<int64_t> sizes = {256, 5 * 256};
+        if (!is_k(t)) sizes.insert(sizes.end(), {32, 7 * 32});
+        for (int64_t n : sizes) {
             for (int64_t rows : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13}) {
                 INFO("type ", std::string(gl::type_name(t)), " n ", n, " rows ", rows);
                 const size_t rb = gl::row_size(t, n), stride = rb + 6;
@@ -643,6 +646,18 @@ TEST_CASE("quantize_row Q8_1: the Q8_0 bytes plus s = d * sum(q)") {
         for (int8_t v : b0[i].qs) sum += v;
         CHECK(b1[i].s == gl::fp32_to_fp16(gl::fp16_to_fp32(b0[i].d) * static_cast<float>(sum)));
     }
+    // Every table's quantizer gives the same bytes, on rows of 1..9 blocks,
+    // writing nothing past the row.
+    for_each_table([&](const gl::KernelTable& k) {
+        for (int64_t len : {int64_t{32}, int64_t{3 * 32}, int64_t{9 * 32}}) {
+            INFO("n ", len);
+            const size_t bytes = gl::row_size(Type::Q8_1, len);
+            std::vector<uint8_t> got(bytes + 1, 0xee);
+            t_quantize(k, Type::Q8_1, x.data(), got.data(), len);
+            CHECK(first_diff(got.data(), q1.data(), bytes) == -1);
+            CHECK(got.back() == 0xee);
+        }
+    });
 }
 
 // ---- float quantizers

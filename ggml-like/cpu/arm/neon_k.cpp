@@ -400,6 +400,20 @@ void store_fma_u8(uint8x16_t q, float dl, float ml, float* out) {
     for (int k = 0; k < 4; k++) vst1q_f32(out + 4 * k, vfmaq_f32(vm, vd, vcvtq_f32_u32(part[k])));
 }
 
+// 16 signed bytes -> dl * q (the reference's fma(dl, q, -0)).
+void store_mul_s8(int8x16_t q, float dl, float* out) {
+    const int16x8_t lo = vmovl_s8(vget_low_s8(q)), hi = vmovl_s8(vget_high_s8(q));
+    const int32x4_t part[4] = {vmovl_s16(vget_low_s16(lo)), vmovl_s16(vget_high_s16(lo)),
+                               vmovl_s16(vget_low_s16(hi)), vmovl_s16(vget_high_s16(hi))};
+    for (int p = 0; p < 4; p++) vst1q_f32(out + 4 * p, vmulq_n_f32(vcvtq_f32_s32(part[p]), dl));
+}
+
+// Bit b of every byte, moved to bit `to`.
+uint8x16_t bit_to(uint8x16_t v, int b, int to) {
+    return vshlq_u8(vandq_u8(vshlq_u8(v, vdupq_n_s8(static_cast<int8_t>(-b))), vdupq_n_u8(1)),
+                    vdupq_n_s8(static_cast<int8_t>(to)));
+}
+
 } // namespace
 
 void dequantize_row_q4_K(const void* src, float* dst, int64_t n) {
@@ -442,6 +456,115 @@ void dequantize_row_q6_K(const void* src, float* dst, int64_t n) {
                     for (int p = 0; p < 4; p++)
                         vst1q_f32(out + 4 * p, vmulq_n_f32(vcvtq_f32_s32(part[p]), dl));
                 }
+    }
+}
+
+// Q5_K: sub-block 2c is the low nibbles of qs[32c..], 2c + 1 the high
+// ones; bit j of qh[l] is the fifth bit of sub-block j's element l.
+void dequantize_row_q5_K(const void* src, float* dst, int64_t n) {
+    const auto* b = static_cast<const BlockQ5_K*>(src);
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        uint8_t sc[8], m[8];
+        unpack_scales_k4(b[i].scales, sc, m);
+        const float d = kFp16ToFp32[b[i].d], dmin = kFp16ToFp32[b[i].dmin];
+        for (int c = 0; c < 4; c++)
+            for (int g = 0; g < 2; g++) {
+                const uint8x16_t q = vld1q_u8(b[i].qs + 32 * c + 16 * g);
+                const uint8x16_t qh = vld1q_u8(b[i].qh + 16 * g);
+                float* out = dst + i * QK_K + 64 * c + 16 * g;
+                const int j = 2 * c;
+                store_fma_u8(vorrq_u8(vandq_u8(q, vdupq_n_u8(0x0f)), bit_to(qh, j, 4)),
+                             d * static_cast<float>(sc[j]), dmin * static_cast<float>(m[j]), out);
+                store_fma_u8(vorrq_u8(vshrq_n_u8(q, 4), bit_to(qh, j + 1, 4)),
+                             d * static_cast<float>(sc[j + 1]), dmin * static_cast<float>(m[j + 1]),
+                             out + 32);
+            }
+    }
+}
+
+// Q2_K / Q3_K: in half h, group k (elements 128 h + 32 k + l) is bits 2k,
+// 2k+1 of qs[32 h + l] (Q3_K: plus bit 4 h + k of hmask[l] as the third bit,
+// minus 4); its 16-element sub-blocks are 8 h + 2 k and + 1.
+void dequantize_row_q2_K(const void* src, float* dst, int64_t n) {
+    const auto* b = static_cast<const BlockQ2_K*>(src);
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = kFp16ToFp32[b[i].d], dmin = kFp16ToFp32[b[i].dmin];
+        for (int h = 0; h < 2; h++)
+            for (int g = 0; g < 2; g++) {
+                const uint8x16_t qv = vld1q_u8(b[i].qs + 32 * h + 16 * g);
+                for (int k = 0; k < 4; k++) {
+                    const uint8x16_t q = vandq_u8(
+                        vshlq_u8(qv, vdupq_n_s8(static_cast<int8_t>(-2 * k))), vdupq_n_u8(3));
+                    const int j = 8 * h + 2 * k + g;
+                    const uint8_t s = b[i].scales[j];
+                    store_fma_u8(q, d * static_cast<float>(s & 0x0f),
+                                 dmin * static_cast<float>(s >> 4), dst + i * QK_K + 16 * j);
+                }
+            }
+    }
+}
+
+void dequantize_row_q3_K(const void* src, float* dst, int64_t n) {
+    const auto* b = static_cast<const BlockQ3_K*>(src);
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = kFp16ToFp32[b[i].d];
+        int8_t sc[16];
+        vst1q_s8(sc, unpack_scales_k3(b[i].scales));
+        for (int h = 0; h < 2; h++)
+            for (int g = 0; g < 2; g++) {
+                const uint8x16_t qv = vld1q_u8(b[i].qs + 32 * h + 16 * g);
+                const uint8x16_t hm = vld1q_u8(b[i].hmask + 16 * g);
+                for (int k = 0; k < 4; k++) {
+                    const uint8x16_t crumb = vandq_u8(
+                        vshlq_u8(qv, vdupq_n_s8(static_cast<int8_t>(-2 * k))), vdupq_n_u8(3));
+                    const int8x16_t q =
+                        vsubq_s8(s8(vorrq_u8(crumb, bit_to(hm, 4 * h + k, 2))), vdupq_n_s8(4));
+                    const int j = 8 * h + 2 * k + g;
+                    store_mul_s8(q, d * static_cast<float>(sc[j]), dst + i * QK_K + 16 * j);
+                }
+            }
+    }
+}
+
+// 32-element blocks: w = d q + m is fma(d, q, m); Q5_0 and IQ4_NL are d * q.
+void dequantize_row_q4_1(const void* src, float* dst, int64_t n) {
+    const auto* b = static_cast<const BlockQ4_1*>(src);
+    for (int64_t i = 0; i < n / 32; i++) {
+        const Halves q = nibbles(b[i].qs);
+        const float d = kFp16ToFp32[b[i].d], ml = -kFp16ToFp32[b[i].m];
+        store_fma_u8(q.lo, d, ml, dst + 32 * i);
+        store_fma_u8(q.hi, d, ml, dst + 32 * i + 16);
+    }
+}
+
+void dequantize_row_q5_1(const void* src, float* dst, int64_t n) {
+    const auto* b = static_cast<const BlockQ5_1*>(src);
+    for (int64_t i = 0; i < n / 32; i++) {
+        const Halves q = five(b[i].qs, b[i].qh);
+        const float d = kFp16ToFp32[b[i].d], ml = -kFp16ToFp32[b[i].m];
+        store_fma_u8(q.lo, d, ml, dst + 32 * i);
+        store_fma_u8(q.hi, d, ml, dst + 32 * i + 16);
+    }
+}
+
+void dequantize_row_q5_0(const void* src, float* dst, int64_t n) {
+    const auto* b = static_cast<const BlockQ5_0*>(src);
+    for (int64_t i = 0; i < n / 32; i++) {
+        const Halves q = five(b[i].qs, b[i].qh);
+        const float d = kFp16ToFp32[b[i].d];
+        store_mul_s8(vsubq_s8(s8(q.lo), vdupq_n_s8(16)), d, dst + 32 * i);
+        store_mul_s8(vsubq_s8(s8(q.hi), vdupq_n_s8(16)), d, dst + 32 * i + 16);
+    }
+}
+
+void dequantize_row_iq4_nl(const void* src, float* dst, int64_t n) {
+    const auto* b = static_cast<const BlockIQ4_NL*>(src);
+    const int8x16_t book = vld1q_s8(kIQ4NL);
+    for (int64_t i = 0; i < n / 32; i++) {
+        const Halves q = nibbles(b[i].qs);
+        const float d = kFp16ToFp32[b[i].d];
+        store_mul_s8(vqtbl1q_s8(book, q.lo), d, dst + 32 * i);
+        store_mul_s8(vqtbl1q_s8(book, q.hi), d, dst + 32 * i + 16);
     }
 }
 

@@ -139,48 +139,69 @@ float vec_dot_q4_0(int64_t n, const void* w, const void* a) {
 // rather than as four strided streams. Named accumulators, not an array:
 // GCC 12 keeps arrays of vectors on the stack, which puts a store-load round
 // trip on every FMA chain.
+//
+// The same loop serves Q8_0 (Q8Rows): a row's block is the sign-moving
+// maddubs of dot_i8, and only the activation load and scale are shared.
+struct Q4Rows {
+    using Block = BlockQ4_0;
+    static __m256i offset(__m256i a) { return _mm256_maddubs_epi16(_mm256_set1_epi8(8), a); }
+    static __m256i pairs(const Block& x, __m256i a, __m256i offset) {
+        return _mm256_sub_epi16(_mm256_maddubs_epi16(unpack_q4(x.qs), a), offset);
+    }
+    static float one_row(int64_t n, const void* w, const void* a) { return vec_dot_q4_0(n, w, a); }
+};
+struct Q8Rows {
+    using Block = BlockQ8_0;
+    static __m256i offset(__m256i) { return _mm256_setzero_si256(); }
+    static __m256i pairs(const Block& x, __m256i a, __m256i) {
+        const __m256i w = load256(x.qs);
+        return _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
+    }
+    static float one_row(int64_t n, const void* w, const void* a) { return vec_dot_q8_0(n, w, a); }
+};
 
-__attribute__((always_inline)) inline void q4_0_row_block(const BlockQ4_0& x, __m256i a,
-                                                          __m256i offset, __m256 da, __m256& acc) {
-    const __m256i qa = _mm256_maddubs_epi16(unpack_q4(x.qs), a);
-    const __m256i s = _mm256_madd_epi16(_mm256_sub_epi16(qa, offset), _mm256_set1_epi16(1));
+template <typename R>
+__attribute__((always_inline)) inline void row_block(const typename R::Block& x, __m256i a,
+                                                     __m256i offset, __m256 da, __m256& acc) {
+    const __m256i s = _mm256_madd_epi16(R::pairs(x, a, offset), _mm256_set1_epi16(1));
     acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_broadcast_ss(&kFp16ToFp32[x.d]), da),
                           _mm256_cvtepi32_ps(s), acc);
 }
 
-void matvec_q4_0(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
-                 float* y) {
+template <typename R>
+void matvec_rows4(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
+                  float* y) {
+    using Block = typename R::Block;
     const auto* y8 = static_cast<const BlockQ8_0*>(a);
-    const int64_t nb = n / QK4_0;
+    const int64_t nb = n / QK8_0;
     const auto* base = static_cast<const uint8_t*>(w);
+    constexpr int kLines = (4 * sizeof(Block) + 63) / 64; // Q4_0: 72 bytes a step, two lines
     int64_t r = 0;
     for (; r + 4 <= n_rows; r += 4) {
         const uint8_t* g = base + r * row_bytes;
-        const auto* x0 = reinterpret_cast<const BlockQ4_0*>(g);
-        const auto* x1 = reinterpret_cast<const BlockQ4_0*>(g + row_bytes);
-        const auto* x2 = reinterpret_cast<const BlockQ4_0*>(g + 2 * row_bytes);
-        const auto* x3 = reinterpret_cast<const BlockQ4_0*>(g + 3 * row_bytes);
+        const auto* x0 = reinterpret_cast<const Block*>(g);
+        const auto* x1 = reinterpret_cast<const Block*>(g + row_bytes);
+        const auto* x2 = reinterpret_cast<const Block*>(g + 2 * row_bytes);
+        const auto* x3 = reinterpret_cast<const Block*>(g + 3 * row_bytes);
         __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
         for (int64_t i = 0; i < nb; i++) {
-            // 4 blocks (72 bytes) a step: two lines.
             const char* p =
-                reinterpret_cast<const char*>(g) + kPrefetchBytes + i * 4 * sizeof(BlockQ4_0);
-            _mm_prefetch(p, _MM_HINT_T0);
-            _mm_prefetch(p + 64, _MM_HINT_T0);
+                reinterpret_cast<const char*>(g) + kPrefetchBytes + i * 4 * sizeof(Block);
+            for (int l = 0; l < kLines; l++) _mm_prefetch(p + 64 * l, _MM_HINT_T0);
             const __m256i av = load256(y8[i].qs);
-            const __m256i offset = _mm256_maddubs_epi16(_mm256_set1_epi8(8), av);
+            const __m256i offset = R::offset(av);
             const __m256 da = _mm256_broadcast_ss(&kFp16ToFp32[y8[i].d]);
-            q4_0_row_block(x0[i], av, offset, da, c0);
-            q4_0_row_block(x1[i], av, offset, da, c1);
-            q4_0_row_block(x2[i], av, offset, da, c2);
-            q4_0_row_block(x3[i], av, offset, da, c3);
+            row_block<R>(x0[i], av, offset, da, c0);
+            row_block<R>(x1[i], av, offset, da, c1);
+            row_block<R>(x2[i], av, offset, da, c2);
+            row_block<R>(x3[i], av, offset, da, c3);
         }
         y[r] = hsum(c0);
         y[r + 1] = hsum(c1);
         y[r + 2] = hsum(c2);
         y[r + 3] = hsum(c3);
     }
-    for (; r < n_rows; r++) y[r] = vec_dot_q4_0(n, base + r * row_bytes, a);
+    for (; r < n_rows; r++) y[r] = R::one_row(n, base + r * row_bytes, a);
 }
 
 // Float weights: `Load::get` turns 8 weights into floats (a type, not a
@@ -646,6 +667,21 @@ void quantize_row_q8_0(const float* src, void* dst, int64_t n) {
     for (int64_t i = 0; i < n / QK8_0; i++) quantize_block_q8_0(src + i * QK8_0, b + i);
 }
 
+// Q8_1 (the activations of Q4_1 and Q5_1): Q8_0's d and q from the kernel
+// above, plus s = fp16(d * sum(q)) as the reference computes it.
+void quantize_row_q8_1(const float* src, void* dst, int64_t n) {
+    auto* b = static_cast<BlockQ8_1*>(dst);
+    for (int64_t i = 0; i < n / QK8_0; i++) {
+        BlockQ8_0 q;
+        quantize_block_q8_0(src + i * QK8_0, &q);
+        int sum = 0;
+        for (int8_t v : q.qs) sum += v;
+        b[i].d = q.d;
+        b[i].s = fp32_to_fp16(kFp16ToFp32[q.d] * static_cast<float>(sum));
+        std::memcpy(b[i].qs, q.qs, sizeof q.qs);
+    }
+}
+
 // F16C's conversion rounds to nearest even and keeps NaN payloads like
 // gl::fp32_to_fp16, so this is bit-identical to the reference.
 void quantize_row_f16(const float* src, void* dst, int64_t n) {
@@ -702,8 +738,10 @@ constexpr KernelTable make_table() {
     t.vec_dot[id(Type::BF16)] = vec_dot_float<BF16>;
     t.vec_dot[id(Type::Q8_0)] = vec_dot_q8_0;
     t.vec_dot[id(Type::Q4_0)] = vec_dot_q4_0;
-    t.matvec[id(Type::Q4_0)] = matvec_q4_0;
+    t.matvec[id(Type::Q4_0)] = matvec_rows4<Q4Rows>;
+    t.matvec[id(Type::Q8_0)] = matvec_rows4<Q8Rows>;
     t.quantize_row[id(Type::Q8_0)] = quantize_row_q8_0;
+    t.quantize_row[id(Type::Q8_1)] = quantize_row_q8_1;
     t.quantize_row[id(Type::F16)] = quantize_row_f16;
     t.dequantize_row[id(Type::F16)] = dequantize_row_f16;
     t.dequantize_row[id(Type::BF16)] = dequantize_row_bf16;
@@ -729,8 +767,7 @@ constexpr KernelTable make_table() {
     t.exp_sum = exp_sum;
     t.max_of = max_of;
     add_kernels_k(t, kAvx2KernelsK); // x86/avx2_k.cpp
-    t.matvec[id(Type::Q4_K)] = avx2_k::matvec_q4_K;
-    t.matvec[id(Type::Q5_K)] = avx2_k::matvec_q5_K;
+    GL_ADD_MATVEC_K(t, avx2_k);
     return t;
 }
 

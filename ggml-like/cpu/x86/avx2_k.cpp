@@ -16,11 +16,13 @@
 #include "ggml-like/blocks_k.h"
 #include "ggml-like/cpu/rows4.h"
 #include "ggml-like/cpu/x86/k_scales.h"
+#include "ggml-like/cpu/x86/dequant_k.h"
 
 #include <immintrin.h>
 
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 namespace gl::avx2_k {
 
@@ -74,18 +76,6 @@ __m256i pick16(int lo, int hi) {
 __m256i dot_i8(__m256i w, __m256i a) {
     const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
     return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
-}
-
-// Q3_K's sixteen 6-bit scales minus 32, as signed bytes.
-__m128i unpack_scales_k3(const uint8_t* s) {
-    const uint32_t w0 = load_u32(s), w1 = load_u32(s + 4), w2 = load_u32(s + 8);
-    const uint32_t lo4 = 0x0f0f0f0f, lo2 = 0x03030303;
-    const __m128i v =
-        _mm_setr_epi32(static_cast<int>((w0 & lo4) | ((w2 & lo2) << 4)),
-                       static_cast<int>((w1 & lo4) | (((w2 >> 2) & lo2) << 4)),
-                       static_cast<int>(((w0 >> 4) & lo4) | (((w2 >> 4) & lo2) << 4)),
-                       static_cast<int>(((w1 >> 4) & lo4) | (((w2 >> 6) & lo2) << 4)));
-    return _mm_sub_epi8(v, _mm_set1_epi8(32));
 }
 
 // Sub-block sums of a Q8_K block weighted by 16 int16 scales: 8 int32 lanes
@@ -213,87 +203,118 @@ __m256i half_scales(__m128i sc8, int h) {
     return _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(s));
 }
 
-} // namespace
-
-float vec_dot_q6_K(int64_t n, const void* w, const void* a) {
-    const auto* x = static_cast<const BlockQ6_K*>(w);
-    const auto* y = static_cast<const BlockQ8_K*>(a);
+// One row's running sum over Q6_K blocks.
+struct RowQ6 {
+    using Block = BlockQ6_K;
     __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / QK_K; i++) {
-        prefetch_ahead(x + i);
-        const __m128i sc8 = load128(x[i].scales);
+    static void prefetch(const Block* x) { prefetch_ahead(x); }
+    __attribute__((always_inline)) void add(const Block& x, const BlockQ8_K& y) {
+        const __m128i sc8 = load128(x.scales);
         // The -32 offset of every weight: 32 * sum_j sc_j * bsums_j.
-        const __m256i off = scaled_bsums(_mm256_cvtepi8_epi16(sc8), y[i]);
+        const __m256i off = scaled_bsums(_mm256_cvtepi8_epi16(sc8), y);
         __m256i sum = _mm256_setzero_si256();
         for (int h = 0; h < 2; h++) {
             __m256i q[4];
-            unpack_q6_half(x[i].ql + 64 * h, x[i].qh + 32 * h, q);
-            sum = half_16(q, y[i].qs + 128 * h, half_scales(sc8, h), sum);
+            unpack_q6_half(x.ql + 64 * h, x.qh + 32 * h, q);
+            sum = half_16(q, y.qs + 128 * h, half_scales(sc8, h), sum);
         }
         sum = _mm256_sub_epi32(sum, _mm256_slli_epi32(off, 5));
-        const __m256 dd = _mm256_set1_ps(kFp16ToFp32[x[i].d] * y[i].d);
+        const __m256 dd = _mm256_set1_ps(kFp16ToFp32[x.d] * y.d);
         acc = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(sum), acc);
     }
-    return hsum(acc);
+    float total() const { return hsum(acc); }
+};
+
+} // namespace
+
+float vec_dot_q6_K(int64_t n, const void* w, const void* a) {
+    return rows4::vec_dot_row<RowQ6>(n, w, a);
+}
+
+void matvec_q6_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
+                 float* y) {
+    rows4::matvec_rows4<RowQ6>(n, w, row_bytes, n_rows, a, y);
 }
 
 // ---- Q2_K / Q3_K ----------------------------------------------------------------------
 
-float vec_dot_q2_K(int64_t n, const void* w, const void* a) {
-    const auto* x = static_cast<const BlockQ2_K*>(w);
-    const auto* y = static_cast<const BlockQ8_K*>(a);
+namespace {
+
+// One row's running sum over Q2_K blocks.
+struct RowQ2 {
+    using Block = BlockQ2_K;
     __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
-    const __m256i m3 = bytes(3);
-    for (int64_t i = 0; i < n / QK_K; i++) {
-        prefetch_ahead(x + i);
-        const __m128i s = load128(x[i].scales);
+    static void prefetch(const Block* x) { prefetch_ahead(x); }
+    __attribute__((always_inline)) void add(const Block& x, const BlockQ8_K& y) {
+        const __m256i m3 = bytes(3);
+        const __m128i s = load128(x.scales);
         const __m128i sc8 = _mm_and_si128(s, _mm_set1_epi8(0x0f));
         const __m128i m8 = _mm_and_si128(_mm_srli_epi16(s, 4), _mm_set1_epi8(0x0f));
-        const __m256i mins = scaled_bsums(_mm256_cvtepu8_epi16(m8), y[i]);
+        const __m256i mins = scaled_bsums(_mm256_cvtepu8_epi16(m8), y);
         __m256i sum = _mm256_setzero_si256();
         for (int h = 0; h < 2; h++) {
-            const __m256i qv = load256(x[i].qs + 32 * h);
+            const __m256i qv = load256(x.qs + 32 * h);
             const __m256i q[4] = {_mm256_and_si256(qv, m3),
                                   _mm256_and_si256(_mm256_srli_epi16(qv, 2), m3),
                                   _mm256_and_si256(_mm256_srli_epi16(qv, 4), m3),
                                   _mm256_and_si256(_mm256_srli_epi16(qv, 6), m3)};
-            sum = half_16(q, y[i].qs + 128 * h, half_scales(sc8, h), sum);
+            sum = half_16(q, y.qs + 128 * h, half_scales(sc8, h), sum);
         }
-        const __m256 dd = _mm256_set1_ps(kFp16ToFp32[x[i].d] * y[i].d);
-        const __m256 dm = _mm256_set1_ps(kFp16ToFp32[x[i].dmin] * y[i].d);
+        const __m256 dd = _mm256_set1_ps(kFp16ToFp32[x.d] * y.d);
+        const __m256 dm = _mm256_set1_ps(kFp16ToFp32[x.dmin] * y.d);
         acc = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(sum), acc);
         accm = _mm256_fmadd_ps(dm, _mm256_cvtepi32_ps(mins), accm);
     }
-    return hsum(_mm256_sub_ps(acc, accm));
-}
+    float total() const { return hsum(_mm256_sub_ps(acc, accm)); }
+};
 
-float vec_dot_q3_K(int64_t n, const void* w, const void* a) {
-    const auto* x = static_cast<const BlockQ3_K*>(w);
-    const auto* y = static_cast<const BlockQ8_K*>(a);
+// One row's running sum over Q3_K blocks.
+struct RowQ3 {
+    using Block = BlockQ3_K;
     __m256 acc = _mm256_setzero_ps();
-    const __m256i m3 = bytes(3), m4 = bytes(4);
-    for (int64_t i = 0; i < n / QK_K; i++) {
-        prefetch_ahead(x + i);
-        const __m128i sc8 = unpack_scales_k3(x[i].scales);
+    static void prefetch(const Block* x) { prefetch_ahead(x); }
+    __attribute__((always_inline)) void add(const Block& x, const BlockQ8_K& y) {
+        const __m256i m3 = bytes(3), m4 = bytes(4);
+        const __m128i sc8 = unpack_scales_k3(x.scales);
         // Weights are stored as q + 4 (0..7): take 4 * sum_j sc_j * bsums_j off.
-        const __m256i off = scaled_bsums(_mm256_cvtepi8_epi16(sc8), y[i]);
-        __m256i hb = load256(x[i].hmask); // bit 4h + k of byte l, shifted down as we go
+        const __m256i off = scaled_bsums(_mm256_cvtepi8_epi16(sc8), y);
+        __m256i hb = load256(x.hmask); // bit 4h + k of byte l, shifted down as we go
         __m256i sum = _mm256_setzero_si256();
         for (int h = 0; h < 2; h++) {
-            const __m256i qv = load256(x[i].qs + 32 * h);
+            const __m256i qv = load256(x.qs + 32 * h);
             __m256i q[4];
             for (int k = 0; k < 4; k++) {
                 const __m256i crumb = _mm256_and_si256(_mm256_srli_epi16(qv, 2 * k), m3);
                 q[k] = _mm256_or_si256(crumb, _mm256_and_si256(_mm256_slli_epi16(hb, 2), m4));
                 hb = _mm256_srli_epi16(hb, 1);
             }
-            sum = half_16(q, y[i].qs + 128 * h, half_scales(sc8, h), sum);
+            sum = half_16(q, y.qs + 128 * h, half_scales(sc8, h), sum);
         }
         sum = _mm256_sub_epi32(sum, _mm256_slli_epi32(off, 2));
-        const __m256 dd = _mm256_set1_ps(kFp16ToFp32[x[i].d] * y[i].d);
+        const __m256 dd = _mm256_set1_ps(kFp16ToFp32[x.d] * y.d);
         acc = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(sum), acc);
     }
-    return hsum(acc);
+    float total() const { return hsum(acc); }
+};
+
+} // namespace
+
+float vec_dot_q2_K(int64_t n, const void* w, const void* a) {
+    return rows4::vec_dot_row<RowQ2>(n, w, a);
+}
+
+float vec_dot_q3_K(int64_t n, const void* w, const void* a) {
+    return rows4::vec_dot_row<RowQ3>(n, w, a);
+}
+
+void matvec_q2_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
+                 float* y) {
+    rows4::matvec_rows4<RowQ2>(n, w, row_bytes, n_rows, a, y);
+}
+
+void matvec_q3_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
+                 float* y) {
+    rows4::matvec_rows4<RowQ3>(n, w, row_bytes, n_rows, a, y);
 }
 
 // ---- 32-element blocks ------------------------------------------------------------------
@@ -383,6 +404,133 @@ float vec_dot_iq4_nl(int64_t n, const void* w, const void* a) {
     return dot_signed(
         n, static_cast<const BlockIQ4_NL*>(w), static_cast<const BlockQ8_0*>(a),
         [book](const BlockIQ4_NL& b) { return _mm256_shuffle_epi8(book, unpack_nibbles(b.qs)); });
+}
+
+// ---- 32-element blocks, four rows at a time -------------------------------------------------
+//
+// As Q4_0 does in x86/avx2.cpp: the four rows share the activation block's
+// load, its scale and the offset term (offset * a as maddubs pairs, taken off
+// each row's pairs before they are widened), and stream as one span
+// prefetched linearly. A type with a min adds m * s per row-block with one
+// more FMA, s (the activation block's) in lane 0 and zeros elsewhere.
+// maddubs pairs cannot saturate: unsigned q <= 31 gives at most 2 * 31 * 127;
+// IQ4_NL goes in as |w| with w's sign on a (at most 2 * 127 * 127).
+
+namespace {
+
+template <typename B, typename A, int Offset> struct Rows32 {
+    using Block = B;
+    using Act = A;
+    static constexpr int kOffset = Offset;
+};
+struct Q4_1Rows : Rows32<BlockQ4_1, BlockQ8_1, 0> {
+    static __m256i pairs(const Block& x, __m256i a) {
+        return _mm256_maddubs_epi16(unpack_nibbles(x.qs), a);
+    }
+    static float one_row(int64_t n, const void* w, const void* a) { return vec_dot_q4_1(n, w, a); }
+};
+__m256i five_bits(const uint8_t* qs, const uint8_t* qh) {
+    return _mm256_or_si256(unpack_nibbles(qs), _mm256_and_si256(expand_bits(qh), bytes(0x10)));
+}
+struct Q5_1Rows : Rows32<BlockQ5_1, BlockQ8_1, 0> {
+    static __m256i pairs(const Block& x, __m256i a) {
+        return _mm256_maddubs_epi16(five_bits(x.qs, x.qh), a);
+    }
+    static float one_row(int64_t n, const void* w, const void* a) { return vec_dot_q5_1(n, w, a); }
+};
+struct Q5_0Rows : Rows32<BlockQ5_0, BlockQ8_0, 16> {
+    static __m256i pairs(const Block& x, __m256i a) {
+        return _mm256_maddubs_epi16(five_bits(x.qs, x.qh), a);
+    }
+    static float one_row(int64_t n, const void* w, const void* a) { return vec_dot_q5_0(n, w, a); }
+};
+struct IQ4NLRows : Rows32<BlockIQ4_NL, BlockQ8_0, 0> {
+    static __m256i pairs(const Block& x, __m256i a) {
+        const __m256i book = _mm256_broadcastsi128_si256(load128(kIQ4NL));
+        const __m256i v = _mm256_shuffle_epi8(book, unpack_nibbles(x.qs));
+        return _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(a, v));
+    }
+    static float one_row(int64_t n, const void* w, const void* a) {
+        return vec_dot_iq4_nl(n, w, a);
+    }
+};
+
+template <typename R> constexpr bool kHasMin = std::is_same_v<typename R::Act, BlockQ8_1>;
+
+template <typename R>
+__attribute__((always_inline)) inline void row_block32(const typename R::Block& x, __m256i a,
+                                                       __m256i offset, __m256 da, __m256 sa,
+                                                       __m256& acc) {
+    __m256i p = R::pairs(x, a);
+    if constexpr (R::kOffset != 0) p = _mm256_sub_epi16(p, offset);
+    const __m256i s = _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+    acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_broadcast_ss(&kFp16ToFp32[x.d]), da),
+                          _mm256_cvtepi32_ps(s), acc);
+    if constexpr (kHasMin<R>) {
+        acc = _mm256_fmadd_ps(_mm256_broadcast_ss(&kFp16ToFp32[x.m]), sa, acc);
+    } else {
+        (void)sa;
+    }
+}
+
+template <typename R>
+void matvec_rows4_32(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
+                     float* y) {
+    using Block = typename R::Block;
+    const auto* ya = static_cast<const typename R::Act*>(a);
+    const int64_t nb = n / 32;
+    const auto* base = static_cast<const uint8_t*>(w);
+    constexpr int kLines = (4 * sizeof(Block) + 63) / 64;
+    int64_t r = 0;
+    for (; r + 4 <= n_rows; r += 4) {
+        const uint8_t* g = base + r * row_bytes;
+        const auto* x0 = reinterpret_cast<const Block*>(g);
+        const auto* x1 = reinterpret_cast<const Block*>(g + row_bytes);
+        const auto* x2 = reinterpret_cast<const Block*>(g + 2 * row_bytes);
+        const auto* x3 = reinterpret_cast<const Block*>(g + 3 * row_bytes);
+        __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
+        for (int64_t i = 0; i < nb; i++) {
+            const char* p =
+                reinterpret_cast<const char*>(g) + kPrefetchBytes + i * 4 * sizeof(Block);
+            for (int l = 0; l < kLines; l++) _mm_prefetch(p + 64 * l, _MM_HINT_T0);
+            const __m256i av = load256(ya[i].qs);
+            __m256i offset = _mm256_setzero_si256();
+            if constexpr (R::kOffset != 0) offset = _mm256_maddubs_epi16(bytes(R::kOffset), av);
+            const __m256 da = _mm256_broadcast_ss(&kFp16ToFp32[ya[i].d]);
+            // s in lane 0 only (a lane the Q4_1 unscale leaves alone).
+            __m256 sa = _mm256_setzero_ps();
+            if constexpr (kHasMin<R>)
+                sa = _mm256_zextps128_ps256(_mm_load_ss(&kFp16ToFp32[ya[i].s]));
+            row_block32<R>(x0[i], av, offset, da, sa, c0);
+            row_block32<R>(x1[i], av, offset, da, sa, c1);
+            row_block32<R>(x2[i], av, offset, da, sa, c2);
+            row_block32<R>(x3[i], av, offset, da, sa, c3);
+        }
+        y[r] = hsum(c0);
+        y[r + 1] = hsum(c1);
+        y[r + 2] = hsum(c2);
+        y[r + 3] = hsum(c3);
+    }
+    for (; r < n_rows; r++) y[r] = R::one_row(n, base + r * row_bytes, a);
+}
+
+} // namespace
+
+void matvec_q4_1(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
+                 float* y) {
+    matvec_rows4_32<Q4_1Rows>(n, w, row_bytes, n_rows, a, y);
+}
+void matvec_q5_0(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
+                 float* y) {
+    matvec_rows4_32<Q5_0Rows>(n, w, row_bytes, n_rows, a, y);
+}
+void matvec_q5_1(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
+                 float* y) {
+    matvec_rows4_32<Q5_1Rows>(n, w, row_bytes, n_rows, a, y);
+}
+void matvec_iq4_nl(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
+                   float* y) {
+    matvec_rows4_32<IQ4NLRows>(n, w, row_bytes, n_rows, a, y);
 }
 
 // ---- Q8_K activations --------------------------------------------------------------------
@@ -511,6 +659,51 @@ void dequantize_row_q6_K(const void* src, float* dst, int64_t n) {
             }
         }
     }
+}
+
+// The other types through the shared unpackers (x86/dequant_k.h), 8 floats
+// a store.
+namespace {
+
+struct Store256 {
+    static void u8_fma(__m128i q, float dl, float ml, float* out) {
+        const __m256 vd = _mm256_set1_ps(dl), vm = _mm256_set1_ps(ml);
+        _mm256_storeu_ps(out, _mm256_fmsub_ps(vd, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q)), vm));
+        _mm256_storeu_ps(
+            out + 8, _mm256_fmsub_ps(
+                         vd, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q, 8))), vm));
+    }
+    static void i8_mul(__m128i q, float dl, float* out) {
+        const __m256 vd = _mm256_set1_ps(dl);
+        _mm256_storeu_ps(out, _mm256_mul_ps(vd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q))));
+        _mm256_storeu_ps(
+            out + 8,
+            _mm256_mul_ps(vd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)))));
+    }
+};
+
+} // namespace
+
+void dequantize_row_q2_K(const void* src, float* dst, int64_t n) {
+    dq::q2_K<Store256>(src, dst, n);
+}
+void dequantize_row_q3_K(const void* src, float* dst, int64_t n) {
+    dq::q3_K<Store256>(src, dst, n);
+}
+void dequantize_row_q5_K(const void* src, float* dst, int64_t n) {
+    dq::q5_K<Store256>(src, dst, n);
+}
+void dequantize_row_q4_1(const void* src, float* dst, int64_t n) {
+    dq::q4_1<Store256>(src, dst, n);
+}
+void dequantize_row_q5_0(const void* src, float* dst, int64_t n) {
+    dq::q5_0<Store256>(src, dst, n);
+}
+void dequantize_row_q5_1(const void* src, float* dst, int64_t n) {
+    dq::q5_1<Store256>(src, dst, n);
+}
+void dequantize_row_iq4_nl(const void* src, float* dst, int64_t n) {
+    dq::iq4_nl<Store256>(src, dst, n);
 }
 
 } // namespace gl::avx2_k

@@ -20,6 +20,7 @@
 #include "ggml-like/blocks_k.h"
 #include "ggml-like/cpu/rows4.h"
 #include "ggml-like/cpu/x86/k_scales.h"
+#include "ggml-like/cpu/x86/dequant_k.h"
 
 // GCC 12's AVX-512 headers trip false -Wuninitialized warnings once inlined
 // (GCC PR 105593, fixed in GCC 13); see x86/avx512.cpp.
@@ -31,6 +32,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 namespace gl::avx512_k {
 
@@ -110,17 +112,6 @@ __m512i scales_by_4(__m512i sc32, int first) {
         _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
                          _mm512_set1_epi32(first));
     return _mm512_permutexvar_epi32(idx, sc32);
-}
-
-__m128i unpack_scales_k3(const uint8_t* s) {
-    const uint32_t w0 = load_u32(s), w1 = load_u32(s + 4), w2 = load_u32(s + 8);
-    const uint32_t lo4 = 0x0f0f0f0f, lo2 = 0x03030303;
-    const __m128i v =
-        _mm_setr_epi32(static_cast<int>((w0 & lo4) | ((w2 & lo2) << 4)),
-                       static_cast<int>((w1 & lo4) | (((w2 >> 2) & lo2) << 4)),
-                       static_cast<int>(((w0 >> 4) & lo4) | (((w2 >> 4) & lo2) << 4)),
-                       static_cast<int>(((w1 >> 4) & lo4) | (((w2 >> 6) & lo2) << 4)));
-    return _mm_sub_epi8(v, _mm_set1_epi8(32));
 }
 
 // sum_j scale16[j] * bsums[j] as 8 int32 lanes.
@@ -267,75 +258,103 @@ void matvec_q6_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, con
 namespace {
 
 // The four 2-bit groups of one 128-weight half: c01 = groups 0, 1 (bits 0-1
-// and 2-3 of the 32 bytes), c23 = groups 2, 3 (bits 4-5, 6-7).
+// and 2-3 of the 32 bytes), c23 = groups 2, 3 (bits 4-5, 6-7). The odd
+// groups (the high 256 bits) stay in place, 4 q, which saves two of the four
+// shifts (no faster measurably, one instruction fewer per 64 weights): their
+// lanes of the sums come out 4x, undone once a row by quarter_high(). A lane
+// of vpdpbusd stays below 2^15 (4 * 28 * 127 for Q3_K) for vpdpwssd.
 void crumbs(const uint8_t* qs, __m512i* c01, __m512i* c23) {
     const __m512i v = load_both(qs);
-    *c01 = _mm512_and_si512(_mm512_srlv_epi64(v, halves(0, 2)), bytes(3));
-    *c23 = _mm512_and_si512(_mm512_srlv_epi64(v, halves(4, 6)), bytes(3));
+    const __m512i m = _mm512_inserti64x4(_mm512_set1_epi8(3), _mm256_set1_epi8(12), 1);
+    *c01 = _mm512_and_si512(v, m);
+    *c23 = _mm512_and_si512(_mm512_srli_epi64(v, 4), m);
 }
 
-} // namespace
+__m512 quarter_high() {
+    return _mm512_insertf32x8(_mm512_set1_ps(1.0f), _mm256_set1_ps(0.25f), 1);
+}
 
-float vec_dot_q2_K(int64_t n, const void* w, const void* a) {
-    const auto* x = static_cast<const BlockQ2_K*>(w);
-    const auto* y = static_cast<const BlockQ8_K*>(a);
+// One row's running sum over Q2_K blocks.
+struct RowQ2 {
+    using Block = BlockQ2_K;
     __m512 acc = _mm512_setzero_ps();
     __m256 accm = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / QK_K; i++) {
-        prefetch_ahead(x + i);
-        const __m128i s = load128(x[i].scales);
+    static void prefetch(const Block* x) { prefetch_ahead(x); }
+    __attribute__((always_inline)) void add(const Block& x, const BlockQ8_K& y) {
+        const __m128i s = load128(x.scales);
         const __m128i sc8 = _mm_and_si128(s, _mm_set1_epi8(0x0f));
         const __m128i m8 = _mm_and_si128(_mm_srli_epi16(s, 4), _mm_set1_epi8(0x0f));
-        const __m256i mins = scaled_bsums(_mm256_cvtepu8_epi16(m8), y[i]);
+        const __m256i mins = scaled_bsums(_mm256_cvtepu8_epi16(m8), y);
         const __m512i sc = _mm512_cvtepu8_epi32(sc8); // (sc, 0) pairs already
         __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
         for (int h = 0; h < 2; h++) {
             __m512i c01, c23;
-            crumbs(x[i].qs + 32 * h, &c01, &c23);
-            const int8_t* ah = y[i].qs + 128 * h;
+            crumbs(x.qs + 32 * h, &c01, &c23);
+            const int8_t* ah = y.qs + 128 * h;
             s0 = _mm512_dpwssd_epi32(s0, dpbusd(c01, load512(ah)), scales_by_4(sc, 8 * h));
             s1 = _mm512_dpwssd_epi32(s1, dpbusd(c23, load512(ah + 64)), scales_by_4(sc, 8 * h + 4));
         }
-        const float da = y[i].d;
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(kFp16ToFp32[x[i].d] * da),
+        const float da = y.d;
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(kFp16ToFp32[x.d] * da),
                               _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), acc);
-        accm = _mm256_fmadd_ps(_mm256_set1_ps(kFp16ToFp32[x[i].dmin] * da),
-                               _mm256_cvtepi32_ps(mins), accm);
+        accm = _mm256_fmadd_ps(_mm256_set1_ps(kFp16ToFp32[x.dmin] * da), _mm256_cvtepi32_ps(mins),
+                               accm);
     }
-    return hsum(acc) - hsum(accm);
-}
+    float total() const { return hsum(_mm512_mul_ps(acc, quarter_high())) - hsum(accm); }
+};
 
-float vec_dot_q3_K(int64_t n, const void* w, const void* a) {
-    const auto* x = static_cast<const BlockQ3_K*>(w);
-    const auto* y = static_cast<const BlockQ8_K*>(a);
+// One row's running sum over Q3_K blocks.
+struct RowQ3 {
+    using Block = BlockQ3_K;
     __m512 acc = _mm512_setzero_ps();
-    for (int64_t i = 0; i < n / QK_K; i++) {
-        prefetch_ahead(x + i);
-        const __m128i sc8 = unpack_scales_k3(x[i].scales);
+    static void prefetch(const Block* x) { prefetch_ahead(x); }
+    __attribute__((always_inline)) void add(const Block& x, const BlockQ8_K& y) {
+        const __m128i sc8 = unpack_scales_k3(x.scales);
         const __m512i sc = scale_pairs(_mm512_cvtepi8_epi32(sc8));
         // Weights are stored as q + 4 (0..7): take 4 * sum_j sc_j * bsums_j off.
-        const __m256i off = scaled_bsums(_mm256_cvtepi8_epi16(sc8), y[i]);
-        const __m512i hm = load_both(x[i].hmask);
+        const __m256i off = scaled_bsums(_mm256_cvtepi8_epi16(sc8), y);
+        const __m512i hm = load_both(x.hmask);
         __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
         for (int h = 0; h < 2; h++) {
             __m512i c01, c23;
-            crumbs(x[i].qs + 32 * h, &c01, &c23);
+            crumbs(x.qs + 32 * h, &c01, &c23);
             // Third bit of group k (k = 0..3 of half h) is bit 4h + k of hmask.
             const int b = 4 * h;
             const __m512i t01 = halves(every_byte(b), every_byte(b + 1));
             const __m512i t23 = halves(every_byte(b + 2), every_byte(b + 3));
-            c01 = _mm512_mask_add_epi8(c01, _mm512_test_epi8_mask(hm, t01), c01, bytes(4));
-            c23 = _mm512_mask_add_epi8(c23, _mm512_test_epi8_mask(hm, t23), c23, bytes(4));
-            const int8_t* ah = y[i].qs + 128 * h;
+            // 4 in the even groups, 16 in the odd ones (kept 4x, see crumbs).
+            const __m512i four = _mm512_inserti64x4(bytes(4), _mm256_set1_epi8(16), 1);
+            c01 = _mm512_mask_add_epi8(c01, _mm512_test_epi8_mask(hm, t01), c01, four);
+            c23 = _mm512_mask_add_epi8(c23, _mm512_test_epi8_mask(hm, t23), c23, four);
+            const int8_t* ah = y.qs + 128 * h;
             s0 = _mm512_dpwssd_epi32(s0, dpbusd(c01, load512(ah)), scales_by_4(sc, 8 * h));
             s1 = _mm512_dpwssd_epi32(s1, dpbusd(c23, load512(ah + 64)), scales_by_4(sc, 8 * h + 4));
         }
         const __m512i sum = _mm512_sub_epi32(_mm512_add_epi32(s0, s1),
                                              _mm512_zextsi256_si512(_mm256_slli_epi32(off, 2)));
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(kFp16ToFp32[x[i].d] * y[i].d), _mm512_cvtepi32_ps(sum),
-                              acc);
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(kFp16ToFp32[x.d] * y.d), _mm512_cvtepi32_ps(sum), acc);
     }
-    return hsum(acc);
+    float total() const { return hsum(_mm512_mul_ps(acc, quarter_high())); }
+};
+
+} // namespace
+
+float vec_dot_q2_K(int64_t n, const void* w, const void* a) {
+    return rows4::vec_dot_row<RowQ2>(n, w, a);
+}
+
+float vec_dot_q3_K(int64_t n, const void* w, const void* a) {
+    return rows4::vec_dot_row<RowQ3>(n, w, a);
+}
+
+void matvec_q2_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
+                 float* y) {
+    rows4::matvec_rows4<RowQ2>(n, w, row_bytes, n_rows, a, y);
+}
+
+void matvec_q3_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
+                 float* y) {
+    rows4::matvec_rows4<RowQ3>(n, w, row_bytes, n_rows, a, y);
 }
 
 // ---- 32-element blocks -------------------------------------------------------------------
@@ -422,6 +441,148 @@ float vec_dot_iq4_nl(int64_t n, const void* w, const void* a) {
                             const __m256i v = _mm256_shuffle_epi8(book, unpack_nibbles(b.qs));
                             return dpbusd256(_mm256_sign_epi8(v, v), _mm256_sign_epi8(av, v));
                         });
+}
+
+// ---- 32-element blocks, four rows at a time -------------------------------------------------
+//
+// As Q4_0 and Q8_0 do in x86/avx512.cpp: the four rows share the activation
+// block's load, its scale and the offset term, which starts vpdpbusd's
+// accumulator (-offset * sum(a)), so a row's block costs its unpacking,
+// one vpdpbusd, a convert and two float ops. The four rows are one span read
+// at four blocks a step and prefetched linearly. A type with a min adds
+// m * s per row-block with one more FMA, s (Q8_1's d * sum(q), the
+// activation block's, shared by the rows) in lane 0 and zeros elsewhere: one
+// uop against two scalar ones.
+//
+//   Q4_1, Q5_1: unsigned q, min;  Q5_0: unsigned q, offset 16;
+//   IQ4_NL: the codebook + 128 (1..241, unsigned), offset 128.
+
+namespace {
+
+// Q4_1 keeps the high nibbles in place (16 q) as Q4_0 does in x86/avx512.cpp,
+// saving the shift: lanes 4..7 of its sums come out 16x, undone once a row.
+struct Q4_1Rows {
+    using Block = BlockQ4_1;
+    using Act = BlockQ8_1;
+    static constexpr int kOffset = 0;
+    static __m256i weights(const Block& x) {
+        const __m256i b = _mm256_broadcastsi128_si256(load128(x.qs));
+        return _mm256_and_si256(
+            b, _mm256_set_m128i(_mm_set1_epi8(static_cast<char>(0xf0)), _mm_set1_epi8(0x0f)));
+    }
+    static __m256 unscale() {
+        return _mm256_setr_ps(1, 1, 1, 1, 1.0f / 16, 1.0f / 16, 1.0f / 16, 1.0f / 16);
+    }
+    static float one_row(int64_t n, const void* w, const void* a) { return vec_dot_q4_1(n, w, a); }
+};
+struct Q5_1Rows {
+    using Block = BlockQ5_1;
+    using Act = BlockQ8_1;
+    static constexpr int kOffset = 0;
+    static __m256i weights(const Block& x) { return unpack_five(x.qs, x.qh); }
+    static __m256 unscale() { return _mm256_set1_ps(1.0f); }
+    static float one_row(int64_t n, const void* w, const void* a) { return vec_dot_q5_1(n, w, a); }
+};
+struct Q5_0Rows {
+    using Block = BlockQ5_0;
+    using Act = BlockQ8_0;
+    static constexpr int kOffset = 16;
+    static __m256i weights(const Block& x) { return unpack_five(x.qs, x.qh); }
+    static __m256 unscale() { return _mm256_set1_ps(1.0f); }
+    static float one_row(int64_t n, const void* w, const void* a) { return vec_dot_q5_0(n, w, a); }
+};
+struct IQ4NLRows {
+    using Block = BlockIQ4_NL;
+    using Act = BlockQ8_0;
+    static constexpr int kOffset = 128;
+    static __m256i weights(const Block& x) {
+        const __m256i book = _mm256_add_epi8(_mm256_broadcastsi128_si256(load128(kIQ4NL)),
+                                             _mm256_set1_epi8(static_cast<char>(0x80)));
+        return _mm256_shuffle_epi8(book, unpack_nibbles(x.qs));
+    }
+    static __m256 unscale() { return _mm256_set1_ps(1.0f); }
+    static float one_row(int64_t n, const void* w, const void* a) {
+        return vec_dot_iq4_nl(n, w, a);
+    }
+};
+
+template <typename R> constexpr bool kHasMin = std::is_same_v<typename R::Act, BlockQ8_1>;
+
+template <typename R>
+__attribute__((always_inline)) inline void row_block32(const typename R::Block& x, __m256i start,
+                                                       __m256i a, __m256 da, __m256 sa,
+                                                       __m256& acc) {
+    const __m256i s = _mm256_dpbusd_epi32(start, R::weights(x), a);
+    acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_broadcast_ss(&kFp16ToFp32[x.d]), da),
+                          _mm256_cvtepi32_ps(s), acc);
+    if constexpr (kHasMin<R>) {
+        acc = _mm256_fmadd_ps(_mm256_broadcast_ss(&kFp16ToFp32[x.m]), sa, acc);
+    } else {
+        (void)sa;
+    }
+}
+
+template <typename R>
+void matvec_rows4_32(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
+                     float* y) {
+    using Block = typename R::Block;
+    const auto* ya = static_cast<const typename R::Act*>(a);
+    const int64_t nb = n / 32;
+    const auto* base = static_cast<const uint8_t*>(w);
+    constexpr int kLines = (4 * sizeof(Block) + 63) / 64;
+    int64_t r = 0;
+    for (; r + 4 <= n_rows; r += 4) {
+        const uint8_t* g = base + r * row_bytes;
+        const auto* x0 = reinterpret_cast<const Block*>(g);
+        const auto* x1 = reinterpret_cast<const Block*>(g + row_bytes);
+        const auto* x2 = reinterpret_cast<const Block*>(g + 2 * row_bytes);
+        const auto* x3 = reinterpret_cast<const Block*>(g + 3 * row_bytes);
+        __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
+        for (int64_t i = 0; i < nb; i++) {
+            const char* p =
+                reinterpret_cast<const char*>(g) + kPrefetchBytes + i * 4 * sizeof(Block);
+            for (int l = 0; l < kLines; l++) _mm_prefetch(p + 64 * l, _MM_HINT_T0);
+            const __m256i av = load256(ya[i].qs);
+            __m256i start = _mm256_setzero_si256();
+            if constexpr (R::kOffset != 0)
+                start = _mm256_sub_epi32(
+                    start, dpbusd256(_mm256_set1_epi8(static_cast<char>(R::kOffset)), av));
+            const __m256 da = _mm256_broadcast_ss(&kFp16ToFp32[ya[i].d]);
+            // s in lane 0 only (a lane the Q4_1 unscale leaves alone).
+            __m256 sa = _mm256_setzero_ps();
+            if constexpr (kHasMin<R>)
+                sa = _mm256_zextps128_ps256(_mm_load_ss(&kFp16ToFp32[ya[i].s]));
+            row_block32<R>(x0[i], start, av, da, sa, c0);
+            row_block32<R>(x1[i], start, av, da, sa, c1);
+            row_block32<R>(x2[i], start, av, da, sa, c2);
+            row_block32<R>(x3[i], start, av, da, sa, c3);
+        }
+        const __m256 unscale = R::unscale();
+        y[r] = hsum(_mm256_mul_ps(c0, unscale));
+        y[r + 1] = hsum(_mm256_mul_ps(c1, unscale));
+        y[r + 2] = hsum(_mm256_mul_ps(c2, unscale));
+        y[r + 3] = hsum(_mm256_mul_ps(c3, unscale));
+    }
+    for (; r < n_rows; r++) y[r] = R::one_row(n, base + r * row_bytes, a);
+}
+
+} // namespace
+
+void matvec_q4_1(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
+                 float* y) {
+    matvec_rows4_32<Q4_1Rows>(n, w, row_bytes, n_rows, a, y);
+}
+void matvec_q5_0(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
+                 float* y) {
+    matvec_rows4_32<Q5_0Rows>(n, w, row_bytes, n_rows, a, y);
+}
+void matvec_q5_1(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
+                 float* y) {
+    matvec_rows4_32<Q5_1Rows>(n, w, row_bytes, n_rows, a, y);
+}
+void matvec_iq4_nl(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
+                   float* y) {
+    matvec_rows4_32<IQ4NLRows>(n, w, row_bytes, n_rows, a, y);
 }
 
 // ---- Q8_K activations ---------------------------------------------------------------------
@@ -522,6 +683,42 @@ void dequantize_row_q6_K(const void* src, float* dst, int64_t n) {
             }
         }
     }
+}
+
+// The other types through the shared unpackers (x86/dequant_k.h), 16
+// floats a store.
+namespace {
+
+struct Store512 {
+    static void u8_fma(__m128i q, float dl, float ml, float* out) { store_fma_u8(q, dl, ml, out); }
+    static void i8_mul(__m128i q, float dl, float* out) {
+        _mm512_storeu_ps(
+            out, _mm512_mul_ps(_mm512_set1_ps(dl), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q))));
+    }
+};
+
+} // namespace
+
+void dequantize_row_q2_K(const void* src, float* dst, int64_t n) {
+    dq::q2_K<Store512>(src, dst, n);
+}
+void dequantize_row_q3_K(const void* src, float* dst, int64_t n) {
+    dq::q3_K<Store512>(src, dst, n);
+}
+void dequantize_row_q5_K(const void* src, float* dst, int64_t n) {
+    dq::q5_K<Store512>(src, dst, n);
+}
+void dequantize_row_q4_1(const void* src, float* dst, int64_t n) {
+    dq::q4_1<Store512>(src, dst, n);
+}
+void dequantize_row_q5_0(const void* src, float* dst, int64_t n) {
+    dq::q5_0<Store512>(src, dst, n);
+}
+void dequantize_row_q5_1(const void* src, float* dst, int64_t n) {
+    dq::q5_1<Store512>(src, dst, n);
+}
+void dequantize_row_iq4_nl(const void* src, float* dst, int64_t n) {
+    dq::iq4_nl<Store512>(src, dst, n);
 }
 
 } // namespace gl::avx512_k

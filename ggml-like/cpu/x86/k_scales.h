@@ -1,4 +1,4 @@
-// Q4_K/Q5_K scale unpacking shared by the AVX2 and AVX-512 k-quant files
+// Q3_K/Q4_K/Q5_K scale unpacking shared by the AVX2 and AVX-512 k-quant files
 // (SSE/AVX2 instructions only). In an anonymous namespace: the two files are
 // compiled with different -m flags, and one shared inline copy could carry
 // AVX-512 instructions into the AVX2 path.
@@ -7,6 +7,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 
 namespace gl {
 namespace {
@@ -29,6 +30,25 @@ inline __m128i unpack_scales_k4(const uint8_t* s) {
     // (w >> 6 & 3) << 4 per byte is (w >> 2) & 0x30
     return _mm_or_si128(
         low, _mm_and_si128(_mm_srli_epi32(b, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030)));
+}
+
+// Q3_K's sixteen 6-bit scales minus 32, as signed bytes, from the 12 packed
+// bytes at `s` (blocks_k.h: low 4 bits of scale j are the low nibble of s[j]
+// for j < 8, the high nibble of s[j - 8] after; the top 2 are bits
+// 2 (j / 4), +1 of s[8 + j % 4]). Reads exactly the 12 bytes: the block's d
+// follows them, and after the last block of a row there may be nothing.
+inline __m128i unpack_scales_k3(const uint8_t* s) {
+    const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(s));
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    const __m128i lo =
+        _mm_unpacklo_epi64(_mm_and_si128(q, m4), _mm_and_si128(_mm_srli_epi16(q, 4), m4));
+    // Dword k holds s[8..11] shifted down by 2k: its byte j % 4 is scale j's top bits.
+    uint32_t top;
+    std::memcpy(&top, s + 8, sizeof top);
+    const __m128i w2 = _mm_set1_epi32(static_cast<int>(top));
+    const __m128i hi =
+        _mm_and_si128(_mm_srlv_epi32(w2, _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
+    return _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
 }
 
 } // namespace
