@@ -43,7 +43,7 @@ run() { # cpu, doctest args...
   qemu-aarch64 -cpu "$cpu" "$out/aarch64_tests" "$@"
 }
 echo "== NEON kernels (qemu -cpu max)"
-run max -tce='golden*'
+run max -tce='golden*,real:*'
 if [ "$goldens" = all ]; then
   echo "== goldens on the NEON path (qemu -cpu max): all"
   run max -tc='golden*'
@@ -52,4 +52,4 @@ else
   run max -tc='golden: every reference file*' -sc="$goldens"
 fi
 echo "== no dot-product instructions (qemu -cpu cortex-a72): scalar fallback kernels"
-run cortex-a72 -tce='golden*'
+run cortex-a72 -tce='golden*,real:*'

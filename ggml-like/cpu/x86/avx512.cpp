@@ -13,6 +13,7 @@
 //
 // Float rows use 512-bit registers with masked loads for the tail.
 #include "ggml-like/kernels.h"
+#include "ggml-like/cpu/q8_1.h"
 #include "ggml-like/blocks_k.h"
 #include "ggml-like/cpu/static_count.h"
 
@@ -684,21 +685,6 @@ void quantize_row_q8_0(const float* src, void* dst, int64_t n) {
     for (int64_t i = 0; i < n / QK8_0; i++) quantize_block_q8_0(src + i * QK8_0, b + i);
 }
 
-// Q8_1 (the activations of Q4_1 and Q5_1): Q8_0's d and q from the kernel
-// above, plus s = fp16(d * sum(q)) as the reference computes it.
-void quantize_row_q8_1(const float* src, void* dst, int64_t n) {
-    auto* b = static_cast<BlockQ8_1*>(dst);
-    for (int64_t i = 0; i < n / QK8_0; i++) {
-        BlockQ8_0 q;
-        quantize_block_q8_0(src + i * QK8_0, &q);
-        int sum = 0;
-        for (int8_t v : q.qs) sum += v;
-        b[i].d = q.d;
-        b[i].s = fp32_to_fp16(kFp16ToFp32[q.d] * static_cast<float>(sum));
-        std::memcpy(b[i].qs, q.qs, sizeof q.qs);
-    }
-}
-
 // vcvtps2ph rounds to nearest even and keeps NaN payloads like
 // gl::fp32_to_fp16: bit-identical to the reference.
 void quantize_row_f16(const float* src, void* dst, int64_t n) {
@@ -774,7 +760,7 @@ constexpr KernelTable make_table() {
     t.matvec[id(Type::Q4_0)] = matvec_rows4<Q4Rows>;
     t.matvec[id(Type::Q8_0)] = matvec_rows4<Q8Rows>;
     t.quantize_row[id(Type::Q8_0)] = quantize_row_q8_0;
-    t.quantize_row[id(Type::Q8_1)] = quantize_row_q8_1;
+    t.quantize_row[id(Type::Q8_1)] = quantize_row_q8_1<quantize_block_q8_0>;
     t.quantize_row[id(Type::F16)] = quantize_row_f16;
     t.dequantize_row[id(Type::F16)] = dequantize_row_f16;
     t.dequantize_row[id(Type::BF16)] = dequantize_row_bf16;
