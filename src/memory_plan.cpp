@@ -17,8 +17,8 @@ namespace {
 constexpr uint64_t kReserve = 64ull << 20;
 } // namespace
 
-MemoryPlan plan_memory(const GgufFile& f, const Hparams& hp, int64_t n_ctx, gl::Type tk, gl::Type tv, int batch,
-                       int threads) {
+MemoryPlan plan_memory(const GgufFile& f, const Hparams& hp, int64_t n_ctx, gl::Type tk,
+                       gl::Type tv, int batch, int threads) {
     MemoryPlan p;
     p.mem_available = mem_available_bytes();
     for (const auto& t : f.tensors()) {
@@ -31,9 +31,10 @@ MemoryPlan plan_memory(const GgufFile& f, const Hparams& hp, int64_t n_ctx, gl::
     p.kv = KvCache::ring_bytes_for(cache);
     const uint64_t b = static_cast<uint64_t>(std::min<int64_t>(batch, n_ctx));
     // Forward's buffers (see forward.h) plus attention scratch per thread and one logits row.
-    p.scratch = 4 * (b * (2ull * hp.n_embd + 3ull * hp.q_dim() + 2ull * hp.kv_dim() + 2ull * hp.n_ff) +
-                     static_cast<uint64_t>(threads) * (n_ctx + b + 2 * hp.kv_dim() + 512) + hp.n_vocab) +
-                b * 2 * (gl::row_size(tk, hp.kv_dim()) + gl::row_size(tv, hp.kv_dim()));
+    p.scratch =
+        4 * (b * (2ull * hp.n_embd + 3ull * hp.q_dim() + 2ull * hp.kv_dim() + 2ull * hp.n_ff) +
+             static_cast<uint64_t>(threads) * (n_ctx + b + 2 * hp.kv_dim() + 512) + hp.n_vocab) +
+        b * 2 * (gl::row_size(tk, hp.kv_dim()) + gl::row_size(tv, hp.kv_dim()));
     const uint64_t to_fault = p.weights > p.weights_resident ? p.weights - p.weights_resident : 0;
     const uint64_t used = to_fault + p.scratch + kReserve;
     p.kv_free = p.mem_available > used ? p.mem_available - used : 0;
@@ -52,8 +53,9 @@ GpuPlan plan_gpu(const GgufFile& f, const Hparams& hp, int64_t n_ctx, int64_t ke
     const int64_t window = n_ctx - g.keep;
     g.kv_window = kv_window > 0 && kv_window < window ? kv_window : 0;
     g.gpu_slots = g.kv_window > 0 ? g.keep + g.kv_window : n_ctx;
-    const bool tied = std::none_of(f.tensors().begin(), f.tensors().end(),
-                                   [](const GgufTensor& t) { return t.name == tensor_names::output; });
+    const bool tied = std::none_of(f.tensors().begin(), f.tensors().end(), [](const GgufTensor& t) {
+        return t.name == tensor_names::output;
+    });
     for (const GgufTensor& t : f.tensors()) {
         bool on_gpu = false;
         const std::optional<int> layer = tensor_names::layer_of(t.name);
@@ -63,12 +65,19 @@ GpuPlan plan_gpu(const GgufFile& f, const Hparams& hp, int64_t n_ctx, int64_t ke
             on_gpu = g.head_on_gpu;
         (on_gpu ? g.weights_gpu : g.weights_host) += t.nbytes;
     }
-    KvCacheConfig one_layer = KvCacheConfig::for_model(hp, 0, 0, tk, tv);
-    one_layer.n_layer = 1;
-    const uint64_t row = KvCache::bytes_per_token(one_layer); // K + V row bytes of one layer
-    g.kv_gpu = static_cast<uint64_t>(g.n_gpu_layers) * g.gpu_slots * row;
-    g.kv_host = static_cast<uint64_t>(hp.n_layer) * n_ctx * row;
-    g.kv_cold = static_cast<uint64_t>(g.n_gpu_layers) * (n_ctx - g.gpu_slots) * row;
+    // Per layer, as the cache sizes its rings (a sliding-window layer's is
+    // smaller): the host holds every layer's; an offloaded layer's device
+    // mirror holds its whole ring, or with a window the sinks and newest W.
+    const KvCacheConfig cache =
+        KvCacheConfig::for_model(hp, static_cast<int>(n_ctx), static_cast<int>(g.keep), tk, tv);
+    const uint64_t row =
+        KvCache::bytes_per_token(cache) / static_cast<uint64_t>(hp.n_layer); // K + V of one slot
+    g.kv_host = KvCache::ring_bytes_for(cache);
+    for (int l = 0; l < g.n_gpu_layers; l++) {
+        const int64_t slots = cache.slots(l), on_gpu = std::min<int64_t>(slots, g.gpu_slots);
+        g.kv_gpu += static_cast<uint64_t>(on_gpu) * row;
+        g.kv_cold += static_cast<uint64_t>(slots - on_gpu) * row;
+    }
     if (g.n_gpu_layers > 0) {
         // The backend's device memory besides weights and KV (ggml-like/cuda/):
         // twins of Forward's activation buffers (forward.h: residual, norm
@@ -95,9 +104,9 @@ std::string memory_advice(const MemoryPlan& p, const Hparams& hp, int64_t n_prom
     std::ostringstream s;
     const uint64_t to_fault = p.weights > p.weights_resident ? p.weights - p.weights_resident : 0;
     s << "the KV cache for " << p.n_ctx << " tokens needs " << human_bytes(p.kv) << " but only "
-      << human_bytes(p.kv_free) << " is free for it (available "
-      << human_bytes(p.mem_available) << ", less " << human_bytes(to_fault)
-      << " of weights still to load and " << human_bytes(p.scratch + kReserve) << " of buffers)";
+      << human_bytes(p.kv_free) << " is free for it (available " << human_bytes(p.mem_available)
+      << ", less " << human_bytes(to_fault) << " of weights still to load and "
+      << human_bytes(p.scratch + kReserve) << " of buffers)";
     if (p.max_ctx_that_fits > n_prompt) s << "; -c " << p.max_ctx_that_fits << " would fit";
     // q8_0 K and V: 34 bytes per 32 elements
     const KvCacheConfig q8 = KvCacheConfig::for_model(hp, 0, 0, gl::Type::Q8_0, gl::Type::Q8_0);

@@ -52,8 +52,8 @@ struct GpuPlan {
     int64_t gpu_slots = 0;                      // KV rows per offloaded layer on the GPU
     uint64_t weights_gpu = 0;                   // matrices copied to the device
     uint64_t weights_host = 0; // the rest of the tensor bytes, used from the mapping
-    uint64_t kv_gpu = 0;       // n_gpu_layers × gpu_slots × (K + V row bytes)
-    uint64_t kv_host = 0;      // the host ring: n_layer × n_ctx × (K + V row bytes)
+    uint64_t kv_gpu = 0;       // per offloaded layer min(its slots, gpu_slots) × (K + V row bytes)
+    uint64_t kv_host = 0;      // the host rings: KvCache::ring_bytes_for
     uint64_t kv_cold = 0;      // of kv_host, the offloaded layers' slots attended on the CPU
     uint64_t scratch_gpu = 0;  // device activations and attention partials (estimate)
     uint64_t gpu_total() const { return weights_gpu + kv_gpu + scratch_gpu; }

@@ -22,11 +22,16 @@ int run_info(int argc, char** argv) {
     CommonOptions c;
     int64_t n_ctx = 0;
     bool json = false;
-    CLI::App app{"kvrun info: model architecture, tensor types, sizes and KV cache cost", "kvrun info"};
+    CLI::App app{"kvrun info: model architecture, tensor types, sizes and KV cache cost",
+                 "kvrun info"};
     add_model_option(app, c);
-    app.add_option("-c,--ctx-size", n_ctx, "context size to cost (default: the model's trained context)")->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
-    app.add_option("--cache-type-k,--ctk", c.cache_type_k, "KV cache type for K")->capture_default_str();
-    app.add_option("--cache-type-v,--ctv", c.cache_type_v, "KV cache type for V")->capture_default_str();
+    app.add_option("-c,--ctx-size", n_ctx,
+                   "context size to cost (default: the model's trained context)")
+        ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+    app.add_option("--cache-type-k,--ctk", c.cache_type_k, "KV cache type for K")
+        ->capture_default_str();
+    app.add_option("--cache-type-v,--ctv", c.cache_type_v, "KV cache type for V")
+        ->capture_default_str();
     app.add_option("--device", c.device,
                    "plan for this device: cpu, cuda or cuda:N (default: cpu, or cuda with -ngl)");
     add_offload_options(app, c);
@@ -45,7 +50,8 @@ int run_info(int argc, char** argv) {
     std::string unsupported;
     for (const auto& t : file.tensors()) {
         weight_bytes += t.nbytes;
-        if (!gl::type_info(t.type).supported && unsupported.find(gl::type_name(t.type)) == std::string::npos)
+        if (!gl::type_info(t.type).supported &&
+            unsupported.find(gl::type_name(t.type)) == std::string::npos)
             unsupported += std::string(unsupported.empty() ? "" : ", ") + gl::type_name(t.type);
     }
     if (n_ctx == 0) n_ctx = hp.n_ctx_train;
@@ -65,16 +71,17 @@ int run_info(int argc, char** argv) {
         uint64_t bytes = 0;
     };
     std::vector<KvKind> kinds;
-    {
-        const int n_swa = kv_cfg.swa_count();
-        const uint64_t slot_bytes = per_token / static_cast<uint64_t>(hp.n_layer);
-        if (hp.n_layer - n_swa > 0)
-            kinds.push_back({"global", hp.n_layer - n_swa, n_ctx, slot_bytes * (hp.n_layer - n_swa) * n_ctx});
-        if (n_swa > 0) {
-            const int64_t slots = std::min<int64_t>(hp.swa_window, n_ctx);
-            kinds.push_back({"sliding_window", n_swa, slots, slot_bytes * n_swa * slots});
-        }
+    const uint64_t slot_bytes = per_token / static_cast<uint64_t>(hp.n_layer); // K + V of one slot
+    for (int l = 0; l < hp.n_layer; l++) {
+        const char* kind = kv_cfg.is_swa(l) ? "sliding_window" : "global";
+        auto k = std::find_if(kinds.begin(), kinds.end(),
+                              [&](const KvKind& x) { return x.kind == kind; });
+        if (k == kinds.end()) k = kinds.insert(kinds.end(), KvKind{kind, 0, kv_cfg.slots(l), 0});
+        k->layers++;
+        k->bytes += slot_bytes * static_cast<uint64_t>(kv_cfg.slots(l));
     }
+    std::stable_partition(kinds.begin(), kinds.end(),
+                          [](const KvKind& k) { return k.kind == std::string("global"); });
     const uint64_t file_size = file.file_size();
 
     const MemoryPlan plan = plan_memory(file, hp, n_ctx, tk, tv, 512, resolve_threads(0));
@@ -92,21 +99,40 @@ int run_info(int argc, char** argv) {
     const bool have_gpu =
         gl::cuda_available(&no_gpu) && gl::cuda_memory_info(dev_id, &dev_free, &dev_total);
     if (json) {
-        nlohmann::json j = {
-            {"architecture", hp.arch}, {"n_vocab", hp.n_vocab}, {"n_embd", hp.n_embd}, {"n_layer", hp.n_layer},
-            {"n_head", hp.n_head}, {"n_head_kv", hp.n_head_kv}, {"head_dim", hp.head_dim}, {"n_ff", hp.n_ff},
-            {"n_ctx_train", hp.n_ctx_train}, {"rope_base", hp.rope_base}, {"tensor_types", type_counts},
-            {"file_bytes", file_size}, {"weight_bytes", weight_bytes},
-            {"kv", {{"n_ctx", n_ctx}, {"type_k", gl::type_name(tk)}, {"type_v", gl::type_name(tv)},
-                    {"bytes_per_token", per_token}, {"bytes", kv_total}, {"uniform_bytes", kv_uniform}}},
-            {"total_bytes", weight_bytes + kv_total}, {"runnable", unsupported.empty()},
-            {"unsupported_types", unsupported},
-            {"memory", {{"available_bytes", plan.mem_available}, {"weights_resident_bytes", plan.weights_resident},
-                        {"scratch_bytes", plan.scratch}, {"kv_bytes", plan.kv}, {"fits", plan.fits()},
-                        {"max_ctx_that_fits", plan.max_ctx_that_fits}}}};
+        nlohmann::json j = {{"architecture", hp.arch},
+                            {"n_vocab", hp.n_vocab},
+                            {"n_embd", hp.n_embd},
+                            {"n_layer", hp.n_layer},
+                            {"n_head", hp.n_head},
+                            {"n_head_kv", hp.n_head_kv},
+                            {"head_dim", hp.head_dim},
+                            {"n_ff", hp.n_ff},
+                            {"n_ctx_train", hp.n_ctx_train},
+                            {"rope_base", hp.rope_base},
+                            {"tensor_types", type_counts},
+                            {"file_bytes", file_size},
+                            {"weight_bytes", weight_bytes},
+                            {"kv",
+                             {{"n_ctx", n_ctx},
+                              {"type_k", gl::type_name(tk)},
+                              {"type_v", gl::type_name(tv)},
+                              {"bytes_per_token", per_token},
+                              {"bytes", kv_total},
+                              {"uniform_bytes", kv_uniform}}},
+                            {"total_bytes", weight_bytes + kv_total},
+                            {"runnable", unsupported.empty()},
+                            {"unsupported_types", unsupported},
+                            {"memory",
+                             {{"available_bytes", plan.mem_available},
+                              {"weights_resident_bytes", plan.weights_resident},
+                              {"scratch_bytes", plan.scratch},
+                              {"kv_bytes", plan.kv},
+                              {"fits", plan.fits()},
+                              {"max_ctx_that_fits", plan.max_ctx_that_fits}}}};
         nlohmann::json layer_kinds = nlohmann::json::array();
         for (const KvKind& k : kinds)
-            layer_kinds.push_back({{"kind", k.kind}, {"layers", k.layers}, {"slots", k.slots}, {"bytes", k.bytes}});
+            layer_kinds.push_back(
+                {{"kind", k.kind}, {"layers", k.layers}, {"slots", k.slots}, {"bytes", k.bytes}});
         j["kv"]["layer_kinds"] = layer_kinds;
         if (hp.swa_window > 0) j["kv"]["sliding_window"] = hp.swa_window;
         nlohmann::json dev = nullptr;
@@ -129,38 +155,44 @@ int run_info(int argc, char** argv) {
         return 0;
     }
     std::string types;
-    for (const auto& [name, count] : type_counts) types += fmt::format("{}{} × {}", types.empty() ? "" : ", ", count, name);
+    for (const auto& [name, count] : type_counts)
+        types += fmt::format("{}{} × {}", types.empty() ? "" : ", ", count, name);
     fmt::print("model:        {}\n", c.model);
     fmt::print("architecture: {} (GGUF v{})\n", hp.arch, file.version());
-    fmt::print("dimensions:   {} layers, width {}, {} heads / {} KV heads of {}, FFN {}, vocab {}\n", hp.n_layer,
-               hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff, hp.n_vocab);
-    fmt::print("context:      {} tokens trained; RoPE base {}, {} dims{}\n", hp.n_ctx_train, hp.rope_base,
-               hp.rope_dims, hp.rope_neox ? " (neox)" : "");
+    fmt::print(
+        "dimensions:   {} layers, width {}, {} heads / {} KV heads of {}, FFN {}, vocab {}\n",
+        hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff, hp.n_vocab);
+    fmt::print("context:      {} tokens trained; RoPE base {}, {} dims{}\n", hp.n_ctx_train,
+               hp.rope_base, hp.rope_dims, hp.rope_neox ? " (neox)" : "");
     if (file.tensor(std::string(tensor_names::rope_factors_long)))
         fmt::print("LongRoPE:     short factors up to {} tokens, long ones past it ({} at -c {}); "
                    "attention factor {:.4g}\n",
                    hp.rope_orig_ctx, n_ctx > hp.rope_orig_ctx ? "long" : "short", n_ctx,
                    hp.rope_attn_factor);
     fmt::print("tensors:      {}\n", types);
-    if (!unsupported.empty()) fmt::print("runnable:     no (tensor types not supported yet: {})\n", unsupported);
+    if (!unsupported.empty())
+        fmt::print("runnable:     no (tensor types not supported yet: {})\n", unsupported);
     fmt::print("file size:    {} ({} bytes); weights {}\n", human_bytes(file_size), file_size,
                human_bytes(weight_bytes));
-    fmt::print("KV per token: {} = {} layers × {} KV heads × {} dims × ({} + {} bytes)\n", human_bytes(per_token),
-               hp.n_layer, hp.n_head_kv, hp.head_dim, bytes_k / hp.kv_dim(), bytes_v / hp.kv_dim());
+    fmt::print("KV per token: {} = {} layers × {} KV heads × {} dims × ({} + {} bytes)\n",
+               human_bytes(per_token), hp.n_layer, hp.n_head_kv, hp.head_dim, bytes_k / hp.kv_dim(),
+               bytes_v / hp.kv_dim());
     if (kinds.size() > 1) {
         std::string parts;
         for (const KvKind& k : kinds)
             parts += fmt::format("{}{} {} × {} slots = {}", parts.empty() ? "" : "; ", k.layers,
-                                 k.kind == std::string("global") ? "global" : "sliding-window", k.slots,
-                                 human_bytes(k.bytes));
+                                 k.kind == std::string("global") ? "global" : "sliding-window",
+                                 k.slots, human_bytes(k.bytes));
         fmt::print("KV layers:    {} (window {})\n", parts, hp.swa_window);
     }
-    fmt::print("KV at -c {}: {} ({} bytes){}; weights + KV = {}\n", n_ctx, human_bytes(kv_total), kv_total,
-               kv_uniform != kv_total ? fmt::format(", {} with every layer at {} slots", human_bytes(kv_uniform), n_ctx)
+    fmt::print("KV at -c {}: {} ({} bytes){}; weights + KV = {}\n", n_ctx, human_bytes(kv_total),
+               kv_total,
+               kv_uniform != kv_total ? fmt::format(", {} with every layer at {} slots",
+                                                    human_bytes(kv_uniform), n_ctx)
                                       : std::string(),
                human_bytes(weight_bytes + kv_total));
-    fmt::print("memory:       {} available, weights {} resident; {}\n", human_bytes(plan.mem_available),
-               human_bytes(plan.weights_resident),
+    fmt::print("memory:       {} available, weights {} resident; {}\n",
+               human_bytes(plan.mem_available), human_bytes(plan.weights_resident),
                plan.fits() ? fmt::format("fits (up to -c {})", plan.max_ctx_that_fits)
                            : "does not fit: " + memory_advice(plan, hp, 0));
     if (gp.n_gpu_layers > 0) {
