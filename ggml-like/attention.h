@@ -57,6 +57,14 @@ struct AttentionArgs {
     // that a prompt's results do not depend on how it was batched (a prompt
     // cache hit evaluates its tail apart from its head).
     bool half_ok = false;
+    // --deterministic: each query's keys in position order, in chunks at
+    // fixed positions, each chunk gathered as F32 rows from wherever its keys
+    // are (ring slots or the batch's own rows), one work item per (token,
+    // head group). The output then depends on the positions and values alone:
+    // not on how the tokens were batched, the thread count, or whether the
+    // earlier positions came from this call, an earlier one or a prompt-cache
+    // file. Ignores half_ok; attention() only (not attention_partial).
+    bool batch_invariant = false;
 
     float* out = nullptr;     // [n_tok][n_head][head_dim]
     float* scratch = nullptr; // attention_scratch_floats(...)

@@ -54,6 +54,9 @@ class Backend {
     virtual void attention(const AttentionArgs& a) = 0;
     // Whether attention() reads head-major slots (AttentionArgs::k_head_bytes, v_slot_bytes).
     virtual bool head_major_kv() const { return false; }
+    // Whether every output of a token is independent of its batch and the thread
+    // count (make_cpu_backend's batch_invariant, --deterministic).
+    virtual bool batch_invariant() const { return false; }
 
     virtual MemoryUse memory_use() const { return {}; }
 
@@ -95,6 +98,10 @@ class Backend {
 };
 
 // "cpu" or "cuda". Throws std::runtime_error for a device this build lacks.
-std::unique_ptr<Backend> make_cpu_backend(int n_threads);
+// batch_invariant (--deterministic): every output of a token is the same
+// whatever the batch it was evaluated in and the thread count (dot-product
+// matmuls, AttentionArgs::batch_invariant, row-layout KV), at the cost of the
+// prompt paths' tiles.
+std::unique_ptr<Backend> make_cpu_backend(int n_threads, bool batch_invariant = false);
 
 } // namespace gl

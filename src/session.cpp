@@ -66,7 +66,13 @@ void Session::clear() {
 // Cached keys depend on the file and, for LongRoPE, on which factors this context uses.
 uint64_t Session::model_digest() const {
     const bool long_rope = lm_.model.rope(kv_.n_ctx()).inv_freq != lm_.model.rope_inv_freq.data();
-    return kvrun::model_digest(lm_.file) ^ (long_rope ? 0x4c6f6e67526f5045ull : 0);
+    // K/V made by the batch-invariant arithmetic (--deterministic) only serve
+    // runs in that mode, and the other way round: reuse must not change a
+    // deterministic run's tokens.
+    const auto& be = fwd_.placement().layers;
+    const bool invariant = std::all_of(be.begin(), be.end(), [](const gl::Backend* b) { return b->batch_invariant(); });
+    return kvrun::model_digest(lm_.file) ^ (long_rope ? 0x4c6f6e67526f5045ull : 0) ^
+           (invariant ? 0x44657465726d696eull : 0);
 }
 
 PromptCacheLoad Session::load_prompt_cache(const std::string& path, uint64_t digest,

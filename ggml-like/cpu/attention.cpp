@@ -393,7 +393,7 @@ void attend_heads(const AttentionArgs& a, const uint8_t* new_tiles, int t, int h
                 prefetch && half_k && half_v && k_tiles && v_hm && v_stride == hd * ve;
             if (pf_in_kernels) {
                 const size_t kb = static_cast<size_t>(hd) * ke; // a key's bytes in tiles
-                for (; k_until < next_end; k_until++) // the next chunk's keys, once a run
+                for (; k_until < next_end; k_until++)           // the next chunk's keys, once a run
                     for (size_t b = 0; b < kb; b += 64)
                         __builtin_prefetch(k_base + k_until * kb + b);
                 const int k_end = std::min(run.e, next_end + chunk_keys);
@@ -566,6 +566,163 @@ bool prompt_on_tiles(ThreadPool& pool, const AttentionArgs& a, const KeySubset& 
 }
 #endif
 
+// --deterministic (AttentionArgs::batch_invariant). Keys per chunk: a
+// constant (never a function of the batch), small enough that a chunk's K
+// and V as F32 plus one dequantized head fit the work area.
+constexpr int kInOrderChunk = 32;
+
+// Heads [h0, h0 + nh) of one KV head of token t over the keys it sees, in
+// position order: the sinks one at a time (pre-rotated, with the unrotated
+// query) once the window has slid, then the window in chunks of positions
+// [c, c + kInOrderChunk) for c a multiple of kInOrderChunk. `at` (n_ctx
+// ints) maps each position in view to where its key is: a slot (>= 0), the
+// batch's row u (-(u + 2)) or nowhere (-1).
+void attend_in_order(const AttentionArgs& a, int t, int h0, int nh, int32_t* at, float* sc,
+                     float* work) {
+    const int hd = a.head_dim, kv_dim = a.n_head_kv * hd;
+    const int kvh = h0 / (a.n_head / a.n_head_kv);
+    const int64_t p = a.pos[t];
+    const bool slid = p >= a.n_ctx;
+    const int64_t lo = slid ? p - a.window + 1 : 0;
+    const int n_sink = slid ? a.n_sink : 0;
+    // Position -> index in `at`: the sinks, then the window from lo.
+    auto index = [&](int64_t q) -> int64_t {
+        if (q > p) return -1;
+        if (q < n_sink) return q;
+        return q >= lo ? n_sink + (q - lo) : -1;
+    };
+    const int64_t n_at = n_sink + (p - lo + 1);
+    std::fill(at, at + n_at, -1);
+    for (int s = 0; a.slot_pos && s < a.n_ctx; s++) {
+        const int64_t i = a.slot_pos[s] >= 0 ? index(a.slot_pos[s]) : -1;
+        if (i >= 0) at[i] = s;
+    }
+    for (int u = 0; u <= t; u++) {
+        const int64_t i = index(a.pos[u]);
+        if (i >= 0) at[i] = -(u + 2);
+    }
+
+    const HeadReader kr(a.k_type, hd), vr(a.v_type, hd);
+    float* k_tile = work;
+    float* v_tile = k_tile + kInOrderChunk * hd;
+    float* tmp = v_tile + kInOrderChunk * hd; // one dequantized head (hd + 2 blocks)
+    // Key or value of entry e as F32 at dst.
+    auto gather = [&](const HeadReader& r, const void* slots, const void* batch, size_t row_bytes,
+                      int32_t e, float* dst) {
+        const uint8_t* row = e >= 0 ? static_cast<const uint8_t*>(slots) + e * row_bytes
+                                    : static_cast<const uint8_t*>(batch) + (-e - 2) * row_bytes;
+        if (r.in_place())
+            cpu::rows_to_f32(r.type, hd, row + kvh * hd * r.elem_bytes, row_bytes, 1, dst);
+        else
+            std::memcpy(dst, r.head(row, kvh, tmp), sizeof(float) * hd);
+    };
+
+    float m[kSubGroup], l[kSubGroup];
+    float* out[kSubGroup];
+    const float* q[kSubGroup];
+    for (int j = 0; j < nh; j++) {
+        const int64_t qi = (static_cast<int64_t>(t) * a.n_head + h0 + j) * hd;
+        m[j] = -INFINITY;
+        l[j] = 0;
+        out[j] = a.out + qi;
+        q[j] = a.q + qi;
+        std::memset(out[j], 0, sizeof(float) * hd);
+    }
+    // Scores sc[j * kChunkKeys + i] of the n keys whose values are in v_tile:
+    // an online softmax step, as attend_heads takes.
+    auto fold = [&](int n) {
+        for (int j = 0; j < nh; j++) {
+            float* s = sc + j * kChunkKeys;
+            const float cm = std::max(m[j], cpu::max_of(s, n));
+            if (cm == -INFINITY) {
+                std::fill(s, s + n, 0.0f);
+                continue;
+            }
+            if (cm > m[j]) {
+                const float f = m[j] == -INFINITY ? 0.0f : std::exp(m[j] - cm);
+                for (int d = 0; d < hd; d++) out[j][d] *= f;
+                l[j] *= f;
+                m[j] = cm;
+            }
+            l[j] += cpu::exp_sum(s, n, m[j]);
+        }
+        cpu::axpy_heads(Type::F32, hd, v_tile, sizeof(float) * hd, n, sc, kChunkKeys, nh, out);
+    };
+    for (int i = 0; i < n_sink; i++) {
+        if (at[i] < 0) continue; // a sink in the batch itself: seen as an ordinary key below
+        const float* k = a.sink_k + static_cast<int64_t>(i) * kv_dim + kvh * hd;
+        for (int j = 0; j < nh; j++)
+            sc[j * kChunkKeys] =
+                cpu::vec_dot(Type::F32, hd, k,
+                             a.q_unrot + (static_cast<int64_t>(t) * a.n_head + h0 + j) * hd) *
+                a.scale;
+        gather(vr, a.v_slots, a.v_new, a.v_row_bytes, at[i], v_tile);
+        fold(1);
+    }
+    auto gather_chunk = [&](int64_t c0, int64_t c1) {
+        int n = 0;
+        for (int64_t kp = c0; kp < c1; kp++) {
+            const int32_t e = at[index(kp)];
+            if (e == -1) continue;
+            gather(kr, a.k_slots, a.k_new, a.k_row_bytes, e, k_tile + n * hd);
+            gather(vr, a.v_slots, a.v_new, a.v_row_bytes, e, v_tile + n * hd);
+            n++;
+        }
+        return n;
+    };
+    // Batch keys among the sinks (never in practice: a batch that reaches
+    // past the window starts after the sinks) as ordinary keys.
+    for (int i = 0; i < n_sink; i++)
+        if (at[i] < -1) {
+            gather(kr, a.k_slots, a.k_new, a.k_row_bytes, at[i], k_tile);
+            gather(vr, a.v_slots, a.v_new, a.v_row_bytes, at[i], v_tile);
+            for (int j = 0; j < nh; j++)
+                cpu::dot_rows(Type::F32, hd, k_tile, sizeof(float) * hd, 1, q[j], a.scale,
+                              sc + j * kChunkKeys);
+            fold(1);
+        }
+    for (int64_t c = lo / kInOrderChunk * kInOrderChunk; c <= p; c += kInOrderChunk) {
+        const int n = gather_chunk(std::max(c, lo), std::min(p + 1, c + kInOrderChunk));
+        if (n == 0) continue;
+        for (int j = 0; j < nh; j++)
+            cpu::dot_rows(Type::F32, hd, k_tile, sizeof(float) * hd, n, q[j], a.scale,
+                          sc + j * kChunkKeys);
+        fold(n);
+    }
+    for (int j = 0; j < nh; j++) {
+        if (m[j] == -INFINITY) continue; // nothing visible: a zero output
+        const float inv = 1.0f / l[j];
+        for (int d = 0; d < hd; d++) out[j][d] *= inv;
+    }
+}
+
+void attend_all_in_order(ThreadPool& pool, const AttentionArgs& a) {
+    // Row-layout slots only (a batch-invariant backend asks KvCache for rows),
+    // and heads whose two F32 chunks and one dequantized head fit the work area.
+    if (a.k_head_bytes || a.v_slot_bytes || a.head_dim > 256) std::abort();
+    const int64_t per_thread =
+        attention_scratch_per_thread(a.n_ctx, a.n_tok, a.n_head_kv * a.head_dim, a.head_dim);
+    const int n_rep = a.n_head / a.n_head_kv;
+    const int subs = (n_rep + kSubGroup - 1) / kSubGroup;
+    const int per_tok = a.n_head_kv * subs;
+    pool.parallel_for(
+        static_cast<int64_t>(a.n_tok) * per_tok,
+        [&](int64_t b, int64_t e, int ith) {
+            const auto at0 = reinterpret_cast<uintptr_t>(a.scratch + ith * per_thread);
+            float* sc = reinterpret_cast<float*>((at0 + 63) & ~uintptr_t{63});
+            float* work = sc + attention_scores_floats(a.n_ctx, a.n_tok);
+            auto* at = reinterpret_cast<int32_t*>(sc + per_thread -
+                                                  kAttentionRunFloats * (a.n_ctx + a.n_tok));
+            for (int64_t w = b; w < e; w++) {
+                const int t = static_cast<int>(w / per_tok), i = static_cast<int>(w % per_tok);
+                const int g = i / subs, sub = i % subs;
+                attend_in_order(a, t, g * n_rep + sub * kSubGroup,
+                                std::min(kSubGroup, n_rep - sub * kSubGroup), at, sc, work);
+            }
+        },
+        static_cast<int64_t>(a.n_tok) * (a.n_ctx + a.n_tok) * a.n_head * a.head_dim * 2);
+}
+
 void attend_all(ThreadPool& pool, const AttentionArgs& a, const KeySubset& keys, float* lse) {
     const int64_t per_thread =
         attention_scratch_per_thread(a.n_ctx, a.n_tok, a.n_head_kv * a.head_dim, a.head_dim);
@@ -671,6 +828,7 @@ void attend_all(ThreadPool& pool, const AttentionArgs& a, const KeySubset& keys,
 } // namespace
 
 void attention(ThreadPool& pool, const AttentionArgs& a) {
+    if (a.batch_invariant) return attend_all_in_order(pool, a);
     attend_all(pool, a, KeySubset{}, nullptr);
 }
 

@@ -13,9 +13,12 @@ namespace {
 
 class CpuBackend final : public Backend {
   public:
-    explicit CpuBackend(int n_threads) : pool_(n_threads) {}
+    CpuBackend(int n_threads, bool batch_invariant)
+        : pool_(n_threads), batch_invariant_(batch_invariant) {}
 
-    std::string name() const override { return std::string("cpu/") + cpu::isa_name(); }
+    std::string name() const override {
+        return std::string("cpu/") + cpu::isa_name() + (batch_invariant_ ? " (deterministic)" : "");
+    }
     int n_threads() const override { return pool_.size(); }
     uint64_t handoffs() const override { return pool_.handoffs(); }
 
@@ -25,7 +28,7 @@ class CpuBackend final : public Backend {
     }
 
     void matmul(const Tensor& w, const float* x, int64_t n_tok, float* y) override {
-        ops::matmul(pool_, w, x, n_tok, y, matmul_scratch_.data());
+        ops::matmul(pool_, w, x, n_tok, y, matmul_scratch_.data(), !batch_invariant_);
     }
 
     void rmsnorm(const float* x, const float* w, int64_t n, int64_t rows, float eps,
@@ -63,23 +66,29 @@ class CpuBackend final : public Backend {
             cpu::quantize_row(t, x + r * n, static_cast<uint8_t*>(dst) + r * rb, n);
     }
 
-    bool head_major_kv() const override { return true; }
+    // Key tiles serve the tuned kernels; the batch-invariant attention reads rows.
+    bool head_major_kv() const override { return !batch_invariant_; }
+    bool batch_invariant() const override { return batch_invariant_; }
     void attention(const AttentionArgs& a) override {
         AttentionArgs args = a;
         args.scratch = att_scratch_.data();
+        args.batch_invariant = batch_invariant_;
         gl::attention(pool_, args);
     }
 
   private:
     ThreadPool pool_;
+    // --deterministic: dot-product matmuls only and AttentionArgs::batch_invariant,
+    // so that no result depends on the batch or the thread count.
+    bool batch_invariant_ = false;
     std::vector<uint8_t> matmul_scratch_;
     std::vector<float> att_scratch_;
 };
 
 } // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(int n_threads) {
-    return std::make_unique<CpuBackend>(n_threads);
+std::unique_ptr<Backend> make_cpu_backend(int n_threads, bool batch_invariant) {
+    return std::make_unique<CpuBackend>(n_threads, batch_invariant);
 }
 
 } // namespace gl

@@ -88,8 +88,8 @@ size_t matmul_scratch_bytes(Type weight, int64_t n_in, int64_t n_tok, int n_thre
 }
 
 void matmul(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, float* y,
-            void* scratch) {
-    if (gemm::applies(w.type, w.ne0, n_tok))
+            void* scratch, bool tiles_ok) {
+    if (tiles_ok && gemm::applies(w.type, w.ne0, n_tok))
         return gemm::matmul_tiles(pool, w, x, n_tok, y, scratch);
     const Type at = vec_dot_type(w.type);
     const int64_t n_in = w.ne0, n_out = w.ne1;

@@ -34,7 +34,10 @@ size_t matmul_scratch_bytes(Type weight, int64_t n_in, int64_t n_tok, int n_thre
 // y[t][r] = dot(W.row(r), x[t]) for t < n_tok, r < W.ne1.
 // x: n_tok rows of W.ne0 floats; y: n_tok rows of W.ne1 floats. Batches go to
 // gemm::matmul_tiles where it applies, else one dot product per (row, token).
-void matmul(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, float* y, void* scratch);
+// With tiles_ok false, always the dot products: each token's outputs are then
+// the same whatever the batch (--deterministic).
+void matmul(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, float* y, void* scratch,
+            bool tiles_ok = true);
 
 // Weight rows per work unit of matmul's parallel loop (one dot product per
 // row and token): enough to amortize the loop, small enough that both

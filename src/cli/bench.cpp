@@ -120,7 +120,7 @@ int run_bench(int argc, char** argv) {
     std::string device;    // "" = cpu, or cuda with -ngl
     CommonOptions offload; // -ngl, --kv-gpu-window
     int reps = 5, batch = 512;
-    bool json = false, profile = false;
+    bool json = false, profile = false, deterministic = false;
     // The lab's measurements moved to kvrun-lab (tools/): say where, rather
     // than CLI11's "unrecognized option", to whoever still passes them.
     static const std::pair<const char*, const char*> kMoved[] = {
@@ -151,6 +151,8 @@ int run_bench(int argc, char** argv) {
         "rest, with the bytes each reads and the rate it reads them at (--json: also the "
         "thread pool's hand-offs per generated token)");
     app.add_flag("--json", json, "print JSON instead of a markdown table");
+    app.add_flag("--deterministic", deterministic,
+                 "measure the batch-invariant arithmetic of --deterministic (CPU)");
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
@@ -187,8 +189,9 @@ int run_bench(int argc, char** argv) {
                    "kvrun bench: {}: {} weights, {} kernels, prompt batches on {}, generated "
                    "tokens' F16 attention in {} products\n",
                    name, gl::type_name(wt), gl::cpu::isa_name(),
-                   gl::gemm::path_name(gl::gemm::path_for(wt, hp.n_embd, batch)),
-                   gl::attention_half_products() ? "f16" : "f32");
+                   deterministic ? "dot products (--deterministic)"
+                                 : gl::gemm::path_name(gl::gemm::path_for(wt, hp.n_embd, batch)),
+                   !deterministic && gl::attention_half_products() ? "f16" : "f32");
         std::mt19937 rng(42);
         const int max_pp = pps.empty() ? 0 : *std::max_element(pps.begin(), pps.end());
         const int max_tg = tgs.empty() ? 0 : *std::max_element(tgs.begin(), tgs.end());
@@ -202,6 +205,7 @@ int run_bench(int argc, char** argv) {
             co.device = device;
             co.n_gpu_layers = offload.n_gpu_layers;
             co.kv_gpu_window = offload.kv_gpu_window;
+            co.deterministic = deterministic;
             const Backends be = make_backends(co, threads, hp);
             if (profile && be.gpu)
                 fail(Exit::usage,

@@ -101,6 +101,9 @@ void add_runtime_options(CLI::App& app, CommonOptions& o) {
         "--device", o.device,
         "where to compute: cpu, cuda or cuda:N (GPU N) (default: cpu, or cuda with -ngl)");
     add_offload_options(app, o);
+    app.add_flag("--deterministic", o.deterministic,
+                 "the same tokens whatever -b, -t, a reused prompt cache or chat history "
+                 "(CPU only; slower prompts, see README)");
 }
 
 void add_offload_options(CLI::App& app, CommonOptions& o) {
@@ -154,7 +157,8 @@ std::unique_ptr<gl::Backend> make_cuda(const std::string& d, const std::string& 
 
 std::unique_ptr<gl::Backend> make_backend(const CommonOptions& o, int threads) {
     const std::string& d = o.device;
-    if (d.empty() || d == "cpu") return gl::make_cpu_backend(threads);
+    if (d.empty() || d == "cpu") return gl::make_cpu_backend(threads, o.deterministic);
+    if (o.deterministic) fail(Exit::usage, "--deterministic runs on the CPU only (not with --device {})", d);
     if (is_cuda_device(d)) return make_cuda(d, "--device " + d, {o.kv_gpu_window, threads});
     fail(Exit::usage, "--device {}: unknown device (use cpu, cuda or cuda:N)", d);
 }
@@ -213,6 +217,8 @@ Backends make_backends(const CommonOptions& o, int threads, const Hparams& hp) {
     if (o.kv_gpu_window > 0 && !hp.swa_layers.empty())
         fail(Exit::usage, "--kv-gpu-window is not supported yet for models with sliding-window layers ({})",
              hp.arch);
+    if (o.deterministic && b.n_gpu_layers > 0)
+        fail(Exit::usage, "--deterministic runs on the CPU only (not with -ngl or --device cuda)");
     if (b.n_gpu_layers > 0) {
         const std::string d = is_cuda_device(o.device) ? o.device : "cuda";
         const std::string what =
@@ -220,7 +226,7 @@ Backends make_backends(const CommonOptions& o, int threads, const Hparams& hp) {
         b.gpu = make_cuda(d, what, {o.kv_gpu_window, threads});
         b.kv_gpu_window = o.kv_gpu_window;
     }
-    if (b.n_gpu_layers < n_layer) b.cpu = gl::make_cpu_backend(threads);
+    if (b.n_gpu_layers < n_layer) b.cpu = gl::make_cpu_backend(threads, o.deterministic);
     return b;
 }
 

@@ -27,10 +27,11 @@ struct CommonOptions {
     std::string device;       // --device: cpu, cuda or cuda:N; "" = cpu (cuda with -ngl N)
     std::string n_gpu_layers; // -ngl N | all; "" = all with --device cuda, none on the CPU
     int kv_gpu_window = 0;    // --kv-gpu-window W; 0 = each offloaded layer's whole ring on the GPU
+    bool deterministic = false; // --deterministic: batch- and thread-invariant CPU arithmetic
 };
 
 void add_model_option(CLI::App& app, CommonOptions& o);
-// -t, cache types, -v, --device, -ngl, --kv-gpu-window
+// -t, cache types, -v, --device, -ngl, --kv-gpu-window, --deterministic
 void add_runtime_options(CLI::App& app, CommonOptions& o);
 // -ngl and --kv-gpu-window alone (for subcommands with their own --device).
 void add_offload_options(CLI::App& app, CommonOptions& o);

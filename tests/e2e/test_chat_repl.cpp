@@ -197,3 +197,34 @@ TEST_CASE(
     r.send("\x03");
     CHECK(r.wait_exit() == 0);
 }
+
+// --deterministic: a turn's answer is the same whether the history before it
+// sat in the cache from earlier turns, was evaluated in one batch from a
+// loaded conversation (its cache file gone), or token by token on one thread.
+TEST_CASE("chat repl: --deterministic answers do not depend on the history's path") {
+    char dir[] = "/tmp/kvrun-det-chat-XXXXXX";
+    REQUIRE(mkdtemp(dir) != nullptr);
+    const std::string save = std::string(dir) + "/conv";
+    Repl a({"-n", "24", "--deterministic"});
+    a.until("> ");
+    const std::string a1 = a.say("Hello");
+    a.say("/save " + save);
+    const std::string a2 = a.say("Tell me a story about a cat");
+    const std::string a3 = a.say("What did the cat eat");
+    CHECK(!a3.empty());
+
+    Repl b({"-n", "24", "--deterministic", "-b", "1", "-t", "1"});
+    b.until("> ");
+    CHECK(b.say("Hello") == a1);
+    CHECK(b.say("Tell me a story about a cat") == a2);
+    CHECK(b.say("What did the cat eat") == a3);
+
+    std::remove(save.c_str()); // the K/V file: /load evaluates the history afresh
+    Repl c({"-n", "24", "--deterministic", "-b", "7"});
+    c.until("> ");
+    CHECK(c.say("/load " + save).find("loaded") != std::string::npos);
+    CHECK(c.say("Tell me a story about a cat") == a2);
+    CHECK(c.say("What did the cat eat") == a3);
+    std::remove((save + ".json").c_str());
+    rmdir(dir);
+}

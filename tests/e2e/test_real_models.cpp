@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <unistd.h>
 
 #include "test_util.h"
 
@@ -126,4 +127,50 @@ TEST_CASE("real: Gemma 3 KV memory per layer kind in `info`") {
         CHECK(kv["uniform_bytes"] == 2 * 18 * n_ctx * 256 * 2);
         CHECK(j["memory"]["kv_bytes"] == global + sliding);
     }
+}
+
+// --deterministic on SmolLM2: the same greedy tokens whatever -b and -t, and
+// with a partly reused prompt cache as without one. A cache made without the
+// flag is not reused by a run with it (its K/V came from other arithmetic).
+TEST_CASE("real: --deterministic gives the same tokens whatever -b, -t and prompt-cache reuse") {
+    if (!kvtest::have_real_model(kSmol)) return;
+    const std::string model = kvtest::real_model(kSmol);
+    const std::string head =
+        "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. "
+        "It is named after the engineer Gustave Eiffel, whose company designed and built the "
+        "tower from 1887 to 1889. Locally nicknamed \"La dame de fer\", it was constructed as the "
+        "centerpiece of the 1889 World's Fair, and to crown the centennial anniversary of the "
+        "French Revolution.";
+    const std::string p1 = head + " In summary, the tower";
+    const std::string p2 =
+        head + " Its design was criticised by some of France's leading artists, yet";
+    auto gen = [&](const std::string& prompt, std::vector<std::string> extra) {
+        std::vector<std::string> args = {
+            "-m", model, "-p", prompt, "-n", "40", "--temp", "0", "--deterministic", "--json"};
+        args.insert(args.end(), extra.begin(), extra.end());
+        return run_json(args);
+    };
+    const std::string want = gen(p2, {})["text"];
+    for (auto [b, t] : {std::pair{"16", "2"}, std::pair{"1", "1"}, std::pair{"7", "3"}}) {
+        CAPTURE(b);
+        CAPTURE(t);
+        CHECK(gen(p2, {"-b", b, "-t", t})["text"] == want);
+    }
+    char dir[] = "/tmp/kvrun-det-XXXXXX";
+    REQUIRE(mkdtemp(dir) != nullptr);
+    const std::string cache = std::string(dir) + "/smol.pc";
+    gen(p1, {"--prompt-cache", cache});
+    const auto j = gen(p2, {"--prompt-cache", cache, "-b", "16"});
+    const int reused = j["tokens"]["reused"];
+    CHECK(reused > 50);
+    CHECK(reused < j["tokens"]["prompt"].get<int>());
+    CHECK(j["text"] == want);
+    // Made by the default arithmetic: evaluated afresh, same tokens.
+    std::remove(cache.c_str());
+    run_json({"-m", model, "-p", p1, "-n", "1", "--json", "--prompt-cache", cache});
+    const auto k = gen(p2, {"--prompt-cache", cache});
+    CHECK(k["tokens"]["reused"] == 0);
+    CHECK(k["text"] == want);
+    std::remove(cache.c_str());
+    rmdir(dir);
 }
