@@ -7,8 +7,27 @@
 #include "error.h"
 #include "gguf.h"
 #include "tokenizer.h"
+#include "unicode.h"
 
 namespace kvrun::cli {
+
+namespace {
+// A piece as a quoted JSON-style string. A byte-level piece may hold part of
+// a character (the first bytes of an emoji): each byte that does not start a
+// whole UTF-8 sequence is shown as <0xNN>, as SentencePiece names its byte
+// tokens, so every piece prints and nothing is lost.
+std::string quoted_piece(const std::string& piece) {
+    std::string text;
+    for (size_t i = 0; i < piece.size();) {
+        const size_t at = i;
+        if (unicode::next_cp(piece, i) == unicode::invalid_cp)
+            text += fmt::format("<0x{:02X}>", static_cast<uint8_t>(piece[at]));
+        else
+            text.append(piece, at, i - at);
+    }
+    return nlohmann::json(text).dump();
+}
+} // namespace
 
 int run_tokenize(int argc, char** argv) {
     CommonOptions c;
@@ -36,7 +55,7 @@ int run_tokenize(int argc, char** argv) {
     if (json) {
         fmt::print("{}\n", nlohmann::json(ids).dump());
     } else if (pieces) {
-        for (int32_t id : ids) fmt::print("{}\t{}\n", id, nlohmann::json(tok.piece(id, true)).dump());
+        for (int32_t id : ids) fmt::print("{}\t{}\n", id, quoted_piece(tok.piece(id, true)));
     } else {
         std::string line;
         for (size_t i = 0; i < ids.size(); i++) line += (i ? " " : "") + std::to_string(ids[i]);
