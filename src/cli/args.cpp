@@ -170,6 +170,11 @@ std::string describe(const CLI::ParseError& e) {
             const std::string rest = m.substr(std::strlen(p));
             return (rest.rfind('-', 0) == 0 ? "unknown option " : "unexpected argument ") + rest;
         }
+    // "--n-predict: 1 required INT:INT in [...] missing"
+    const size_t colon = m.find(": ");
+    if (colon != std::string::npos && m.find(" required ", colon) != std::string::npos &&
+        m.size() > 8 && m.compare(m.size() - 8, 8, " missing") == 0)
+        return m.substr(0, colon) + " needs a value";
     return m;
 }
 

@@ -85,6 +85,8 @@ TEST_CASE("cli args: every parse error is one line ending in (see --help), statu
     CHECK(contains(temp, "is not a number"));
     CHECK(contains(usage_line(run({"-m", kStories, "-p", kPrompt, "-n", "abc"})),
                    "is not a whole number"));
+    CHECK(contains(usage_line(run({"-m", kStories, "-p", kPrompt, "-n"})),
+                   "--n-predict needs a value"));
     CHECK(contains(usage_line(run({"-m", kStories})), "give a prompt")); // kvrun's own errors too
 }
 
@@ -166,6 +168,10 @@ TEST_CASE("cli args: llama.cpp's multi-letter flags are aliases, not clusters of
     CHECK(run({"-m", kStories, "-p", "-xyz", "-n", "2", "--quiet"}).status == 0);
     // Short options with their value attached still work.
     CHECK(run_json({"-m", kStories, "-p", kPrompt, "-n3"})["tokens"]["generated"] == 3);
+    // -dev is --device.
+    CHECK(
+        contains(usage_line(run({"-m", kStories, "-p", kPrompt, "-dev", "tpu"})), "--device tpu"));
+    CHECK(with({"-dev", "cpu"})["text"] == plain["text"]);
     // bench's own -r (repetitions) is not --stop.
     CHECK(run({"bench", "-m", kStories, "-p", "8", "-n", "0", "-r", "1", "-t", "1"}).status == 0);
     // -cnv is the chat REPL, like -i: with no terminal and no message, status 2.
