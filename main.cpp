@@ -2,10 +2,12 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <system_error>
 
 #include <fmt/format.h>
 
 #include "cli/common.h"
+#include "cli/output.h"
 #include "error.h"
 
 int main(int argc, char** argv) {
@@ -22,12 +24,12 @@ int main(int argc, char** argv) {
         {"run", cli::run_generate},
         {"chat", cli::run_chat},
     };
-    cli::rewrite_long_short_options(argc, argv);
+    cli::guard_standard_streams();
     try {
         if (argc > 1)
             for (const Sub& s : subs)
-                if (std::strcmp(argv[1], s.name) == 0) return s.fn(argc - 1, argv + 1);
-        return cli::run_generate(argc, argv);
+                if (std::strcmp(argv[1], s.name) == 0) return cli::finish_stdout(s.fn(argc - 1, argv + 1));
+        return cli::finish_stdout(cli::run_generate(argc, argv));
     } catch (const Error& e) {
         std::fflush(stdout);
         fmt::print(stderr, "kvrun: error: {}\n", e.what());
@@ -36,6 +38,13 @@ int main(int argc, char** argv) {
         fmt::print(stderr, "kvrun: error: out of memory\n");
         return static_cast<int>(Exit::out_of_memory);
     } catch (const std::exception& e) {
+        // fmt::print's failed write to stdout (a full disk, a closed stdout).
+        const auto* sys = dynamic_cast<const std::system_error*>(&e);
+        if (sys && std::strstr(e.what(), "cannot write to file") != nullptr) {
+            fmt::print(stderr, "kvrun: error: cannot write to stdout: {}\n",
+                       std::strerror(sys->code().value()));
+            return static_cast<int>(Exit::error);
+        }
         fmt::print(stderr, "kvrun: error: {}\n", e.what());
         return static_cast<int>(Exit::error);
     }

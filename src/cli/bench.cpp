@@ -139,8 +139,8 @@ int run_bench(int argc, char** argv) {
     app.add_option("-n,--n-gen", tg_s, "generated tokens, comma-separated (0 = skip)")->capture_default_str();
     app.add_option("-d,--depth", depth_s, "tokens already in the cache before tg, comma-separated")->capture_default_str();
     app.add_option("-t,--threads", threads_s, "thread counts, comma-separated (0 = physical cores)")->capture_default_str();
-    app.add_option("-r,--repetitions", reps, "repetitions")->capture_default_str()->check(CLI::Range(1, 1000));
-    app.add_option("-b,--batch-size", batch, "prompt batch")->capture_default_str()->check(CLI::Range(1, 1 << 16));
+    app.add_option("-r,--repetitions", reps, "repetitions")->capture_default_str()->check(int_in(1, 1000));
+    app.add_option("-b,--batch-size", batch, "prompt batch")->capture_default_str()->check(int_in(1, 1 << 16));
     app.add_option("--ctk", ctk, "K cache type")->capture_default_str();
     app.add_option("--ctv", ctv, "V cache type")->capture_default_str();
     app.add_option("--device", device, "cpu, cuda or cuda:N (default: cpu, or cuda with -ngl)");
@@ -153,11 +153,7 @@ int run_bench(int argc, char** argv) {
     app.add_flag("--json", json, "print JSON instead of a markdown table");
     app.add_flag("--deterministic", deterministic,
                  "measure the batch-invariant arithmetic of --deterministic (CPU)");
-    try {
-        app.parse(argc, argv);
-    } catch (const CLI::ParseError& e) {
-        return app.exit(e) == 0 ? 0 : static_cast<int>(Exit::usage);
-    }
+    if (const auto done = parse_command_line(app, argc, argv)) return *done;
     const gl::Type tk = parse_cache_type(ctk, "--ctk"), tv = parse_cache_type(ctv, "--ctv");
     const std::vector<int> pps = parse_count_list(pp_s, "-p"), tgs = parse_count_list(tg_s, "-n"),
                            depths = parse_count_list(depth_s, "-d"), thread_counts = parse_count_list(threads_s, "-t");
@@ -296,7 +292,7 @@ int run_bench(int argc, char** argv) {
             j.push_back(o);
         }
         fmt::print("{}\n", j.dump(2));
-        return 0;
+        return interrupted() ? static_cast<int>(Exit::interrupted) : 0;
     }
     // The trailing "| " once began the --roofline columns; kept so that the
     // table reads as it did for scripts that parse it.
@@ -308,7 +304,8 @@ int run_bench(int argc, char** argv) {
         fmt::print("| {} | {} | {} | {:.2f} ± {:.2f} | \n", r.model, r.test, r.threads, r.tps.mean, r.tps.sd);
     for (const Row& r : rows)
         if (r.profiled_tokens > 0) print_profile(r);
-    return 0;
+    // Ctrl-C stops the loops; what was measured is printed, and the status says it was cut short.
+    return interrupted() ? static_cast<int>(Exit::interrupted) : 0;
 }
 
 } // namespace kvrun::cli

@@ -1,7 +1,7 @@
 // `kvrun chat -m M` (or `kvrun -m M -i`): a chat REPL whose KV cache carries
 // over from turn to turn (see chat_session.h). With stdin not a terminal it
-// answers one message (stdin, after -p) and exits: it never waits for input
-// that cannot come.
+// answers one message (-p, or stdin when there is no -p) and exits: it never
+// waits for input that cannot come, and leaves stdin unread when -p is given.
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -37,6 +37,7 @@ struct ChatOptions {
     int batch = 512;
     std::vector<std::string> stop;
     SamplerParams sampling;
+    bool escape = false;
 };
 
 constexpr const char* kHelp =
@@ -57,10 +58,7 @@ std::string rtrim(std::string s) {
     return s;
 }
 
-void out(std::string_view s) {
-    std::fwrite(s.data(), 1, s.size(), stdout);
-    std::fflush(stdout);
-}
+void out(std::string_view s) { write_stdout(s); }
 
 // Ctrl-C at the prompt, whether the terminal turns it into SIGINT (read
 // interrupted) or hands it over as a byte (libedit's raw mode), ends the
@@ -173,7 +171,7 @@ int run_chat(int argc, char** argv) {
                  "kvrun chat"};
     app.footer(
         std::string(kHelp) +
-        "With stdin not a terminal: answer one message (-p, then stdin) and exit.\n"
+        "With stdin not a terminal: answer one message (-p, or stdin without -p) and exit.\n"
         "Templates are detected from tokenizer.chat_template; without one, from the vocabulary's\n"
         "turn markers (<start_of_turn>, <|im_start|>, ...), and failing those the plain fallback is\n"
         "\"{system}\\n\\n\" then \"User: {message}\\nAssistant: {reply}\\n\" per turn.\n"
@@ -188,23 +186,26 @@ int run_chat(int argc, char** argv) {
         ->capture_default_str();
     app.add_option("-n,--n-predict", o.n_predict,
                    "tokens per answer at most (-1 = until the model ends its turn)")
-        ->check(CLI::Range(int64_t{-1}, int64_t{1} << 40));
+        ->check(int_in(-1, int64_t{1} << 40));
     app.add_option("-b,--batch-size", o.batch, "prompt tokens evaluated per batch")
         ->capture_default_str()
-        ->check(CLI::Range(1, 1 << 16));
+        ->check(int_in(1, 1 << 16));
     app.add_option("--system", o.system, "system prompt");
     app.add_option("--system-file", o.system_file, "read the system prompt from FILE");
     app.add_option("--chat-template", o.chat_template,
                    std::string("template family instead of the model's (") + ChatTemplate::names() +
                        ")");
     app.add_option("--stop", o.stop, "also end an answer at STRING (repeatable)");
-    auto* seed_opt = add_sampling_options(app, o.sampling);
-    try {
-        app.parse(argc, argv);
-    } catch (const CLI::ParseError& e) {
-        return app.exit(e) == 0 ? 0 : static_cast<int>(Exit::usage);
+    app.add_flag("-e,--escape", o.escape, "process \\n \\t \\\\ \\\" \\' in -p, --system and --stop");
+    add_sampling_options(app, o.sampling);
+    if (const auto done = parse_command_line(app, argc, argv)) return *done;
+    if (app.count("--system") && app.count("--system-file"))
+        fail(Exit::usage, "--system and --system-file exclude each other: use one");
+    if (o.escape) {
+        o.prompt = process_escapes(o.prompt);
+        o.system = process_escapes(o.system);
+        for (std::string& s : o.stop) s = process_escapes(s);
     }
-    if (!*seed_opt) o.sampling.seed = std::random_device{}();
     if (!o.system_file.empty()) {
         std::ifstream in(o.system_file, std::ios::binary);
         if (!in) fail(Exit::usage, "cannot read system prompt file '{}'", o.system_file);
@@ -219,12 +220,10 @@ int run_chat(int argc, char** argv) {
     std::string one_shot;
     if (!tty) {
         std::string piped;
-        if (stdin_readable())
+        if (o.prompt.empty() && stdin_readable())
             piped.assign(std::istreambuf_iterator<char>(std::cin),
                          std::istreambuf_iterator<char>());
-        one_shot = rtrim(o.prompt.empty() ? piped
-                         : piped.empty()  ? o.prompt
-                                          : o.prompt + "\n" + piped);
+        one_shot = rtrim(o.prompt.empty() ? piped : o.prompt);
         if (one_shot.empty())
             fail(Exit::usage, "nothing to answer: stdin is not a terminal and no message came");
         if (!unicode::valid_utf8(one_shot)) fail(Exit::usage, "the message is not valid UTF-8");
@@ -246,11 +245,13 @@ int run_chat(int argc, char** argv) {
     cfg.sampling = o.sampling;
     cfg.stop = o.stop;
     if (o.common.verbose || tty)
-        fmt::print(stderr, "kvrun chat: template {} ({}), n_ctx {}, {} threads{}\n", tmpl.name(),
+        fmt::print(stderr, "kvrun chat: template {} ({}), n_ctx {}, {} threads{}{}\n", tmpl.name(),
                    !o.chat_template.empty()             ? "--chat-template"
                    : tmpl.inferred() ? "the model has none: inferred from its vocabulary" : tmpl.family() == ChatFamily::plain ? "the model has none: plain fallback"
                                                         : "from the model",
-                   n_ctx, threads, tty ? "; /help for commands" : "");
+                   n_ctx, threads,
+                   o.common.verbose ? fmt::format(", seed {}", o.sampling.seed) : std::string(),
+                   tty ? "; /help for commands" : "");
     ChatSession session(*lm, std::move(tmpl), n_ctx, tk, tv, backends.placement(), cfg);
     if (!o.system.empty()) session.set_system(o.system);
 
@@ -263,7 +264,7 @@ int run_chat(int argc, char** argv) {
         out(s);
         if (delay_ms > 0) ::usleep(static_cast<useconds_t>(delay_ms) * 1000);
     };
-    hooks.should_stop = [] { return interrupted(); };
+    hooks.should_stop = [] { return interrupted() || stdout_failed(); };
     hooks.on_progress = [](int64_t done, int64_t total) {
         if (total > 256) show_progress(done, total);
     };

@@ -1,12 +1,16 @@
 #include "cli/common.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <random>
 #include <csignal>
 #include <cstring>
 #include <fstream>
 #include <iostream>
 #include <iterator>
 #include <sstream>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "error.h"
@@ -48,25 +52,46 @@ void clear_interrupt() {
 CLI::Option* add_sampling_options(CLI::App& app, SamplerParams& s) {
     app.add_option("--temp", s.temp, "temperature (0 = greedy)")
         ->capture_default_str()
-        ->check(CLI::Range(0.0, 100.0));
+        ->check(real_in(0.0, 100.0));
     app.add_option("--top-k", s.top_k, "keep the k most likely tokens (0 = off)")
         ->capture_default_str()
-        ->check(CLI::Range(0, 1 << 30));
+        ->check(int_in(0, 1 << 30));
     app.add_option("--top-p", s.top_p, "nucleus sampling mass (1 = off)")
         ->capture_default_str()
-        ->check(CLI::Range(0.0, 1.0));
+        ->check(real_in(0.0, 1.0));
     app.add_option("--min-p", s.min_p, "drop tokens below min-p × the best probability (0 = off)")
         ->capture_default_str()
-        ->check(CLI::Range(0.0, 1.0));
+        ->check(real_in(0.0, 1.0));
     app.add_option("--repeat-penalty", s.repeat_penalty,
-                   "penalty for recently seen tokens (1 = off)")
+                   "penalty for recently seen tokens (1 = off; more than 0)")
         ->capture_default_str()
-        ->check(CLI::Range(0.0, 100.0));
+        ->check(real_in(0.0, 100.0, true));
     app.add_option("--repeat-last-n", s.repeat_last_n,
                    "how many recent tokens the penalty looks at")
         ->capture_default_str()
-        ->check(CLI::Range(0, 1 << 20));
-    return app.add_option("--seed", s.seed, "random seed (default: random; printed with -v)");
+        ->check(int_in(0, 1 << 20));
+    // Random unless given: -1 asks for a random one too (llama.cpp's spelling).
+    s.seed = std::random_device{}();
+    return app
+        .add_option_function<std::string>(
+            "-s,--seed",
+            [&s](const std::string& v) {
+                if (v != "-1") s.seed = std::strtoull(v.c_str(), nullptr, 10);
+            },
+            "random seed, 0 to 18446744073709551615 (default and -1: random; printed with -v "
+            "and in --json)")
+        ->check(CLI::Validator(
+            [](std::string& v) -> std::string {
+                if (v == "-1") return {};
+                errno = 0;
+                char* end = nullptr;
+                std::strtoull(v.c_str(), &end, 10);
+                if (v.empty() || !std::isdigit(static_cast<unsigned char>(v[0])) || *end != '\0')
+                    return "'" + v + "' is not a seed (a whole number from 0, or -1 for random)";
+                if (errno == ERANGE) return "'" + v + "' is out of range (0 to 18446744073709551615)";
+                return {};
+            },
+            "SEED"));
 }
 
 namespace {
@@ -93,7 +118,7 @@ void add_model_option(CLI::App& app, CommonOptions& o) {
 }
 
 void add_runtime_options(CLI::App& app, CommonOptions& o) {
-    app.add_option("-t,--threads", o.threads, "threads (default: physical cores)")->check(CLI::Range(0, 1024));
+    app.add_option("-t,--threads", o.threads, "threads (default: physical cores)")->check(int_in(0, 1024));
     app.add_option("--cache-type-k,--ctk", o.cache_type_k, std::string("KV cache type for K: ") + kv_cache_type_names())->capture_default_str();
     app.add_option("--cache-type-v,--ctv", o.cache_type_v, std::string("KV cache type for V: ") + kv_cache_type_names())->capture_default_str();
     app.add_flag("-v,--verbose", o.verbose, "log model and cache details to stderr");
@@ -115,15 +140,7 @@ void add_offload_options(CLI::App& app, CommonOptions& o) {
            "--kv-gpu-window", o.kv_gpu_window,
            "keep only the sinks and the newest W tokens of each offloaded layer's KV cache on the "
            "GPU; older ones are attended on the CPU from host memory (default 0: all on the GPU)")
-        ->check(CLI::Range(0, 1 << 30));
-}
-
-void rewrite_long_short_options(int argc, char** argv) {
-    static char ngl[] = "--n-gpu-layers";
-    for (int i = 1; i < argc; i++) {
-        if (std::strcmp(argv[i], "--") == 0) break;
-        if (std::strcmp(argv[i], "-ngl") == 0) argv[i] = ngl;
-    }
+        ->check(int_in(0, 1 << 30));
 }
 
 namespace {
@@ -271,6 +288,31 @@ std::vector<int> parse_count_list(const std::string& s, const char* what) {
     return v;
 }
 
+bool stdin_has_data() {
+    if (::isatty(0)) return false;
+    struct stat st {};
+    if (::fstat(0, &st) != 0) return false;
+    return S_ISFIFO(st.st_mode) || S_ISREG(st.st_mode) || S_ISSOCK(st.st_mode);
+}
+
+std::string process_escapes(const std::string& s) {
+    std::string out;
+    out.reserve(s.size());
+    for (size_t i = 0; i < s.size(); i++) {
+        const char next = i + 1 < s.size() ? s[i + 1] : '\0';
+        const char* from = "ntr\\\"'";
+        const char* to = "\n\t\r\\\"'";
+        const char* hit = s[i] == '\\' && next ? std::strchr(from, next) : nullptr;
+        if (hit) {
+            out += to[hit - from];
+            i++;
+        } else {
+            out += s[i];
+        }
+    }
+    return out;
+}
+
 std::string read_prompt(const std::string& text, const std::string& file, bool have_text) {
     std::string prompt = text;
     if (!file.empty()) {
@@ -302,6 +344,12 @@ ContextPlan plan_and_tell(const LoadedModel& lm, const ContextRequest& req, bool
     ContextPlan plan = plan_context(lm, req);
     for (const ContextPlan::Note& n : plan.notes)
         if (!n.verbose_only || verbose) fmt::print(stderr, "kvrun: {}\n", n.text);
+    const int64_t trained = lm.model.hp.n_ctx_train;
+    if (!plan.automatic && trained > 0 && plan.cache.n_ctx > trained)
+        fmt::print(stderr,
+                   "kvrun: warning: -c {} is more than the model's trained context of {} tokens: "
+                   "positions past it may give poor text\n",
+                   plan.cache.n_ctx, trained);
     return plan;
 }
 

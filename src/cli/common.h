@@ -10,6 +10,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli/args.h"
+#include "cli/output.h"
+
 #include "ggml-like/backend.h"
 #include "context.h"
 #include "format.h"
@@ -35,9 +38,6 @@ void add_model_option(CLI::App& app, CommonOptions& o);
 void add_runtime_options(CLI::App& app, CommonOptions& o);
 // -ngl and --kv-gpu-window alone (for subcommands with their own --device).
 void add_offload_options(CLI::App& app, CommonOptions& o);
-// CLI11 takes one-letter short options only: `-ngl` (llama.cpp's spelling) is
-// rewritten in place to `--n-gpu-layers` before any subcommand parses.
-void rewrite_long_short_options(int argc, char** argv);
 // The backend --device asks for; throws Error(usage) for a device this build
 // or machine lacks (the message says why, e.g. "kvrun was built without CUDA").
 std::unique_ptr<gl::Backend> make_backend(const CommonOptions& o, int threads);
@@ -77,6 +77,13 @@ std::vector<int32_t> parse_token_list(const std::string& s);
 // "512,0,4096" -> counts in [0, 2^24] (bench's and kvrun-lab's -p/-n/-d/-t);
 // throws Error(usage) naming `what` on junk.
 std::vector<int> parse_count_list(const std::string& s, const char* what);
+// -e (--escape), as llama-cli does it: \\n \\t \\r \\\\ \\" \\' become the
+// characters; any other backslash stays as written.
+std::string process_escapes(const std::string& s);
+// Whether stdin can be the input when no -p or -f is given (the rule of run,
+// chat and tokenize): a pipe, a file or a socket. A terminal is not read (that
+// would wait for typing), nor is a closed stdin or a character device.
+bool stdin_has_data();
 // Prompt from -p and/or -f (FILE, or - for stdin); validated as UTF-8.
 std::string read_prompt(const std::string& text, const std::string& file, bool have_text);
 

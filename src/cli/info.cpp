@@ -27,7 +27,7 @@ int run_info(int argc, char** argv) {
     add_model_option(app, c);
     app.add_option("-c,--ctx-size", n_ctx,
                    "context size to cost (default: the model's trained context)")
-        ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+        ->check(int_in(1, int64_t{1} << 30));
     app.add_option("--cache-type-k,--ctk", c.cache_type_k, "KV cache type for K")
         ->capture_default_str();
     app.add_option("--cache-type-v,--ctv", c.cache_type_v, "KV cache type for V")
@@ -36,11 +36,7 @@ int run_info(int argc, char** argv) {
                    "plan for this device: cpu, cuda or cuda:N (default: cpu, or cuda with -ngl)");
     add_offload_options(app, c);
     app.add_flag("--json", json, "print JSON");
-    try {
-        app.parse(argc, argv);
-    } catch (const CLI::ParseError& e) {
-        return app.exit(e) == 0 ? 0 : static_cast<int>(Exit::usage);
-    }
+    if (const auto done = parse_command_line(app, argc, argv)) return *done;
     const gl::Type tk = parse_cache_type(c.cache_type_k, "--cache-type-k");
     const gl::Type tv = parse_cache_type(c.cache_type_v, "--cache-type-v");
     // Metadata only: info must work for files kvrun cannot run yet, and says why.
@@ -174,9 +170,11 @@ int run_info(int argc, char** argv) {
         fmt::print("runnable:     no (tensor types not supported yet: {})\n", unsupported);
     fmt::print("file size:    {} ({} bytes); weights {}\n", human_bytes(file_size), file_size,
                human_bytes(weight_bytes));
-    fmt::print("KV per token: {} = {} layers × {} KV heads × {} dims × ({} + {} bytes)\n",
-               human_bytes(per_token), hp.n_layer, hp.n_head_kv, hp.head_dim, bytes_k / hp.kv_dim(),
-               bytes_v / hp.kv_dim());
+    // Bytes per element, exact: a quantized block's scale shares the bytes
+    // (q8_0: 34 bytes per 32 elements = 1.0625).
+    const double el_k = static_cast<double>(bytes_k) / hp.kv_dim(), el_v = static_cast<double>(bytes_v) / hp.kv_dim();
+    fmt::print("KV per token: {} = {} layers × {} KV heads × {} dims × ({:g} + {:g} bytes)\n",
+               human_bytes(per_token), hp.n_layer, hp.n_head_kv, hp.head_dim, el_k, el_v);
     if (kinds.size() > 1) {
         std::string parts;
         for (const KvKind& k : kinds)

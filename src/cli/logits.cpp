@@ -25,13 +25,9 @@ int run_logits(int argc, char** argv) {
     add_runtime_options(app, c);
     auto* t_opt = app.add_option("--tokens", tokens_s, "comma-separated token ids (fed as given, no BOS added)");
     auto* p_opt = app.add_option("-p,--prompt", prompt, "text to tokenize and feed instead of --tokens");
-    app.add_option("--top-k", top_k, "entries per row")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+    app.add_option("--top-k", top_k, "entries per row")->capture_default_str()->check(int_in(1, 1 << 20));
     app.add_option("-c,--ctx-size", ctx, "context size (auto = the number of tokens)")->capture_default_str();
-    try {
-        app.parse(argc, argv);
-    } catch (const CLI::ParseError& e) {
-        return app.exit(e) == 0 ? 0 : static_cast<int>(Exit::usage);
-    }
+    if (const auto done = parse_command_line(app, argc, argv)) return *done;
     if (!*t_opt == !*p_opt) fail(Exit::usage, "give exactly one of --tokens IDS or -p TEXT");
     const gl::Type tk = parse_cache_type(c.cache_type_k, "--cache-type-k");
     const gl::Type tv = parse_cache_type(c.cache_type_v, "--cache-type-v");

@@ -30,15 +30,16 @@ int run_perplexity(int argc, char** argv) {
     add_model_option(app, c);
     add_runtime_options(app, c);
     app.add_option("-f,--file", file, "text file (- for stdin)")->required();
-    app.add_option("-c,--ctx-size", n_ctx, "chunk length in tokens")->capture_default_str()->check(CLI::Range(8, 1 << 20));
-    app.add_option("-b,--batch-size", batch, "tokens per batch")->capture_default_str()->check(CLI::Range(1, 1 << 16));
-    app.add_option("--chunks", max_chunks, "score at most this many chunks (-1 = all)");
+    app.add_option("-c,--ctx-size", n_ctx, "chunk length in tokens")->capture_default_str()->check(int_in(8, 1 << 20));
+    app.add_option("-b,--batch-size", batch, "tokens per batch")->capture_default_str()->check(int_in(1, 1 << 16));
+    app.add_option("--chunks", max_chunks, "score at most this many chunks (-1 = all)")
+        ->check(CLI::Validator(
+            [](std::string& v) -> std::string {
+                return v == "-1" || int_in(1, int64_t{1} << 40)(v).empty() ? "" : "must be >= 1, or -1 for all";
+            },
+            "N >= 1 or -1"));
     app.add_flag("--json", json, "print a JSON object instead of a line");
-    try {
-        app.parse(argc, argv);
-    } catch (const CLI::ParseError& e) {
-        return app.exit(e) == 0 ? 0 : static_cast<int>(Exit::usage);
-    }
+    if (const auto done = parse_command_line(app, argc, argv)) return *done;
     const gl::Type tk = parse_cache_type(c.cache_type_k, "--cache-type-k");
     const gl::Type tv = parse_cache_type(c.cache_type_v, "--cache-type-v");
     const std::string text = read_prompt("", file, false);

@@ -54,17 +54,16 @@ gl::Type fitting(gl::Type want, int64_t n) {
 int run_quantize(int argc, char** argv) {
     std::string in, out, type;
     int threads = 0;
+    bool allow_requantize = false;
     CLI::App app{"kvrun quantize: re-encode a GGUF model's weights (F16, Q8_0, Q4_0, Q4_K_M, Q6_K)",
                  "kvrun quantize"};
     app.add_option("input", in, "input GGUF")->required();
     app.add_option("output", out, "output GGUF")->required();
     app.add_option("type", type, "F16, Q8_0, Q4_0, Q4_K_M or Q6_K")->required();
-    app.add_option("-t,--threads", threads, "threads");
-    try {
-        app.parse(argc, argv);
-    } catch (const CLI::ParseError& e) {
-        return app.exit(e) == 0 ? 0 : static_cast<int>(Exit::usage);
-    }
+    app.add_option("-t,--threads", threads, "threads")->check(int_in(0, 1024));
+    app.add_flag("--allow-requantize", allow_requantize,
+                 "re-encode weights that are already quantized (each step loses precision)");
+    if (const auto done = parse_command_line(app, argc, argv)) return *done;
     const Recipe* r = nullptr;
     for (const Recipe& c : kRecipes)
         if (strcasecmp(type.c_str(), c.name) == 0) r = &c;
@@ -72,6 +71,15 @@ int run_quantize(int argc, char** argv) {
     if (in == out) fail(Exit::usage, "input and output are the same file");
 
     GgufFile f = GgufFile::open(in);
+    // Quantizing quantized weights compounds two rounding errors, and a
+    // 4-bit file "upgraded" to Q8_0 only grows: say so unless asked.
+    if (!allow_requantize)
+        for (const GgufTensor& t : f.tensors())
+            if (t.n_dims >= 2 && t.type != gl::Type::F32 && t.type != gl::Type::F16 && t.type != gl::Type::BF16)
+                fail(Exit::usage,
+                     "{} is already quantized (tensor '{}' is {}): re-encoding loses precision; "
+                     "use --allow-requantize to do it anyway",
+                     in, t.name, gl::type_name(t.type));
     const std::string arch(f.need_str("general.architecture"));
     const int n_layer = static_cast<int>(f.need_u64(arch + ".block_count"));
     GgufWriter w(f.alignment());

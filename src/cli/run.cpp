@@ -1,7 +1,9 @@
 // `kvrun -m M -p PROMPT`: stream a continuation to stdout; stats to stderr.
-// Behaves in pipelines: piped stdin is read and composed with -p, stdout
-// carries only the answer (or one --json object), a closed pipe ends it
-// quietly (SIGPIPE), and progress shows only on a terminal.
+// Behaves in pipelines: stdin is read when asked (-f -) or when it is the only
+// prompt (no -p or -f, not a terminal), so a `while read` loop keeps its
+// input and an idle pipe is never waited on; stdout carries only the answer
+// (or one --json object), a write error on it is an error, a closed pipe ends
+// it quietly (SIGPIPE), and progress shows only on a terminal.
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -9,7 +11,7 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
-#include <random>
+#include <optional>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -41,21 +43,12 @@ struct RunOptions {
     int64_t n_predict = -1;
     int keep = 4;
     int batch = 512;
-    bool ignore_eos = false, quiet = false, echo = false, no_kv_cache = false;
+    bool ignore_eos = false, quiet = false, echo = false, no_kv_cache = false, escape = false;
     SamplerParams sampling;
     bool json = false, chat = false;
     std::vector<std::string> stop;
     std::string system, system_file, chat_template;
 };
-
-// Piped or redirected stdin is part of the prompt. A terminal is not read
-// (that would wait for typing), nor is a closed stdin or a character device.
-bool stdin_has_data() {
-    if (::isatty(0)) return false;
-    struct stat st {};
-    if (::fstat(0, &st) != 0) return false;
-    return S_ISFIFO(st.st_mode) || S_ISREG(st.st_mode) || S_ISSOCK(st.st_mode);
-}
 
 std::string read_file_text(const std::string& path, const char* what) {
     std::ifstream in(path, std::ios::binary);
@@ -63,17 +56,21 @@ std::string read_file_text(const std::string& path, const char* what) {
     return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-// Print on stdout now: a pipe reader sees each token as it is sampled.
-void emit(const std::string& s) {
-    if (s.empty()) return;
-    std::fwrite(s.data(), 1, s.size(), stdout);
-    std::fflush(stdout);
+// Print on stdout now: a pipe reader sees each token as it is sampled. A
+// failed write stops the generation (stdout_failed) and main reports it.
+void emit(const std::string& s) { write_stdout(s); }
+
+std::string cache_types(const KvCacheConfig& c) {
+    return c.type_k == c.type_v ? gl::type_name(c.type_k)
+                                : fmt::format("{}/{}", gl::type_name(c.type_k), gl::type_name(c.type_v));
 }
 
 // What a run did, for the stats line or the --json object.
 struct RunFigures {
     int64_t n_prompt = 0, reused = 0, n_gen = 0;
+    bool prompt_done = false;                   // the prompt was evaluated (not interrupted)
     double prompt_s = 0, gen_s = 0, ttft = -1; // seconds; ttft -1 when nothing was sampled
+    uint64_t seed = 0;
     std::string stop, matched;                  // stop reason; the stop string, if one ended it
 };
 
@@ -81,12 +78,21 @@ struct RunFigures {
 // part with --kv-gpu-window; the host ring holds every slot), buffers.
 gl::MemoryUse gpu_use(const Backends& be) { return be.gpu ? be.gpu->memory_use() : gl::MemoryUse{}; }
 
+// Tokens per second, or nothing (JSON null, left out of the text) when the
+// figure would mean nothing: no tokens, or no time measured.
+std::optional<double> rate(int64_t tokens, double seconds) {
+    if (tokens <= 0 || seconds <= 0) return std::nullopt;
+    return tokens / seconds;
+}
+nlohmann::json or_null(std::optional<double> v) { return v ? nlohmann::json(*v) : nlohmann::json(nullptr); }
+
 nlohmann::json result_json(const RunFigures& f, const std::string& text, const Session& s, const ContextPlan& plan,
-                           const Backends& backends) {
+                           const Backends& backends, const std::string* echoed) {
     const KvCache& kv = s.cache();
     const int n_ctx = kv.n_ctx();
     const int64_t used = std::min<int64_t>(kv.n_past(), n_ctx);
     nlohmann::json j;
+    if (echoed) j["prompt"] = *echoed; // --echo: inside the object, so stdout stays one JSON value
     j["text"] = text;
     j["stop"] = f.stop;
     j["stop_string"] = f.matched.empty() ? nlohmann::json(nullptr) : nlohmann::json(f.matched);
@@ -95,11 +101,12 @@ nlohmann::json result_json(const RunFigures& f, const std::string& text, const S
                    {"reused", f.reused},
                    {"evaluated", f.n_prompt - f.reused},
                    {"forward", s.forward_tokens()}};
+    j["seed"] = f.seed;
     j["timings"] = {{"prompt_s", f.prompt_s},
                     {"generation_s", f.gen_s},
-                    {"prompt_tok_s", f.prompt_s > 0 ? (f.n_prompt - f.reused) / f.prompt_s : 0.0},
-                    {"generation_tok_s", f.gen_s > 0 && f.n_gen > 0 ? f.n_gen / f.gen_s : 0.0},
-                    {"first_token_ms", f.ttft * 1000}};
+                    {"prompt_tok_s", or_null(f.prompt_done ? rate(f.n_prompt - f.reused, f.prompt_s) : std::nullopt)},
+                    {"generation_tok_s", or_null(rate(f.n_gen, f.gen_s))},
+                    {"first_token_ms", f.ttft >= 0 ? nlohmann::json(f.ttft * 1000) : nlohmann::json(nullptr)}};
     j["cache"] = {{"n_ctx", n_ctx},
                   {"auto", plan.automatic},
                   {"keep", kv.keep()},
@@ -127,12 +134,15 @@ nlohmann::json result_json(const RunFigures& f, const std::string& text, const S
 std::string stats_line(const RunFigures& f, const Session& s, const ContextPlan& plan, const Backends& backends) {
     const KvCache& kv = s.cache();
     const gl::MemoryUse gpu = gpu_use(backends);
+    const std::optional<double> prompt_rate = f.prompt_done ? rate(f.n_prompt - f.reused, f.prompt_s) : std::nullopt;
+    const std::optional<double> gen_rate = rate(f.n_gen, f.gen_s);
     return fmt::format(
-        "[kvrun] prompt {} tok, {:.1f} tok/s | generated {} tok, {:.1f} tok/s | first token {:.0f} ms | "
+        "[kvrun] prompt {} tok{} | generated {} tok{}{} | "
         "n_ctx {}{} | KV {} ({}){} | peak RSS {} | stop: {}",
-        f.n_prompt, f.prompt_s > 0 ? f.n_prompt / f.prompt_s : 0.0, f.n_gen,
-        f.gen_s > 0 && f.n_gen > 0 ? f.n_gen / f.gen_s : 0.0, f.ttft * 1000, kv.n_ctx(),
-        plan.automatic ? " (auto)" : "", human_bytes(kv.ring_bytes()), gl::type_name(kv.config().type_k),
+        f.n_prompt, prompt_rate ? fmt::format(", {:.1f} tok/s", *prompt_rate) : "", f.n_gen,
+        gen_rate ? fmt::format(", {:.1f} tok/s", *gen_rate) : "",
+        f.ttft >= 0 ? fmt::format(" | first token {:.0f} ms", f.ttft * 1000) : "", kv.n_ctx(),
+        plan.automatic ? " (auto)" : "", human_bytes(kv.ring_bytes()), cache_types(kv.config()),
         !gpu.device ? std::string()
                     : " | " + gpu_memory_summary(gpu, backends.n_gpu_layers, backends.n_layer, kv.ring_bytes()),
         human_bytes(peak_rss_bytes()), f.stop);
@@ -140,32 +150,35 @@ std::string stats_line(const RunFigures& f, const Session& s, const ContextPlan&
 } // namespace
 
 int run_generate(int argc, char** argv) {
-    // `kvrun -m M -i ...` is `kvrun chat -m M ...`.
+    // `kvrun -m M -i ...` is `kvrun chat -m M ...` (and so are llama-cli's
+    // conversation-mode flags).
     for (int i = 1; i < argc; i++)
-        if (std::strcmp(argv[i], "-i") == 0 || std::strcmp(argv[i], "--interactive") == 0) {
+        if (!std::strcmp(argv[i], "-i") || !std::strcmp(argv[i], "--interactive") ||
+            !std::strcmp(argv[i], "--interactive-first") || !std::strcmp(argv[i], "-cnv") ||
+            !std::strcmp(argv[i], "--conversation")) {
             std::vector<char*> rest(argv, argv + argc);
             rest.erase(rest.begin() + i);
             return run_chat(static_cast<int>(rest.size()), rest.data());
         }
-    // A closed pipe downstream (`| head`) ends the run at once and quietly,
-    // whatever the parent left SIGPIPE as.
-    std::signal(SIGPIPE, SIG_DFL);
     RunOptions o;
     CLI::App app{"kvrun: run a GGUF language model and stream its continuation to stdout", "kvrun"};
     app.footer(
         "Subcommands (kvrun SUBCOMMAND --help): chat, tokenize, logits, info, perplexity, bench, quantize, synth.\n"
-        "-i (--interactive) starts the chat REPL (kvrun chat). Piped stdin is read as the prompt, after -p.\n"
+        "-i (--interactive) starts the chat REPL (kvrun chat). stdin is read with -f -, or as the whole\n"
+        "prompt when neither -p nor -f is given and it is not a terminal.\n"
+        "-n -1 (the default) stops when the context is full; -n N slides the window past it.\n"
         "Exit status: 0 ok, 1 other error, 2 bad usage, 3 bad or unsupported model,\n"
         "4 prompt longer than the context, 5 out of memory, 6 chat template error, 130 interrupted.");
     add_model_option(app, o.common);
     add_runtime_options(app, o.common);
     auto* p_opt = app.add_option("-p,--prompt", o.prompt, "prompt text");
     app.add_option("-f,--file", o.prompt_file, "read the prompt from FILE (- for stdin); appended after -p");
-    app.add_option("-n,--n-predict", o.n_predict, "tokens to generate (-1 = until end of text)")->check(CLI::Range(int64_t{-1}, int64_t{1} << 40));
+    app.add_flag("-e,--escape", o.escape, "process \\n \\t \\\\ \\\" \\' in -p, --system and --stop");
+    app.add_option("-n,--n-predict", o.n_predict, "tokens to generate (-1 = until end of text or a full context; N may slide the window past -c)")->check(int_in(-1, int64_t{1} << 40));
     app.add_option("-c,--ctx-size", o.ctx, "context size in tokens, or auto (sized from the prompt and -n)")->capture_default_str();
-    app.add_option("--keep", o.keep, "tokens kept at the start when the window slides (attention sinks)")->capture_default_str()->check(CLI::Range(0, 1 << 20));
-    app.add_option("-b,--batch-size", o.batch, "prompt tokens evaluated per batch")->capture_default_str()->check(CLI::Range(1, 1 << 16));
-    auto* seed_opt = add_sampling_options(app, o.sampling);
+    app.add_option("--keep", o.keep, "tokens kept at the start when the window slides (attention sinks)")->capture_default_str()->check(int_in(0, 1 << 20));
+    app.add_option("-b,--batch-size", o.batch, "prompt tokens evaluated per batch")->capture_default_str()->check(int_in(1, 1 << 16));
+    add_sampling_options(app, o.sampling);
     app.add_option("--prompt-cache", o.prompt_cache,
                    "save the evaluated prompt's K/V to FILE; reuse its common prefix with a later prompt");
     app.add_flag("--no-kv-cache", o.no_kv_cache,
@@ -182,15 +195,17 @@ int run_generate(int argc, char** argv) {
     app.add_option("--system-file", o.system_file, "--chat: read the system prompt from FILE");
     app.add_option("--chat-template", o.chat_template,
                    std::string("--chat: template family instead of the model's (") + ChatTemplate::names() + ")");
-    try {
-        app.parse(argc, argv);
-    } catch (const CLI::ParseError& e) {
-        return app.exit(e) == 0 ? 0 : static_cast<int>(Exit::usage);
-    }
-    if (!*seed_opt) o.sampling.seed = std::random_device{}();
-    const bool piped = o.prompt_file.empty() && stdin_has_data();
+    if (const auto done = parse_command_line(app, argc, argv)) return *done;
+    const bool piped = o.prompt_file.empty() && !*p_opt && stdin_has_data();
     if (o.prompt_file.empty() && !*p_opt && !piped)
         fail(Exit::usage, "give a prompt with -p TEXT, -f FILE or on stdin (a pipe)");
+    if (app.count("--system") && app.count("--system-file"))
+        fail(Exit::usage, "--system and --system-file exclude each other: use one");
+    if (o.escape) {
+        o.prompt = process_escapes(o.prompt);
+        o.system = process_escapes(o.system);
+        for (std::string& s : o.stop) s = process_escapes(s);
+    }
     if (o.no_kv_cache && !o.prompt_cache.empty()) fail(Exit::usage, "--no-kv-cache and --prompt-cache exclude each other");
     const gl::Type tk = parse_cache_type(o.common.cache_type_k, "--cache-type-k");
     const gl::Type tv = parse_cache_type(o.common.cache_type_v, "--cache-type-v");
@@ -198,8 +213,14 @@ int run_generate(int argc, char** argv) {
     if (!o.system_file.empty()) o.system = read_file_text(o.system_file, "system prompt file");
     if (!o.chat && (!o.system.empty() || !o.chat_template.empty()))
         fail(Exit::usage, "--system and --chat-template need --chat (or kvrun chat)");
-    const std::string prompt =
+    std::string prompt =
         read_prompt(o.prompt, piped ? std::string("-") : o.prompt_file, static_cast<bool>(*p_opt));
+    // A chat message typed into a pipe or a file ends in the newline that
+    // ended its line; the message is the line.
+    if (o.chat && !prompt.empty() && prompt.back() == '\n') {
+        prompt.pop_back();
+        if (!prompt.empty() && prompt.back() == '\r') prompt.pop_back();
+    }
     install_interrupt_handler();
     const auto t_load = Clock::now();
     auto lm = LoadedModel::load(o.common.model, !offloads_every_layer(o.common));
@@ -207,10 +228,12 @@ int run_generate(int argc, char** argv) {
     const Tokenizer& tok = lm->tokenizer;
     std::vector<int32_t> tokens;
     ReplyEnd reply_stop;
+    std::string model_reads = prompt; // the text --echo prints: with --chat, the rendered template
     if (o.chat) {
         const ChatTemplate tmpl = ChatTemplate::for_model(lm->file, tok, o.chat_template);
         const std::string sys = o.system.empty() ? tmpl.default_system() : o.system;
-        tokens = chat_tokens(tok, tmpl.prefix(sys) + tmpl.user(prompt, true, sys) + tmpl.generation_prompt(), true);
+        model_reads = tmpl.prefix(sys) + tmpl.user(prompt, true, sys) + tmpl.generation_prompt();
+        tokens = chat_tokens(tok, model_reads, true);
         reply_stop = reply_end(tmpl, tok);
         if (o.common.verbose)
             fmt::print(stderr, "kvrun: chat template {} ({})\n", tmpl.name(),
@@ -236,6 +259,14 @@ int run_generate(int argc, char** argv) {
     const KvCacheConfig& kc = plan.cache;
     const int n_ctx = kc.n_ctx;
     const bool ctx_auto = plan.automatic;
+    if (app.count("--keep") && o.keep >= n_ctx)
+        fail(Exit::usage, "--keep {} must be less than the context of {} tokens (-c): nothing would be left to slide",
+             o.keep, n_ctx);
+    if (app.count("--keep") && kc.keep > n_ctx / 2)
+        fmt::print(stderr,
+                   "kvrun: warning: --keep {} pins more than half of the {}-token context: once the window "
+                   "slides, only {} recent tokens are seen\n",
+                   kc.keep, n_ctx, n_ctx - kc.keep);
     const Backends backends = make_backends(o.common, threads, hp);
     Session session(*lm, kc, backends.placement(), plan.batch);
     KvCache& kv = session.cache();
@@ -248,14 +279,14 @@ int run_generate(int argc, char** argv) {
                    backends.describe(), threads);
         fmt::print(stderr, "kvrun: n_ctx {} ({}), keep {}, KV cache {} ({} per token, {}), seed {}\n", n_ctx,
                    ctx_auto ? "auto" : "fixed", kc.keep, human_bytes(kv.ring_bytes()),
-                   human_bytes(KvCache::bytes_per_token(kv.config())), gl::type_name(tk), o.sampling.seed);
-        fmt::print(stderr, "kvrun: weights {} ({}), prompt {} tokens, loaded in {:.2f} s\n",
+                   human_bytes(KvCache::bytes_per_token(kv.config())), cache_types(kv.config()), o.sampling.seed);
+        fmt::print(stderr, "kvrun: weights {} ({}), prompt {} token{}, loaded in {:.2f} s\n",
                    human_bytes(lm->file.file_size() - lm->file.data_offset()),
                    lm->file.data_moved() ? "moved onto huge pages" : "in the file mapping", tokens.size(),
-                   seconds_since(t_load));
+                   tokens.size() == 1 ? "" : "s", seconds_since(t_load));
     }
 
-    if (o.echo) emit(prompt);
+    if (o.echo && !o.json) emit(model_reads);
     for (int32_t t : tokens) sampler.accept(t);
 
     // Prompt, in batches, after whatever prefix a prompt-cache file supplies.
@@ -298,6 +329,7 @@ int run_generate(int argc, char** argv) {
     gp.no_kv_cache = o.no_kv_cache;
     std::string answer; // --json: the whole text, printed at the end
     bool reply_started = false;
+    char last_char = '\n'; // of the text printed, for the stats line's placement
     GenerateHooks gh;
     // Text goes through the stop matcher, then to stdout (or the JSON text).
     gh.on_text = [&](std::string text) {
@@ -307,8 +339,13 @@ int run_generate(int argc, char** argv) {
         reply_started = true;
         if (o.json) answer += text;
         else emit(text);
+        last_char = text.back();
     };
-    gh.should_stop = interrupted;
+    gh.should_stop = [] { return interrupted() || stdout_failed(); };
+    // -n -1 asks for the whole answer: it ends at a full context rather than
+    // sliding on forever (a model that never writes EOS). -n N slides.
+    constexpr const char* kContextFull = "context full";
+    if (o.n_predict < 0) gh.on_full = [&] { return kContextFull; };
     const auto t_gen = Clock::now();
     GenerateResult gen;
     if (prompt_done) gen = session.generate(gp, sampler, gh);
@@ -317,11 +354,21 @@ int run_generate(int argc, char** argv) {
     std::string stop = gen.stop;
     if (interrupted()) stop = "interrupted";
 
-    const RunFigures f{n_prompt, reused, gen.generated, prompt_s, gen_s, ttft, stop, gen.matched};
-    if (o.json)
-        emit(result_json(f, answer, session, plan, backends).dump() + "\n");
-    else if (!o.quiet)
-        fmt::print(stderr, "\n{}\n", stats_line(f, session, plan, backends));
+    if (stdout_failed()) return static_cast<int>(Exit::error); // main says why
+
+    const RunFigures f{n_prompt, reused,   gen.generated, prompt_done, prompt_s,
+                       gen_s,    ttft,     o.sampling.seed, stop,      gen.matched};
+    if (o.json) emit(result_json(f, answer, session, plan, backends, o.echo ? &model_reads : nullptr).dump() + "\n");
+    // On a terminal the stats line starts on a line of its own; in a pipe or
+    // a file the answer stays exactly what the model wrote.
+    const bool same_terminal = ::isatty(1) && ::isatty(2);
+    if (!o.json && !o.quiet)
+        fmt::print(stderr, "{}{}\n", same_terminal && last_char != '\n' ? "\n" : "",
+                   stats_line(f, session, plan, backends));
+    if (stop == kContextFull && !o.quiet)
+        fmt::print(stderr, "kvrun: stopped at a full context ({} tokens, -c); -n N keeps generating past it by "
+                           "sliding the window\n",
+                   n_ctx);
     return interrupted() ? static_cast<int>(Exit::interrupted) : 0;
 }
 

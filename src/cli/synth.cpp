@@ -65,11 +65,7 @@ int run_synth(int argc, char** argv) {
     app.add_option("-o,--output", out, "output file")->required();
     app.add_option("-t,--threads", threads, "threads");
     app.add_option("--seed", seed, "weights seed")->capture_default_str();
-    try {
-        app.parse(argc, argv);
-    } catch (const CLI::ParseError& e) {
-        return app.exit(e) == 0 ? 0 : static_cast<int>(Exit::usage);
-    }
+    if (const auto done = parse_command_line(app, argc, argv)) return *done;
     const Preset* p = nullptr;
     for (const Preset& q : kPresets)
         if (preset_name == q.name) p = &q;

@@ -36,17 +36,15 @@ int run_tokenize(int argc, char** argv) {
     CLI::App app{"kvrun tokenize: print the token ids of a text", "kvrun tokenize"};
     add_model_option(app, c);
     auto* p_opt = app.add_option("-p,--prompt", prompt, "text to tokenize");
-    app.add_option("-f,--file", file, "read the text from FILE (- for stdin)");
-    app.add_flag("--json", json, "print a JSON array of ids");
+    app.add_option("-f,--file", file, "read the text from FILE (- for stdin; stdin is also read without -p or -f when it is not a terminal)");
+    app.add_flag("--json", json, "print a JSON array of ids (not with --pieces)");
     app.add_flag("--no-bos", no_bos, "do not add BOS even if the vocabulary asks for it");
     app.add_flag("--no-special", no_special, "treat special-token text as plain text");
     app.add_flag("--pieces", pieces, "print one 'id<TAB>piece' line per token");
-    try {
-        app.parse(argc, argv);
-    } catch (const CLI::ParseError& e) {
-        return app.exit(e) == 0 ? 0 : static_cast<int>(Exit::usage);
-    }
-    if (file.empty() && !*p_opt) fail(Exit::usage, "give a text with -p TEXT or -f FILE");
+    if (const auto done = parse_command_line(app, argc, argv)) return *done;
+    if (json && pieces) fail(Exit::usage, "--json prints ids only: use --json or --pieces, not both");
+    if (file.empty() && !*p_opt && stdin_has_data()) file = "-";
+    if (file.empty() && !*p_opt) fail(Exit::usage, "give a text with -p TEXT, -f FILE or on stdin (a pipe)");
     const std::string text = read_prompt(prompt, file, static_cast<bool>(*p_opt));
     // Only the vocabulary is needed: no weights are bound, so vocab-only files work.
     GgufFile f = GgufFile::open(c.model);

@@ -1,4 +1,4 @@
-// kvrun in shell pipelines: stdin composed with -p, --json, stop sequences
+// kvrun in shell pipelines: stdin with -f - or as the only prompt, --json, stop sequences
 // split across tokens, SIGPIPE, closed stdin, --chat one-shot.
 #include <doctest/doctest.h>
 
@@ -46,17 +46,17 @@ TEST_CASE("stop matcher: a stop string split across pushes is held back, then dr
     CHECK(e.matched() == "ab");
 }
 
-TEST_CASE("pipeline: piped stdin follows -p, like -f -; stdout carries only the answer") {
+TEST_CASE("pipeline: -f - reads stdin after -p; -p alone leaves it unread; stdout carries only the answer") {
     const std::string doc = "The cat sat on the mat.";
     const auto piped = gen({"-p", "Summarize:", "-n", "12"}, &doc);
     const auto file = gen({"-p", "Summarize:", "-f", "-", "-n", "12"}, &doc);
     const auto joined = gen({"-p", "Summarize:\n" + doc, "-n", "12"});
     const auto alone = gen({"-p", "Summarize:", "-n", "12"});
-    REQUIRE(piped.status == 0);
-    CHECK(piped.out == file.out);
-    CHECK(piped.out == joined.out);
-    CHECK(piped.out != alone.out);
-    CHECK(piped.err.empty()); // --quiet: nothing but the answer anywhere
+    REQUIRE(file.status == 0);
+    CHECK(file.out == joined.out);
+    CHECK(file.out != alone.out);
+    CHECK(piped.out == alone.out);
+    CHECK(file.err.empty()); // --quiet: nothing but the answer anywhere
     // stdin alone is the prompt
     const auto only = gen({"-n", "12"}, &doc);
     CHECK(only.status == 0);
@@ -142,9 +142,9 @@ TEST_CASE("pipeline: chat with stdin not a terminal answers one message; --chat 
     CHECK(chat.out == once.out + "\n");
     // The plain fallback stops where the model starts the user's next line.
     CHECK(once.out.find("\nUser:") == std::string::npos);
-    // -p and stdin compose in chat too
+    // With -p, chat leaves stdin unread, as a plain run does
     const std::string there = "there";
     const auto both = kvtest::run_kvrun(
         {"chat", "-m", kStories, "--temp", "0", "-n", "24", "-p", "Hello"}, &there);
-    CHECK(both.out == gen({"--chat", "-p", "Hello\nthere", "-n", "24"}).out + "\n");
+    CHECK(both.out == gen({"--chat", "-p", "Hello", "-n", "24"}).out + "\n");
 }

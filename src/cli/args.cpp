@@ -1,0 +1,267 @@
+#include "cli/args.h"
+
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "error.h"
+#include "ggml-like/kernels.h"
+#include "version_info.h"
+
+namespace kvrun::cli {
+
+namespace {
+
+// What a llama.cpp spelling becomes here.
+enum class AliasKind {
+    rename, // the option `to` (applies only where the app has it)
+    ignore, // accepted and dropped: it asks for what kvrun always does (`why`)
+    refuse, // a usage error saying what kvrun lacks (`why`)
+};
+
+struct Alias {
+    const char* from;
+    AliasKind kind;
+    const char* to;     // rename: the option; ignore: an option the app must have for it to apply
+    const char* why;    // ignore / refuse: for the README table and the error
+    bool value = false; // ignore: also drops a following on/off/auto value
+};
+
+// The flags a llama-cli user types every day (README, "Coming from llama.cpp").
+// Single-letter ones that mean the same (-m -p -f -n -c -b -t -s -e -i -v)
+// are the options' own short names; -r is an alias only where the app has no
+// -r of its own (bench's -r is --repetitions).
+constexpr Alias kAliases[] = {
+    {"-ctk", AliasKind::rename, "--ctk", nullptr},
+    {"-ctv", AliasKind::rename, "--ctv", nullptr},
+    {"-ngl", AliasKind::rename, "--n-gpu-layers", nullptr},
+    {"--gpu-layers", AliasKind::rename, "--n-gpu-layers", nullptr},
+    {"-dev", AliasKind::rename, "--device", nullptr},
+    {"-sys", AliasKind::rename, "--system", nullptr},
+    {"--system-prompt", AliasKind::rename, "--system", nullptr},
+    {"-sysf", AliasKind::rename, "--system-file", nullptr},
+    {"--system-prompt-file", AliasKind::rename, "--system-file", nullptr},
+    {"-r", AliasKind::rename, "--stop", nullptr},
+    {"--reverse-prompt", AliasKind::rename, "--stop", nullptr},
+    {"--predict", AliasKind::rename, "--n-predict", nullptr},
+    {"--display-prompt", AliasKind::rename, "--echo", nullptr},
+    {"-fa", AliasKind::ignore, "--model", "attention is always one fused (online-softmax) kernel",
+     true},
+    {"--flash-attn", AliasKind::ignore, "--model",
+     "attention is always one fused (online-softmax) kernel", true},
+    {"-co", AliasKind::ignore, "--model", "output is never coloured"},
+    {"--color", AliasKind::ignore, "--model", "output is never coloured"},
+    {"--no-display-prompt", AliasKind::ignore, "--model", "the prompt is printed only with --echo"},
+    {"--no-escape", AliasKind::ignore, "--escape", "escapes are processed only with -e"},
+    {"--jinja", AliasKind::ignore, "--chat-template", "the model's own template is always used"},
+    {"-no-cnv", AliasKind::ignore, "--model", "a plain run is never a conversation"},
+    {"--no-conversation", AliasKind::ignore, "--model", "a plain run is never a conversation"},
+    {"-cnv", AliasKind::ignore, "--system", "kvrun chat is already a conversation"},
+    {"--conversation", AliasKind::ignore, "--system", "kvrun chat is already a conversation"},
+    {"-md", AliasKind::refuse, nullptr,
+     "speculative decoding (a draft model) is not supported yet"},
+    {"--model-draft", AliasKind::refuse, nullptr,
+     "speculative decoding (a draft model) is not supported yet"},
+    {"-nkvo", AliasKind::refuse, nullptr,
+     "the KV cache of offloaded layers stays on the GPU (--kv-gpu-window W keeps only the newest W "
+     "tokens there)"},
+    {"--no-kv-offload", AliasKind::refuse, nullptr,
+     "the KV cache of offloaded layers stays on the GPU (--kv-gpu-window W keeps only the newest W "
+     "tokens there)"},
+};
+
+const Alias* find_alias(std::string_view word) {
+    for (const Alias& a : kAliases)
+        if (word == a.from) return &a;
+    return nullptr;
+}
+
+// Flags expect no value (CLI11 gives them expected(0)).
+bool takes_value(const CLI::Option* o) {
+    return o->get_expected_max() > 0 && o->get_type_size_max() > 0;
+}
+
+bool numeric_start(std::string_view s) {
+    if (!s.empty() && (s[0] == '-' || s[0] == '+')) s.remove_prefix(1);
+    return !s.empty() && (std::isdigit(static_cast<unsigned char>(s[0])) || s[0] == '.');
+}
+
+// argv with the aliases applied; throws Error(usage) for refused flags and
+// for single-dash words that are no option here.
+std::vector<std::string> rewrite(CLI::App& app, int argc, char** argv) {
+    std::vector<std::string> out{argv[0]};
+    bool value_next = false; // the previous word was an option that takes a value
+    for (int i = 1; i < argc; i++) {
+        const std::string w = argv[i];
+        if (value_next || w == "--" || w.size() < 2 || w[0] != '-' ||
+            !(std::isalpha(static_cast<unsigned char>(w[1])) || w[1] == '-')) {
+            value_next = false;
+            out.push_back(w);
+            if (w == "--")
+                for (i++; i < argc; i++) out.emplace_back(argv[i]);
+            continue;
+        }
+        const std::string name = w.substr(0, w.find('='));
+        const CLI::Option* own = app.get_option_no_throw(name);
+        if (const Alias* a = own ? nullptr : find_alias(name)) {
+            switch (a->kind) {
+            case AliasKind::rename:
+                if (app.get_option_no_throw(a->to)) {
+                    out.push_back(a->to + w.substr(name.size()));
+                    value_next = name.size() == w.size();
+                    continue;
+                }
+                break;
+            case AliasKind::ignore:
+                if (app.get_option_no_throw(a->to)) {
+                    if (a->value && i + 1 < argc &&
+                        (!std::strcmp(argv[i + 1], "on") || !std::strcmp(argv[i + 1], "off") ||
+                         !std::strcmp(argv[i + 1], "auto")))
+                        i++;
+                    continue;
+                }
+                break;
+            case AliasKind::refuse:
+                fail(Exit::usage, "{}: {}", name, a->why);
+            }
+        }
+        if (own || w[1] == '-') { // a long option: CLI11 knows it or says it does not
+            value_next = own && takes_value(own) && name.size() == w.size();
+            out.push_back(w);
+            continue;
+        }
+        // -x, -x5 (a short option and its value), -ve (short flags together).
+        const CLI::Option* first = app.get_option_no_throw(w.substr(0, 2));
+        bool ok = first != nullptr;
+        if (ok && w.size() == 2) {
+            value_next = takes_value(first);
+        } else if (ok && takes_value(first)) {
+            ok = numeric_start(std::string_view(w).substr(2));
+        } else {
+            for (size_t k = 2; ok && k < w.size(); k++) {
+                const CLI::Option* o = app.get_option_no_throw(std::string{'-', w[k]});
+                ok = o && !takes_value(o);
+            }
+        }
+        if (!ok) {
+            const std::string dashed = "-" + name;
+            if (app.get_option_no_throw(dashed))
+                fail(Exit::usage, "unknown option {} (did you mean {}?)", name, dashed);
+            fail(Exit::usage, "unknown option {}", name);
+        }
+        out.push_back(w);
+    }
+    return out;
+}
+
+// CLI11's message, reworded where it is vague.
+std::string describe(const CLI::ParseError& e) {
+    std::string m = e.what();
+    for (const char* p : {"The following argument was not expected: ",
+                          "The following arguments were not expected: "})
+        if (m.rfind(p, 0) == 0) {
+            const std::string rest = m.substr(std::strlen(p));
+            return (rest.rfind('-', 0) == 0 ? "unknown option " : "unexpected argument ") + rest;
+        }
+    // "--n-predict: 1 required INT:INT in [...] missing"
+    const size_t colon = m.find(": ");
+    if (colon != std::string::npos && m.find(" required ", colon) != std::string::npos &&
+        m.size() > 8 && m.compare(m.size() - 8, 8, " missing") == 0)
+        return m.substr(0, colon) + " needs a value";
+    return m;
+}
+
+std::string range_text(double lo, double hi) {
+    return fmt::format("{:g} to {:g}", lo, hi);
+}
+
+} // namespace
+
+CLI::Validator real_in(double lo, double hi, bool above_lo) {
+    return CLI::Validator(
+        [lo, hi, above_lo](std::string& s) -> std::string {
+            errno = 0;
+            char* end = nullptr;
+            const double v = std::strtod(s.c_str(), &end);
+            if (s.empty() || end == s.c_str() || *end != '\0') return "'" + s + "' is not a number";
+            if (std::isnan(v)) return "'" + s + "' is not a number";
+            if (!std::isfinite(v) || errno == ERANGE) return "'" + s + "' is not a finite number";
+            if (above_lo && v <= lo)
+                return fmt::format("'{}' is out of range (more than {:g}, at most {:g})", s, lo,
+                                   hi);
+            if (v < lo || v > hi) return "'" + s + "' is out of range (" + range_text(lo, hi) + ")";
+            return {};
+        },
+        "NUMBER in [" + range_text(lo, hi) + "]");
+}
+
+CLI::Validator int_in(int64_t lo, int64_t hi) {
+    return CLI::Validator(
+        [lo, hi](std::string& s) -> std::string {
+            errno = 0;
+            char* end = nullptr;
+            const long long v = std::strtoll(s.c_str(), &end, 10);
+            if (s.empty() || end == s.c_str() || *end != '\0')
+                return "'" + s + "' is not a whole number";
+            if (errno == ERANGE || v < lo || v > hi)
+                return fmt::format("'{}' is out of range ({} to {})", s, lo, hi);
+            return {};
+        },
+        fmt::format("INT in [{} to {}]", lo, hi));
+}
+
+std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
+    app.set_version_flag("--version", version_string(),
+                         "print the version and build features, then exit");
+    // A repeated option takes its last value (scripts append overrides);
+    // options that collect values (--stop, bench's -m) keep collecting.
+    for (CLI::Option* o : app.get_options())
+        if (o->nonpositional() && o->get_multi_option_policy() == CLI::MultiOptionPolicy::Throw &&
+            o->get_items_expected_max() <= 1)
+            o->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    std::string where = app.get_name().empty() ? "kvrun" : app.get_name();
+    try {
+        std::vector<std::string> args = rewrite(app, argc, argv);
+        std::vector<char*> ptrs;
+        for (std::string& a : args) ptrs.push_back(a.data());
+        app.parse(static_cast<int>(ptrs.size()), ptrs.data());
+    } catch (const CLI::ParseError& e) {
+        if (e.get_exit_code() == 0) return app.exit(e); // --help, --version
+        std::fflush(stdout);
+        fmt::print(stderr, "kvrun: error: {} (see {} --help)\n", describe(e), where);
+        return static_cast<int>(Exit::usage);
+    } catch (const Error& e) {
+        std::fflush(stdout);
+        fmt::print(stderr, "kvrun: error: {} (see {} --help)\n", e.what(), where);
+        return static_cast<int>(e.code());
+    }
+    return std::nullopt;
+}
+
+std::string version_string() {
+    std::string features;
+#if defined(__x86_64__)
+    features = "x86-64 kernels: AVX2, AVX-512, AMX";
+#elif defined(__aarch64__)
+    features = "arm64 kernels: NEON";
+#else
+    features = "scalar kernels";
+#endif
+#ifdef GL_USE_BLAS
+    features += ", OpenBLAS";
+#endif
+#ifdef KVRUN_HAS_CUDA
+    features += ", CUDA";
+#endif
+    return fmt::format("kvrun {} ({}, {}; this CPU: {})", KVRUN_VERSION, KVRUN_GIT_DESCRIBE,
+                       features, gl::cpu::isa_name());
+}
+
+} // namespace kvrun::cli

@@ -1,0 +1,459 @@
+// The command line's contract with a shell user: parse errors as one line
+// with status 2, llama.cpp's spellings, a repeated option's last value,
+// --version, NaN refused, seeds, --keep, stdin read only when asked or when
+// it is the only prompt, a default run that ends, write errors on stdout,
+// SIGPIPE and SIGINT statuses, and the small print of the stats line.
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+using nlohmann::json;
+
+namespace {
+
+const std::string kStories = kvtest::shared("models/stories260K.gguf");
+const std::string kText = kvtest::shared("text/stories260K-samples.txt");
+const std::string kPrompt = "Once upon a time";
+
+bool contains(const std::string& s, const std::string& n) {
+    return s.find(n) != std::string::npos;
+}
+bool starts_with(const std::string& s, const std::string& p) {
+    return s.rfind(p, 0) == 0;
+}
+
+std::string describe(const kvtest::RunResult& r) {
+    return "status " + std::to_string(r.status) + "\n--- stdout:\n" + r.out.substr(0, 2000) +
+           "\n--- stderr:\n" + r.err.substr(0, 2000);
+}
+
+kvtest::RunResult run(std::vector<std::string> args, const std::string* input = nullptr) {
+    return kvtest::run_kvrun(args, input);
+}
+
+// A bash command line with $K (the binary) and $S (stories260K) set.
+kvtest::RunResult sh(const std::string& script) {
+    const std::string prelude =
+        "K='" + std::string(KVRUN_BINARY) + "'; S='" + kStories + "'; T='" + kText + "'; ";
+    return kvtest::run_binary("/bin/bash", {"-c", prelude + script});
+}
+
+// Status 2, nothing on stdout, one line `kvrun: error: ...`; the line.
+std::string usage_line(const kvtest::RunResult& r) {
+    INFO(describe(r));
+    CHECK(r.status == 2);
+    CHECK(r.out.empty());
+    const auto lines = kvtest::lines(r.err);
+    REQUIRE(lines.size() == 1);
+    CHECK(starts_with(lines[0], "kvrun: error: "));
+    return lines[0];
+}
+
+json run_json(std::vector<std::string> args) {
+    args.insert(args.end(), {"--json", "-t", "1"});
+    const auto r = run(args);
+    INFO(describe(r));
+    REQUIRE(r.status == 0);
+    return json::parse(r.out);
+}
+
+} // namespace
+
+TEST_CASE("cli args: every parse error is one line ending in (see --help), status 2") {
+    const std::vector<std::vector<std::string>> cases = {
+        {"-p", kPrompt},                                    // no -m
+        {"-m", kStories, "-p", kPrompt, "--frobnicate"},    // unknown flag
+        {"-m", kStories, "-p", kPrompt, "-n"},              // missing value
+        {"tokenize", "-m", kStories, "-p", "x", "--bogus"}, // a subcommand's
+        {"info"},
+        {"bench", "-m", kStories, "-r", "x"},
+    };
+    for (const auto& a : cases) {
+        CAPTURE(a.back());
+        CHECK(contains(usage_line(run(a)), "--help)"));
+    }
+    // Text is "not a number", not "not in range".
+    const std::string temp = usage_line(run({"-m", kStories, "-p", kPrompt, "--temp", "abc"}));
+    CHECK(contains(temp, "--temp"));
+    CHECK(contains(temp, "is not a number"));
+    CHECK(contains(usage_line(run({"-m", kStories, "-p", kPrompt, "-n", "abc"})),
+                   "is not a whole number"));
+    CHECK(contains(usage_line(run({"-m", kStories, "-p", kPrompt, "-n"})),
+                   "--n-predict needs a value"));
+    CHECK(contains(usage_line(run({"-m", kStories})), "give a prompt")); // kvrun's own errors too
+}
+
+TEST_CASE("cli args: NaN and infinities are refused for every float option; --repeat-penalty > 0") {
+    for (const char* opt : {"--temp", "--top-p", "--min-p", "--repeat-penalty"})
+        for (const char* v : {"nan", "NaN", "-nan", "inf", "-inf", "1e999"}) {
+            CAPTURE(opt);
+            CAPTURE(v);
+            const std::string line = usage_line(run({"-m", kStories, "-p", kPrompt, opt, v}));
+            CHECK(contains(line, opt));
+        }
+    CHECK(contains(usage_line(run({"-m", kStories, "-p", kPrompt, "--repeat-penalty", "0"})),
+                   "--repeat-penalty"));
+    CHECK(run({"-m", kStories, "-p", kPrompt, "-n", "2", "--repeat-penalty", "0.5", "--quiet"})
+              .status == 0);
+    CHECK(
+        contains(usage_line(run({"chat", "-m", kStories, "-p", "x", "--temp", "nan"})), "--temp"));
+}
+
+TEST_CASE("cli args: a repeated option takes its last value; --stop keeps collecting") {
+    const json j = run_json(
+        {"-m", kStories, "-p", kPrompt, "-n", "5", "-n", "12", "--temp", "0.9", "--temp", "0"});
+    CHECK(j["tokens"]["generated"] == 12);
+    const json greedy = run_json({"-m", kStories, "-p", kPrompt, "-n", "12", "--temp", "0"});
+    CHECK(j["text"] == greedy["text"]);
+    const std::string text = greedy["text"];
+    REQUIRE(contains(text, "girl"));
+    const json stopped = run_json({"-m", kStories, "-p", kPrompt, "-n", "12", "--temp", "0",
+                                   "--stop", "zzz", "--stop", "girl"});
+    CHECK(stopped["stop_string"] == "girl");
+    CHECK(stopped["text"] == text.substr(0, text.find("girl")));
+}
+
+TEST_CASE("cli args: llama.cpp's multi-letter flags are aliases, not clusters of short options") {
+    const std::vector<std::string> base = {"-m", kStories, "-p", kPrompt, "-n", "8", "--temp", "0"};
+    auto with = [&](std::vector<std::string> extra) {
+        std::vector<std::string> a = base;
+        a.insert(a.end(), extra.begin(), extra.end());
+        return run_json(a);
+    };
+    const json plain = with({});
+    // -ctk / -ctv set the cache types.
+    const json q8 = with({"-ctk", "q8_0", "-ctv", "q4_0"});
+    CHECK(q8["cache"]["type_k"] == "q8_0");
+    CHECK(q8["cache"]["type_v"] == "q4_0");
+    // Accepted and without effect: -fa (attention is always fused), its
+    // on/off value, -co, -no-cnv.
+    for (std::vector<std::string> x : {std::vector<std::string>{"-fa"},
+                                       {"-fa", "on"},
+                                       {"--flash-attn", "off"},
+                                       {"-co"},
+                                       {"--color"},
+                                       {"-no-cnv"}}) {
+        CAPTURE(x[0]);
+        CHECK(with(x)["text"] == plain["text"]);
+    }
+    // -r is --stop, -s is --seed, -sys is --system, -e processes escapes.
+    const std::string text = plain["text"];
+    REQUIRE(contains(text, "girl"));
+    CHECK(with({"-r", "girl"})["stop_string"] == "girl");
+    CHECK(run_json({"-m", kStories, "-p", kPrompt, "-n", "8", "-s", "7"})["seed"] == 7);
+    const json sys =
+        run_json({"-m", kStories, "-p", "Hi", "-n", "1", "--chat", "-sys", "Be brief."});
+    const json system =
+        run_json({"-m", kStories, "-p", "Hi", "-n", "1", "--chat", "--system", "Be brief."});
+    const json none = run_json({"-m", kStories, "-p", "Hi", "-n", "1", "--chat"});
+    CHECK(sys["tokens"]["prompt"] == system["tokens"]["prompt"]);
+    CHECK(sys["tokens"]["prompt"] != none["tokens"]["prompt"]);
+    // Not supported: said so.
+    CHECK(contains(usage_line(run({"-m", kStories, "-p", kPrompt, "-md", "draft.gguf"})),
+                   "not supported"));
+    CHECK(contains(usage_line(run({"-m", kStories, "-p", kPrompt, "-nkvo"})), "-nkvo"));
+    // Unknown words: named, with the long option when there is one.
+    CHECK(contains(usage_line(run({"-m", kStories, "-p", kPrompt, "-verbose"})),
+                   "unknown option -verbose (did you mean --verbose?)"));
+    CHECK(
+        contains(usage_line(run({"-m", kStories, "-p", kPrompt, "-xyz"})), "unknown option -xyz"));
+    // A prompt that starts with a dash is a value, not an option.
+    CHECK(run({"-m", kStories, "-p", "-xyz", "-n", "2", "--quiet"}).status == 0);
+    // Short options with their value attached still work.
+    CHECK(run_json({"-m", kStories, "-p", kPrompt, "-n3"})["tokens"]["generated"] == 3);
+    // -dev is --device.
+    CHECK(
+        contains(usage_line(run({"-m", kStories, "-p", kPrompt, "-dev", "tpu"})), "--device tpu"));
+    CHECK(with({"-dev", "cpu"})["text"] == plain["text"]);
+    // bench's own -r (repetitions) is not --stop.
+    CHECK(run({"bench", "-m", kStories, "-p", "8", "-n", "0", "-r", "1", "-t", "1"}).status == 0);
+    // -cnv is the chat REPL, like -i: with no terminal and no message, status 2.
+    CHECK(run({"-m", kStories, "-cnv"}).status == 2);
+}
+
+TEST_CASE("cli args: --version prints the version and the build, without -m") {
+    for (std::vector<std::string> a :
+         {std::vector<std::string>{"--version"}, {"tokenize", "--version"}}) {
+        const auto r = run(a);
+        INFO(describe(r));
+        CHECK(r.status == 0);
+        CHECK(starts_with(r.out, "kvrun "));
+        CHECK(contains(r.out, "kernels"));
+        CHECK(kvtest::lines(r.out).size() == 1);
+        CHECK(r.err.empty());
+    }
+    CHECK(contains(run({"--help"}).out, "bench")); // the subcommand list names bench
+}
+
+TEST_CASE("cli args: --seed -1 is random and reported; other negative or huge seeds are refused") {
+    const json a = run_json({"-m", kStories, "-p", kPrompt, "-n", "4", "--seed", "-1"});
+    const json b = run_json({"-m", kStories, "-p", kPrompt, "-n", "4", "--seed", "-1"});
+    CHECK(a["seed"] != b["seed"]); // 2^-32 odds of a false failure
+    // The reported seed repeats the run.
+    const json again = run_json({"-m", kStories, "-p", kPrompt, "-n", "4", "--seed",
+                                 std::to_string(a["seed"].get<uint64_t>())});
+    CHECK(again["text"] == a["text"]);
+    CHECK(run_json({"-m", kStories, "-p", kPrompt, "-n", "1", "--seed",
+                    "18446744073709551615"})["seed"] == 18446744073709551615ull);
+    for (const char* bad : {"-2", "18446744073709551616", "-99999999999999999999", "1.5", "x"})
+        CHECK(contains(usage_line(run({"-m", kStories, "-p", kPrompt, "--seed", bad})), "--seed"));
+    const auto v = run({"-m", kStories, "-p", kPrompt, "-n", "1", "--seed", "-1", "-v"});
+    CHECK(contains(v.err, "seed "));
+}
+
+TEST_CASE("cli args: --keep at or above -c is refused; a keep that leaves little to slide warns") {
+    for (const char* k : {"64", "300"}) {
+        const std::string line =
+            usage_line(run({"-m", kStories, "-p", kPrompt, "-c", "64", "--keep", k}));
+        CHECK(contains(line, "--keep"));
+        CHECK(contains(line, "64"));
+    }
+    const auto w =
+        run({"-m", kStories, "-p", kPrompt, "-c", "64", "--keep", "60", "-n", "2", "--temp", "0"});
+    INFO(describe(w));
+    CHECK(w.status == 0);
+    CHECK(contains(w.err, "warning: --keep 60"));
+    const auto ok =
+        run({"-m", kStories, "-p", kPrompt, "-c", "64", "--keep", "8", "-n", "2", "--temp", "0"});
+    CHECK(!contains(ok.err, "warning"));
+}
+
+TEST_CASE("cli args: --system with --system-file is a usage error") {
+    const std::string file = "/tmp/kvrun_sysfile_" + std::to_string(::getpid());
+    sh("printf 'Be brief.' > " + file);
+    CHECK(contains(usage_line(run({"-m", kStories, "--chat", "--system", "x", "--system-file", file,
+                                   "-p", "Hi"})),
+                   "use one"));
+    CHECK(contains(usage_line(run({"chat", "-m", kStories, "--system-file", file, "--system", "x",
+                                   "-p", "Hi"})),
+                   "use one"));
+    std::remove(file.c_str());
+}
+
+TEST_CASE("cli output: -n 0 and no sampled token report no first-token time and no rate") {
+    const json j = run_json({"-m", kStories, "-p", kPrompt, "-n", "0"});
+    CHECK(j["timings"]["first_token_ms"].is_null());
+    CHECK(j["timings"]["generation_tok_s"].is_null());
+    const auto r = run({"-m", kStories, "-p", kPrompt, "-n", "0"});
+    INFO(describe(r));
+    CHECK(r.status == 0);
+    CHECK(contains(r.err, "generated 0 tok |"));
+    CHECK(!contains(r.err, "first token"));
+    CHECK(!contains(r.err, "-1000"));
+}
+
+TEST_CASE("cli output: the stats line and -v name both cache types when they differ") {
+    const auto r =
+        run({"-m", kStories, "-p", kPrompt, "-n", "2", "--ctk", "q8_0", "--ctv", "q4_0", "-v"});
+    INFO(describe(r));
+    CHECK(r.status == 0);
+    CHECK(contains(r.err, "(q8_0/q4_0)"));
+    CHECK(contains(r.err, "per token, q8_0/q4_0)"));
+    // The stats line is not preceded by an empty line when stdout is not the terminal.
+    const auto s = run({"-m", kStories, "-p", kPrompt, "-n", "2"});
+    CHECK(starts_with(s.err, "[kvrun]"));
+    // One prompt token is "1 token".
+    const auto one = run({"-m", kStories, "-p", "", "-n", "1", "-v"});
+    CHECK(contains(one.err, "prompt 1 token,"));
+}
+
+TEST_CASE("cli output: info gives quantized KV types' bytes per element with their fraction") {
+    const auto r = run({"info", "-m", kStories, "--ctk", "q8_0", "--ctv", "q4_0"});
+    INFO(describe(r));
+    REQUIRE(r.status == 0);
+    // 5 layers x 4 KV heads x 8 dims x (34/32 + 18/32) = 260 bytes.
+    CHECK(contains(
+        r.out, "KV per token: 260 B = 5 layers × 4 KV heads × 8 dims × (1.0625 + 0.5625 bytes)"));
+}
+
+TEST_CASE(
+    "cli output: --echo with --chat prints what the model reads; with --json, inside the object") {
+    const auto chat =
+        run({"-m", kStories, "--chat", "-p", "Hi", "-n", "6", "--temp", "0", "--quiet"});
+    const auto echo =
+        run({"-m", kStories, "--chat", "-p", "Hi", "-n", "6", "--temp", "0", "--quiet", "--echo"});
+    INFO(describe(echo));
+    REQUIRE(echo.status == 0);
+    REQUIRE(echo.out.size() > chat.out.size());
+    const std::string rendered = echo.out.substr(0, echo.out.size() - chat.out.size());
+    CHECK(echo.out.substr(rendered.size()) == chat.out);
+    CHECK(contains(rendered, "Hi"));
+    CHECK(rendered != "Hi"); // the template's turn markers too
+    const json j = run_json({"-m", kStories, "-p", kPrompt, "-n", "4", "--temp", "0", "--echo"});
+    CHECK(j["prompt"] == kPrompt);
+    const json c =
+        run_json({"-m", kStories, "--chat", "-p", "Hi", "-n", "4", "--temp", "0", "--echo"});
+    CHECK(c["prompt"] == rendered);
+}
+
+TEST_CASE("cli output: -c above the model's trained context warns once") {
+    const auto r = run({"-m", kStories, "-p", kPrompt, "-c", "4096", "-n", "2", "--quiet"});
+    INFO(describe(r));
+    CHECK(r.status == 0);
+    const auto lines = kvtest::lines(r.err);
+    REQUIRE(lines.size() == 1);
+    CHECK(contains(lines[0], "trained context of 2048"));
+    CHECK(run({"-m", kStories, "-p", kPrompt, "-c", "2048", "-n", "2", "--quiet"}).err.empty());
+}
+
+TEST_CASE("cli stdin: read with -f - or as the only prompt; never behind -p") {
+    // An open pipe that sends nothing: -p does not wait for it.
+    const auto idle = sh("timeout 20 \"$K\" -m \"$S\" -p 'Once upon a time' -n 3 --temp 0 --quiet "
+                         "< <(sleep 40); echo \" rc=$?\"");
+    INFO(describe(idle));
+    CHECK(contains(idle.out, " rc=0"));
+    const auto chat_idle = sh("timeout 20 \"$K\" chat -m \"$S\" -p Hello -n 3 --temp 0 < <(sleep "
+                              "40) >/dev/null; echo \"rc=$?\"");
+    CHECK(contains(chat_idle.out, "rc=0"));
+    // A while-read loop keeps its input: one run per line.
+    const auto loop = sh("printf 'Once upon a time\\nLily went to the park\\nThe dog barked\\n' | "
+                         "while read -r line; do \"$K\" -m \"$S\" -p \"$line\" -n 3 --temp 0 "
+                         "--quiet --echo; echo; done");
+    INFO(describe(loop));
+    const auto lines = kvtest::lines(loop.out);
+    REQUIRE(lines.size() == 3);
+    CHECK(starts_with(lines[0], "Once upon a time"));
+    CHECK(starts_with(lines[1], "Lily went to the park"));
+    CHECK(starts_with(lines[2], "The dog barked"));
+    // stdin alone is the prompt; with -p it is left unread; -f - reads it after -p.
+    const std::string doc = "The cat sat on the mat.";
+    const auto alone = run({"-m", kStories, "-n", "8", "--temp", "0", "--quiet"}, &doc);
+    CHECK(alone.out == run({"-m", kStories, "-p", doc, "-n", "8", "--temp", "0", "--quiet"}).out);
+    const auto with_p =
+        run({"-m", kStories, "-p", "Summarize:", "-n", "8", "--temp", "0", "--quiet"}, &doc);
+    CHECK(with_p.out ==
+          run({"-m", kStories, "-p", "Summarize:", "-n", "8", "--temp", "0", "--quiet"}).out);
+    const auto dash = run(
+        {"-m", kStories, "-p", "Summarize:", "-f", "-", "-n", "8", "--temp", "0", "--quiet"}, &doc);
+    CHECK(
+        dash.out ==
+        run({"-m", kStories, "-p", "Summarize:\n" + doc, "-n", "8", "--temp", "0", "--quiet"}).out);
+    // tokenize: the same rule.
+    const auto tok = run({"tokenize", "-m", kStories}, &doc);
+    CHECK(tok.status == 0);
+    CHECK(tok.out == run({"tokenize", "-m", kStories, "-p", doc}).out);
+    CHECK(run({"tokenize", "-m", kStories, "-p", "x"}, &doc).out ==
+          run({"tokenize", "-m", kStories, "-p", "x"}).out);
+}
+
+TEST_CASE("cli stdin: a piped chat message loses the newline that ended its line") {
+    const std::string line = "Hello there\n";
+    const auto piped = run({"-m", kStories, "--chat", "-n", "4", "--temp", "0", "--json"}, &line);
+    INFO(describe(piped));
+    REQUIRE(piped.status == 0);
+    const json typed =
+        run_json({"-m", kStories, "--chat", "-p", "Hello there", "-n", "4", "--temp", "0"});
+    CHECK(json::parse(piped.out)["tokens"]["prompt"] == typed["tokens"]["prompt"]);
+    CHECK(json::parse(piped.out)["text"] == typed["text"]);
+}
+
+TEST_CASE("cli args: -e processes escapes in -p and --stop; without it they stay literal") {
+    const json e =
+        run_json({"-m", kStories, "-p", "Once upon a time\\nLily", "-e", "-n", "6", "--temp", "0"});
+    const json real =
+        run_json({"-m", kStories, "-p", "Once upon a time\nLily", "-n", "6", "--temp", "0"});
+    const json literal =
+        run_json({"-m", kStories, "-p", "Once upon a time\\nLily", "-n", "6", "--temp", "0"});
+    CHECK(e["text"] == real["text"]);
+    CHECK(e["tokens"]["prompt"] == real["tokens"]["prompt"]);
+    CHECK(literal["tokens"]["prompt"] != real["tokens"]["prompt"]);
+}
+
+TEST_CASE("cli generation: the default -n -1 ends at a full context; -n N slides past it") {
+    const json j =
+        run_json({"-m", kStories, "-p", kPrompt, "-c", "64", "--temp", "0", "--ignore-eos"});
+    CHECK(j["stop"] == "context full");
+    CHECK(j["tokens"]["generated"].get<int>() <= 64);
+    CHECK(j["tokens"]["generated"].get<int>() >= 64 - 5 - 1);
+    const auto r = run({"-m", kStories, "-p", kPrompt, "-c", "64", "--temp", "0", "--ignore-eos"});
+    INFO(describe(r));
+    CHECK(r.status == 0);
+    CHECK(contains(r.err, "stop: context full"));
+    CHECK(contains(r.err, "-n N"));
+    const json n = run_json(
+        {"-m", kStories, "-p", kPrompt, "-c", "64", "-n", "150", "--temp", "0", "--ignore-eos"});
+    CHECK(n["tokens"]["generated"] == 150);
+    CHECK(n["stop"] == "length");
+}
+
+TEST_CASE(
+    "cli output: a failed write on stdout is one error line and status 1 in every subcommand") {
+    const std::vector<std::string> commands = {
+        "\"$K\" -m \"$S\" -p 'Once upon a time' -n 20 --temp 0",
+        "\"$K\" -m \"$S\" -p 'Once upon a time' -n 20 --temp 0 --json",
+        "\"$K\" -m \"$S\" --chat -p Hi -n 20 --temp 0",
+        "\"$K\" chat -m \"$S\" -p Hi -n 20 --temp 0",
+        "\"$K\" tokenize -m \"$S\" -p 'Once upon a time'",
+        "\"$K\" logits -m \"$S\" --tokens 1,2,3",
+        "\"$K\" info -m \"$S\"",
+        "\"$K\" perplexity -m \"$S\" -f \"$T\" -c 64 --chunks 1",
+        "\"$K\" bench -m \"$S\" -p 8 -n 2 -r 1 -t 1",
+    };
+    for (const std::string& c : commands)
+        for (const char* redirect : {" > /dev/full", " >&-"}) {
+            CAPTURE(c);
+            CAPTURE(redirect);
+            const auto r = sh(c + redirect + " < /dev/null");
+            INFO(describe(r));
+            CHECK(r.status == 1);
+            const auto lines = kvtest::lines(r.err);
+            REQUIRE(!lines.empty());
+            CHECK(lines.back().rfind("kvrun: error: cannot write to stdout", 0) == 0);
+            CHECK(lines.size() <= 2); // bench's kernel line may come first
+        }
+}
+
+TEST_CASE(
+    "cli output: with SIGPIPE ignored by the parent, a closed pipe still ends kvrun quietly") {
+    const std::vector<std::string> commands = {
+        "\"$K\" -m \"$S\" -p 'Once upon a time' -n 100000 -c 64 --ignore-eos --temp 0",
+        "\"$K\" tokenize -m \"$S\" -f \"$T\"",
+        "\"$K\" tokenize -m \"$S\" -f \"$T\" --pieces",
+        "\"$K\" logits -m \"$S\" -p \"$(head -c 3000 \"$T\")\" --top-k 500",
+    };
+    for (const std::string& c : commands) {
+        CAPTURE(c);
+        const auto r = sh("trap '' PIPE; " + c +
+                          " < /dev/null | head -c 1 > /dev/null; echo \"rc=${PIPESTATUS[0]}\"");
+        INFO(describe(r));
+        CHECK((contains(r.out, "rc=141") || contains(r.out, "rc=0")));
+        CHECK(r.err.empty());
+    }
+}
+
+TEST_CASE("cli signals: bench on SIGINT exits 130") {
+    const auto r =
+        sh("\"$K\" bench -m \"$S\" -p 64 -n 64 -r 1000 -t 1 > /dev/null 2>&1 & pid=$!; sleep 1.5; "
+           "kill -INT $pid; wait $pid; echo \"rc=$?\"");
+    INFO(describe(r));
+    CHECK(contains(r.out, "rc=130"));
+}
+
+TEST_CASE("cli args: perplexity --chunks 0 says what it takes") {
+    const std::string line =
+        usage_line(run({"perplexity", "-m", kStories, "-f", kText, "--chunks", "0"}));
+    CHECK(contains(line, "--chunks"));
+    CHECK(contains(line, "-1 for all"));
+}
+
+TEST_CASE("cli args: tokenize --json --pieces is refused rather than ignoring --pieces") {
+    CHECK(contains(usage_line(run({"tokenize", "-m", kStories, "-p", "x", "--json", "--pieces"})),
+                   "--pieces"));
+}
+
+TEST_CASE("cli args: quantize refuses an already-quantized model without --allow-requantize") {
+    const std::string src = kvtest::shared("models/synthetic/tiny-Q4_0.gguf");
+    const std::string out = "/tmp/kvrun_requant_" + std::to_string(::getpid()) + ".gguf";
+    CHECK(contains(usage_line(run({"quantize", src, out, "Q8_0"})), "--allow-requantize"));
+    const auto ok = run({"quantize", src, out, "Q8_0", "--allow-requantize", "-t", "1"});
+    INFO(describe(ok));
+    CHECK(ok.status == 0);
+    std::remove(out.c_str());
+}
