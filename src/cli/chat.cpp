@@ -23,6 +23,7 @@
 #include "chat_session.h"
 #include "cli/common.h"
 #include "error.h"
+#include "file_io.h"
 #include "context.h"
 #include "unicode.h"
 
@@ -205,12 +206,9 @@ int run_chat(int argc, char** argv) {
         return app.exit(e) == 0 ? 0 : static_cast<int>(Exit::usage);
     }
     if (!*seed_opt) o.sampling.seed = std::random_device{}();
-    if (!o.system_file.empty()) {
-        std::ifstream in(o.system_file, std::ios::binary);
-        if (!in) fail(Exit::usage, "cannot read system prompt file '{}'", o.system_file);
-        o.system = rtrim(
-            std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()));
-    }
+    if (!o.system_file.empty())
+        o.system = rtrim(read_regular_file(o.system_file, "system prompt file", Exit::usage));
+    check_utf8(o.system, "the system prompt");
     const gl::Type tk = parse_cache_type(o.common.cache_type_k, "--cache-type-k");
     const gl::Type tv = parse_cache_type(o.common.cache_type_v, "--cache-type-v");
     const bool tty = ::isatty(0) == 1;
@@ -343,6 +341,8 @@ int run_chat(int argc, char** argv) {
         } else if (cmd == "/system") {
             if (arg.empty())
                 out(fmt::format("[system] {}\n", session.system()));
+            else if (!unicode::valid_utf8(arg))
+                out("[the system prompt is not valid UTF-8: not set]\n");
             else
                 session.set_system(arg), out("[system prompt set]\n");
         } else if (cmd == "/save" || cmd == "/load") {
@@ -355,7 +355,7 @@ int run_chat(int argc, char** argv) {
                     session.save(arg), out(fmt::format("[saved to {} and {}.json]\n", arg, arg));
                 else
                     out("[" + session.load(arg) + "]\n");
-            } catch (const Error& e) {
+            } catch (const std::exception& e) { // save and load keep the session whatever the file
                 fmt::print(stderr, "kvrun: {}\n", e.what());
             }
         } else {
