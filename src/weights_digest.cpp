@@ -1,7 +1,9 @@
 #include "weights_digest.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <sstream>
 #include <vector>
 #include <sys/stat.h>
@@ -128,6 +130,13 @@ uint64_t weights_digest(const GgufFile& f) {
     for (const MemoEntry& e : entries)
         if (e.id == id) return e.digest;
     const uint64_t d = hash_weights(f);
+    // A file changed within the filesystem's timestamp granularity of when it
+    // was opened could be changed again with the same identity (the "racily
+    // clean" case): remember only files that have been still for a second.
+    timespec now{};
+    clock_gettime(CLOCK_REALTIME, &now);
+    const int64_t now_ns = static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
+    if (now_ns - std::max(id.ctime_ns, id.mtime_ns) < 1000000000) return d;
     entries.insert(entries.begin(), MemoEntry{id, d});
     if (entries.size() > kMemoEntries) entries.resize(kMemoEntries);
     write_memo(memo, entries);

@@ -8,7 +8,10 @@
 // not pay a full read on every run, the result is remembered per file
 // identity (device, inode, size, mtime and ctime in ns: a file replaced or
 // modified in place has another identity) in a small memo file,
-// $XDG_CACHE_HOME/kvrun/weights-digests (default ~/.cache/kvrun). When that
+// $XDG_CACHE_HOME/kvrun/weights-digests (default ~/.cache/kvrun); a file
+// changed less than a second before it was opened is not remembered, since
+// a second change within the timestamps' granularity would keep its
+// identity. When that
 // file cannot be read or written the digest is computed every time: slower,
 // never wrong. A sampled hash would be cheaper without a memo but would miss
 // an edit to one tensor, which is exactly the stale-cache case.
