@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -22,6 +23,8 @@
 using namespace kvrun;
 
 namespace {
+
+char g_dir[64]; // the fixture's temporary folder, removed at exit
 
 struct Fixture {
     std::unique_ptr<LoadedModel> lm;
@@ -52,6 +55,9 @@ Fixture& fixture() {
         char tmpl[] = "/tmp/fuzz-chat-load-XXXXXX";
         if (!mkdtemp(tmpl)) std::abort();
         x.dir = tmpl;
+        // A copy: the fixture is destroyed before this handler runs.
+        std::snprintf(g_dir, sizeof g_dir, "%s", tmpl);
+        std::atexit([] { std::filesystem::remove_all(g_dir); });
         return x;
     }();
     return f;
