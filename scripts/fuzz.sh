@@ -6,11 +6,17 @@
 #                   ../shared and small models the target writes itself
 #   fuzz_tokenizer  encode/decode of arbitrary bytes; seeds: the tokenizer
 #                   test strings in ../shared/vocab
+#   fuzz_prompt_cache  the prompt-cache loader (stories260K); seeds: caches
+#                   the target writes itself
+#   fuzz_chat_load  chat /load of a save (JSON + binary cache); seeds: saves
+#                   the target writes itself
+#   fuzz_vocab      Vocab/Tokenizer built from a hostile vocabulary; seeds:
+#                   ../shared/vocab's GGUF files and tiny ones the target writes
 #
 # The corpora grow in build-fuzz/corpus-*; crash inputs land in fuzz-out/.
 # Exits non-zero when a target crashes (or fails to build).
 # Environment: CC/CXX (default clang/clang++), JOBS (build jobs, default 2),
-# FUZZ_TARGETS (default "fuzz_gguf fuzz_tokenizer").
+# FUZZ_TARGETS (default: all five).
 set -euo pipefail
 
 secs=${1:-30}
@@ -18,7 +24,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 shared=$(cd "$root/../shared" && pwd)
 build=$root/build-fuzz
 out=$root/fuzz-out
-targets=${FUZZ_TARGETS:-fuzz_gguf fuzz_tokenizer}
+targets=${FUZZ_TARGETS:-fuzz_gguf fuzz_tokenizer fuzz_prompt_cache fuzz_chat_load fuzz_vocab}
 
 # Instrument the libraries too (coverage for libFuzzer, ASan/UBSan checks in
 # the parser itself); the fuzz targets add -fsanitize=fuzzer when linking.
@@ -55,6 +61,16 @@ for t in $targets; do
         export KVRUN_FUZZ_VOCAB=${KVRUN_FUZZ_VOCAB:-$shared/vocab/ggml-vocab-llama-spm.gguf}
         export KVRUN_FUZZ_VOCAB_BPE=${KVRUN_FUZZ_VOCAB_BPE:-$shared/vocab/ggml-vocab-gpt-2.gguf}
         args+=(-max_len=4096)
+        ;;
+    fuzz_prompt_cache | fuzz_chat_load)
+        export KVRUN_FUZZ_MODEL=${KVRUN_FUZZ_MODEL:-$shared/models/stories260K.gguf}
+        KVRUN_FUZZ_WRITE_SEEDS=$seeds "$build/$t"
+        args+=(-max_len=200000)
+        ;;
+    fuzz_vocab)
+        cp "$shared"/vocab/*.gguf "$seeds"/
+        KVRUN_FUZZ_WRITE_SEEDS=$seeds "$build/$t"
+        args+=(-max_len=2000000)
         ;;
     esac
     echo "== $t: ${secs}s, seeds $(find "$seeds" -type f | wc -l), corpus $(find "$corpus" -type f | wc -l)"

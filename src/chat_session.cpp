@@ -3,13 +3,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
-#include <iterator>
-#include <unistd.h>
+#include <cstdint>
+#include <cstdlib>
 
 #include <nlohmann/json.hpp>
 
 #include "error.h"
+#include "file_io.h"
 #include "prompt_cache.h"
 #include "stop_sequences.h"
 
@@ -221,13 +221,33 @@ void ChatSession::generate(const ChatHooks& hooks, TurnStats& st) {
                (st.prompt_s - prompt_before);
 }
 
+namespace {
+
+// A save's JSON begins with its sorted keys: "first_live_turn", "format".
+bool is_chat_save_head(std::string_view head) {
+    return head.find("\"kvrun-chat\"") != std::string_view::npos;
+}
+
+constexpr uint64_t kMaxSaveBytes = uint64_t{256} << 20;
+
+// nlohmann's messages start with "[json.exception.type_error.302] ".
+std::string json_reason(const std::exception& e) {
+    std::string s = e.what();
+    if (s.rfind("[json.exception.", 0) == 0 && s.find("] ") != std::string::npos)
+        s.erase(0, s.find("] ") + 2);
+    return s;
+}
+
+} // namespace
+
 void ChatSession::save(const std::string& path) const {
     const uint64_t digest = s_.model_digest();
-    s_.save_prompt_cache(path, digest);
     nlohmann::json j;
     j["format"] = "kvrun-chat";
     j["version"] = kSaveVersion;
-    j["model_digest"] = digest;
+    // A string: as a JSON number it would exceed 2^53, which jq and
+    // JavaScript round.
+    j["model_digest"] = fmt::format("{:016x}", digest);
     j["template"] = tmpl_.name();
     j["system"] = system_;
     j["first_live_turn"] = first_live_;
@@ -235,44 +255,86 @@ void ChatSession::save(const std::string& path) const {
     for (const Turn& t : turns_)
         j["turns"].push_back(
             {{"user", t.user}, {"reply", t.reply}, {"reply_tokens", t.reply_tokens}});
-    const std::string meta = path + ".json", tmp = meta + ".tmp." + std::to_string(::getpid());
-    {
-        std::ofstream out(tmp, std::ios::binary);
-        out << j.dump(1) << "\n";
-        if (!out) fail(Exit::error, "cannot write '{}'", tmp);
-    }
-    if (std::rename(tmp.c_str(), meta.c_str()) != 0) fail(Exit::error, "cannot write '{}'", meta);
+    // Replace, not throw, on bytes that are not UTF-8 (a reply cut inside a
+    // character): the save must not fail on the model's output.
+    const std::string text = j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    // The JSON goes to its temporary first, then the binary cache is saved,
+    // then the JSON renamed: any failure before that leaves FILE.json as it
+    // was (a cache that no longer matches it is only not reused).
+    AtomicFile meta(path + ".json", "conversation", is_chat_save_head);
+    meta.write(text);
+    s_.save_prompt_cache(path, digest);
+    meta.commit();
 }
 
 std::string ChatSession::load(const std::string& path) {
-    std::ifstream in(path + ".json", std::ios::binary);
-    if (!in) fail(Exit::usage, "cannot read '{}.json'", path);
-    nlohmann::json j;
-    try {
-        j = nlohmann::json::parse(in);
-        if (j.at("format") != "kvrun-chat" || j.at("version") != kSaveVersion)
-            throw std::runtime_error("format");
-    } catch (const std::exception&) {
-        fail(Exit::usage, "'{}.json' is not a kvrun conversation", path);
-    }
+    const std::string meta = path + ".json";
+    const ReadResult file = try_read_regular_file(meta, kMaxSaveBytes);
+    if (!file.ok) fail(Exit::usage, "cannot read '{}': {}", meta, file.why);
+    auto bad = [&](const std::string& why) -> void {
+        fail(Exit::usage, "'{}' is not a kvrun conversation ({})", meta, why);
+    };
     const uint64_t digest = s_.model_digest();
-    const bool same_model = j.value("model_digest", uint64_t{0}) == digest;
+    // Everything is read and checked before the session changes: a bad
+    // file leaves the current conversation as it was.
     std::vector<Turn> turns;
-    for (const auto& jt : j.at("turns")) {
-        Turn t{jt.at("user").get<std::string>(), jt.at("reply").get<std::string>(), {}, false};
-        // Token ids mean nothing to another model: re-tokenize the reply then.
-        if (same_model)
-            t.reply_tokens = jt.at("reply_tokens").get<std::vector<int32_t>>();
-        else
-            t.reply_tokens = lm_.tokenizer.encode(t.reply, false, false);
-        for (int32_t id : t.reply_tokens)
-            if (id < 0 || id >= lm_.tokenizer.n_vocab())
-                fail(Exit::usage, "'{}.json': bad token id {}", path, id);
-        turns.push_back(std::move(t));
+    std::string system;
+    size_t first_live = 0;
+    try {
+        const nlohmann::json j = nlohmann::json::parse(file.data);
+        if (!j.is_object() || j.value("format", std::string()) != "kvrun-chat")
+            bad("no kvrun-chat format");
+        if (j.at("version") != kSaveVersion) bad("version " + j.at("version").dump());
+        uint64_t saved_digest = 0;
+        if (const auto d = j.find("model_digest"); d != j.end()) {
+            if (d->is_string()) { // since the digest became a string
+                const std::string& hex = d->get_ref<const std::string&>();
+                char* end = nullptr;
+                saved_digest = std::strtoull(hex.c_str(), &end, 16);
+                if (hex.empty() || *end) bad("model_digest is not a hex number");
+            } else if (d->is_number_unsigned()) { // older saves: a number
+                saved_digest = d->get<uint64_t>();
+            } else {
+                bad("model_digest is neither a string nor a number");
+            }
+        }
+        const bool same_model = saved_digest == digest;
+        system = j.value("system", std::string());
+        if (const auto f = j.find("first_live_turn"); f != j.end()) {
+            if (!f->is_number_unsigned()) bad("first_live_turn is not a count");
+            first_live = static_cast<size_t>(std::min<uint64_t>(f->get<uint64_t>(), SIZE_MAX));
+        }
+        const nlohmann::json& jturns = j.at("turns");
+        if (!jturns.is_array()) bad("turns is not an array");
+        for (const auto& jt : jturns) {
+            if (!jt.is_object()) bad("a turn is not an object");
+            Turn t{jt.at("user").get<std::string>(), jt.at("reply").get<std::string>(), {}, false};
+            if (same_model) {
+                const nlohmann::json& ids = jt.at("reply_tokens");
+                if (!ids.is_array()) bad("reply_tokens is not an array");
+                for (const auto& id : ids) {
+                    // Checked as the number it is: a cast first would turn
+                    // 2^32 + 5 into token 5.
+                    const bool ok =
+                        id.is_number_unsigned()
+                            ? id.get<uint64_t>() < static_cast<uint64_t>(lm_.tokenizer.n_vocab())
+                            : id.is_number_integer() && id.get<int64_t>() >= 0 &&
+                                  id.get<int64_t>() < lm_.tokenizer.n_vocab();
+                    if (!ok) bad("bad token id " + id.dump());
+                    t.reply_tokens.push_back(static_cast<int32_t>(id.get<int64_t>()));
+                }
+            } else {
+                // Token ids mean nothing to another model: re-tokenize the reply.
+                t.reply_tokens = lm_.tokenizer.encode(t.reply, false, false);
+            }
+            turns.push_back(std::move(t));
+        }
+    } catch (const nlohmann::json::exception& e) {
+        bad(json_reason(e));
     }
     turns_ = std::move(turns);
-    system_ = j.value("system", std::string());
-    first_live_ = std::min<size_t>(j.value("first_live_turn", size_t{0}), turns_.size());
+    system_ = std::move(system);
+    first_live_ = std::min(first_live, turns_.size());
     TurnStats unused;
     std::vector<int32_t> want = target();
     while (want.size() >= static_cast<size_t>(s_.n_ctx()) && evict_one({}, unused))

@@ -201,7 +201,8 @@ std::string GgufTensor::shape_str() const {
 }
 
 GgufFile GgufFile::open(const std::string& path) {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO must not block the open before fstat refuses it.
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) fail(Exit::bad_model, "cannot open model '{}': {}", path, std::strerror(errno));
     struct stat st {};
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -211,6 +212,7 @@ GgufFile GgufFile::open(const std::string& path) {
     GgufFile f;
     f.path_ = path;
     f.size_ = static_cast<uint64_t>(st.st_size);
+    f.identity_ = identity_of_fd(fd);
     if (f.size_ == 0) {
         ::close(fd);
         fail(Exit::bad_model, "{}: empty file, not a GGUF model", path);
@@ -242,6 +244,7 @@ GgufFile& GgufFile::operator=(GgufFile&& o) noexcept {
         path_ = std::move(o.path_);
         base_ = o.base_;
         size_ = o.size_;
+        identity_ = o.identity_;
         map_ = o.map_;
         data_copy_ = std::move(o.data_copy_);
         version_ = o.version_;
@@ -399,6 +402,20 @@ void GgufFile::parse_all() {
                  name, t.name, t.nbytes, t.offset, avail);
         t.offset += data_offset_;
         t.data = base_ + t.offset;
+    }
+    // Tensors whose bytes overlap are a forged file: each alias would be
+    // loaded (and moved to huge pages) on its own, many times the file's size.
+    std::vector<const GgufTensor*> by_offset;
+    by_offset.reserve(tensors_.size());
+    for (const GgufTensor& t : tensors_) by_offset.push_back(&t);
+    std::sort(by_offset.begin(), by_offset.end(),
+              [](const GgufTensor* a, const GgufTensor* b) { return a->offset < b->offset; });
+    for (size_t k = 1; k < by_offset.size(); k++) {
+        const GgufTensor& a = *by_offset[k - 1];
+        const GgufTensor& b = *by_offset[k];
+        if (a.offset + a.nbytes > b.offset)
+            fail(Exit::bad_model, "{}: tensors '{}' and '{}' overlap in the file", name, a.name,
+                 b.name);
     }
 }
 

@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "file_io.h"
 #include "ggml-like/types.h"
 #include "system_memory.h"
 
@@ -72,6 +73,8 @@ class GgufFile {
     const std::string& path() const { return path_; }
     uint32_t version() const { return version_; }
     uint64_t file_size() const { return size_; }
+    // The file as it was opened (unknown for a parsed buffer).
+    const FileIdentity& identity() const { return identity_; }
     const uint8_t* bytes() const { return base_; } // the whole mapped file
     // Moves the tensors (but those keep_mapped says to leave) out of the
     // file mapping into anonymous memory advised onto transparent huge
@@ -110,6 +113,7 @@ class GgufFile {
     std::string path_;
     const uint8_t* base_ = nullptr;
     uint64_t size_ = 0;
+    FileIdentity identity_;
     void* map_ = nullptr; // owned mapping (null when parsing a caller's buffer)
     HugeBytes data_copy_; // the moved tensors' data
     uint32_t version_ = 0;

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "file_io.h"
 
 namespace kvrun {
 
@@ -134,27 +135,18 @@ std::vector<uint8_t> GgufWriter::bytes() const {
 }
 
 void GgufWriter::write(const std::string& path) const {
-    const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-    FILE* f = std::fopen(tmp.c_str(), "wb");
-    if (!f) fail(Exit::error, "cannot write '{}': {}", tmp, std::strerror(errno));
+    // An existing output is replaced only when it is a GGUF file (or empty).
+    AtomicFile f(path, "GGUF file",
+                 [](std::string_view head) { return head.rfind("GGUF", 0) == 0; });
     // Streamed: the header, then each tensor and its padding (no second copy in memory).
     const std::vector<uint8_t> head = header();
-    bool ok = std::fwrite(head.data(), 1, head.size(), f) == head.size();
+    f.write(head.data(), head.size());
     static const uint8_t zeros[256] = {};
     for (const PendingTensor& t : tensors_) {
-        if (!ok) break;
-        ok = std::fwrite(t.data.data(), 1, t.data.size(), f) == t.data.size();
-        const size_t pad = padded(t.data.size()) - t.data.size();
-        ok = ok && std::fwrite(zeros, 1, pad, f) == pad;
+        if (!t.data.empty()) f.write(t.data.data(), t.data.size());
+        f.write(zeros, padded(t.data.size()) - t.data.size());
     }
-    if (std::fclose(f) != 0 || !ok) {
-        std::remove(tmp.c_str());
-        fail(Exit::error, "cannot write '{}': {}", tmp, std::strerror(errno));
-    }
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-        std::remove(tmp.c_str());
-        fail(Exit::error, "cannot rename '{}' to '{}': {}", tmp, path, std::strerror(errno));
-    }
+    f.commit();
 }
 
 } // namespace kvrun

@@ -179,6 +179,7 @@ void KvCache::read_rows(int layer, int n, void* k_rows, void* v_rows) const {
     auto* vo = static_cast<uint8_t*>(v_rows);
     const uint8_t* kb = k_at(layer);
     const uint8_t* vb = kb + k_bytes_[layer];
+    if (n == 0) return; // the buffers may be null (an empty save): memcpy must not see them
     if (!head_major_) {
         std::memcpy(ko, kb, n * row_k_);
         std::memcpy(vo, vb, n * row_v_);

@@ -104,15 +104,22 @@ Hparams read_hparams(const GgufFile& f) {
     if (hp.n_embd % hp.n_head != 0 && !f.get_u64(p + "attention.key_length"))
         fail(Exit::bad_model, "{}: width {} is not a multiple of {} heads", f.path(), hp.n_embd, hp.n_head);
     hp.head_dim = f.get_u64(p + "attention.key_length") ? need("attention.key_length", 4096) : hp.n_embd / hp.n_head;
-    if (auto vl = f.get_u64(p + "attention.value_length"); vl && static_cast<int>(*vl) != hp.head_dim)
+    if (auto vl = f.get_u64(p + "attention.value_length");
+        vl && *vl != static_cast<uint64_t>(hp.head_dim))
         fail(Exit::bad_model, "{}: key length {} != value length {} is not supported", f.path(), hp.head_dim, *vl);
     if (hp.head_dim % 2 != 0) fail(Exit::bad_model, "{}: head size {} is odd", f.path(), hp.head_dim);
-    hp.rms_eps = static_cast<float>(f.get_f64(p + "attention.layer_norm_rms_epsilon").value_or(1e-5));
+    // Checked as a double: a value past float's range (inf included) would
+    // make every norm's output zero; an epsilon is far below 1.
+    const double rms_eps = f.get_f64(p + "attention.layer_norm_rms_epsilon").value_or(1e-5);
+    if (!(rms_eps > 0 && rms_eps <= 1))
+        fail(Exit::bad_model, "{}: the RMS epsilon {} is out of range (0 .. 1]", f.path(), rms_eps);
+    hp.rms_eps = static_cast<float>(rms_eps);
     hp.rope_base = f.get_f64(p + "rope.freq_base").value_or(10000.0);
     hp.rope_dims = f.get_u64(p + "rope.dimension_count") ? need("rope.dimension_count", 4096) : hp.head_dim;
     if (hp.rope_dims > hp.head_dim || hp.rope_dims % 2 != 0)
         fail(Exit::bad_model, "{}: rope.dimension_count {} does not fit head size {}", f.path(), hp.rope_dims, hp.head_dim);
-    if (!(hp.rope_base > 0) || !(hp.rms_eps > 0))
+    // Infinite values pass "> 0" but make every norm zero (or every angle NaN).
+    if (!(hp.rope_base > 0) || !(hp.rms_eps > 0) || !std::isfinite(hp.rope_base))
         fail(Exit::bad_model, "{}: rope.freq_base and the RMS epsilon must be positive", f.path());
     hp.rope_neox = arch->rope_neox;
     // RoPE scaling: "linear" divides positions by the factor (the same as
@@ -141,7 +148,15 @@ Hparams read_hparams(const GgufFile& f) {
                            ? need("rope.scaling.original_context_length", 1u << 30)
                            : hp.n_ctx_train;
 
-    if (auto sw = f.get_u64(p + "attention.sliding_window")) hp.sliding_window = static_cast<int64_t>(*sw);
+    // 0 declares no window. A window of one token attends to nothing but
+    // itself, and one past 2^30 would wrap int64 and int: both are bad files.
+    if (auto sw = f.get_u64(p + "attention.sliding_window"); sw && *sw != 0) {
+        if (*sw < 2 || *sw > (uint64_t{1} << 30))
+            fail(Exit::bad_model,
+                 "{}: '{}attention.sliding_window' = {} is out of range (2 .. 2^30)", f.path(), p,
+                 *sw);
+        hp.sliding_window = static_cast<int64_t>(*sw);
+    }
     if (arch->read_hparams) arch->read_hparams(f, hp);
 
     const GgufTensor* emb = f.tensor(std::string(tn::token_embd));
@@ -219,7 +234,9 @@ Model Model::load(const GgufFile& f) {
         }
         return v;
     };
-    m.rope_inv_freq = inv_freq(b.vector(std::string(tn::rope_freqs), n_pairs, false));
+    const std::vector<float> freq_factors = b.vector(std::string(tn::rope_freqs), n_pairs, false);
+    for (float x : freq_factors) check_factor(f, tn::rope_freqs, x);
+    m.rope_inv_freq = inv_freq(freq_factors);
     if (f.tensor(std::string(tn::rope_factors_long)) ||
         f.tensor(std::string(tn::rope_factors_short))) {
         if (f.tensor(std::string(tn::rope_freqs)))

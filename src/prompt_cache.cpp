@@ -3,12 +3,11 @@
 #include <cstdio>
 #include <algorithm>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <vector>
-#include <unistd.h>
 
 #include "error.h"
+#include "file_io.h"
+#include "weights_digest.h"
 #include "ggml-like/cpu/ops.h"
 
 namespace kvrun {
@@ -16,7 +15,8 @@ namespace kvrun {
 namespace {
 
 constexpr char kMagic[8] = {'K', 'V', 'R', 'U', 'N', 'P', 'C', '\0'};
-constexpr uint32_t kVersion = 2; // 2: sliding-window rings saved slot by slot
+constexpr uint32_t kVersion =
+    3; // 2: sliding-window rings saved slot by slot; 3: the digest covers the weights
 
 struct Header {
     char magic[8];
@@ -50,16 +50,29 @@ template <typename T> void append(std::string& out, const T* p, size_t n) {
 } // namespace
 
 uint64_t model_digest(const GgufFile& f) {
-    // The header region alone pins metadata, tensor names, shapes, types and
-    // offsets; hashing the weights themselves would cost a full read.
-    return fnv1a(f.bytes(), f.data_offset()) ^ f.file_size();
+    // The header region pins metadata, tensor names, shapes, types and
+    // offsets; the weights digest (remembered per file identity, see
+    // weights_digest.h) tells apart files whose headers are the same.
+    return (fnv1a(f.bytes(), f.data_offset()) ^ f.file_size()) * 0x9e3779b97f4a7c15ull ^
+           weights_digest(f);
+}
+
+bool is_prompt_cache_head(std::string_view head) {
+    return head.size() >= sizeof kMagic && std::memcmp(head.data(), kMagic, sizeof kMagic) == 0;
 }
 
 void save_prompt_cache(const std::string& path, uint64_t digest, const KvCache& kv,
                        const std::vector<int32_t>& tokens) {
     const KvCacheConfig& c = kv.config();
     const int64_t n = static_cast<int64_t>(tokens.size());
-    KV_ASSERT(n == kv.n_past() && n <= c.n_ctx);
+    // A prompt longer than a sliding-window model's ring slid out of it: what
+    // the ring holds is no prefix a later prompt could start from.
+    if (n > c.n_ctx)
+        fail(Exit::error,
+             "the prompt ({} tokens) is longer than the cache ({} tokens, the model's sliding "
+             "window)",
+             n, c.n_ctx);
+    KV_ASSERT(n == kv.n_past());
     Header h{};
     std::memcpy(h.magic, kMagic, 8);
     h.version = kVersion;
@@ -84,33 +97,37 @@ void save_prompt_cache(const std::string& path, uint64_t digest, const KvCache& 
         kv.read_rows(l, static_cast<int>(rows), k_rows.data(), v_rows.data());
         append(out, k_rows.data(), rows * kv.row_bytes_k());
         append(out, v_rows.data(), rows * kv.row_bytes_v());
-        append(out, kv.sink_k(l), static_cast<size_t>(c.keep_of(l)) * kv.kv_dim());
+        if (c.keep_of(l) > 0)
+            append(out, kv.sink_k(l), static_cast<size_t>(c.keep_of(l)) * kv.kv_dim());
     }
     const uint64_t sum = fnv1a(reinterpret_cast<const uint8_t*>(out.data()), out.size());
     append(out, &sum, 1);
 
-    const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-    FILE* f = std::fopen(tmp.c_str(), "wb");
-    if (!f) fail(Exit::error, "cannot write prompt cache '{}': {}", tmp, std::strerror(errno));
-    const bool ok = std::fwrite(out.data(), 1, out.size(), f) == out.size();
-    if (std::fclose(f) != 0 || !ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-        std::remove(tmp.c_str());
-        fail(Exit::error, "cannot write prompt cache '{}': {}", path, std::strerror(errno));
-    }
+    AtomicFile f(path, "prompt cache", is_prompt_cache_head);
+    f.write(out);
+    f.commit();
 }
 
 PromptCacheLoad load_prompt_cache(const std::string& path, uint64_t digest, KvCache& kv,
                                   const std::vector<int32_t>& prompt, const Model& model) {
     PromptCacheLoad r;
-    std::ifstream in(path, std::ios::binary);
-    if (!in) {
-        r.why = "no such file yet";
+    const KvCacheConfig& c = kv.config();
+    // No file for this cache can be larger than a full context's worth: a
+    // bound on what is read, whatever the path names.
+    uint64_t most = sizeof(Header) + static_cast<uint64_t>(c.n_ctx) * 4 + 8;
+    for (int l = 0; l < c.n_layer; l++)
+        most += static_cast<uint64_t>(c.n_ctx) * (kv.row_bytes_k() + kv.row_bytes_v()) +
+                static_cast<uint64_t>(c.keep_of(l)) * kv.kv_dim() * sizeof(float);
+    // Too large, its header still says why (another model, more tokens).
+    const ReadResult file = try_read_regular_file(path, most, sizeof(Header));
+    if (!file.ok && !file.too_large) {
+        r.why = file.missing ? "no such file yet" : file.why;
         return r;
     }
-    const std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    const KvCacheConfig& c = kv.config();
+    const std::string& data = file.data;
     Header h{};
-    if (data.size() < sizeof(Header) + 8) return r.why = "too short", r;
+    if (data.size() < sizeof(Header) + (file.ok ? 8 : 0))
+        return r.why = file.ok ? "too short" : file.why, r;
     std::memcpy(&h, data.data(), sizeof h);
     if (std::memcmp(h.magic, kMagic, 8) != 0) return r.why = "not a kvrun prompt cache", r;
     if (h.version != kVersion) return r.why = "format version " + std::to_string(h.version), r;
@@ -125,6 +142,7 @@ PromptCacheLoad load_prompt_cache(const std::string& path, uint64_t digest, KvCa
         return r.why = "holds " + std::to_string(h.n_tokens) + " tokens, more than this context (" +
                        std::to_string(c.n_ctx) + ")",
                r;
+    if (!file.ok) return r.why = file.why, r;
     const uint64_t n = h.n_tokens;
     const uint32_t swa_slots = c.swa_count() > 0 ? std::min(c.swa_window, c.n_ctx) : 0;
     if ((h.swa_slots == 0) != (swa_slots == 0)) return r.why = "cache dimensions differ", r;
@@ -142,7 +160,7 @@ PromptCacheLoad load_prompt_cache(const std::string& path, uint64_t digest, KvCa
     if (sum != fnv1a(reinterpret_cast<const uint8_t*>(data.data()), data.size() - 8)) return r.why = "checksum mismatch", r;
 
     std::vector<int32_t> tokens(n);
-    std::memcpy(tokens.data(), data.data() + sizeof(Header), n * 4);
+    if (n > 0) std::memcpy(tokens.data(), data.data() + sizeof(Header), n * 4);
     int64_t m = 0;
     while (m < static_cast<int64_t>(n) && m < static_cast<int64_t>(prompt.size()) && tokens[m] == prompt[m]) m++;
     m = std::min<int64_t>(m, static_cast<int64_t>(prompt.size()) - 1);

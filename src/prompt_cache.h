@@ -8,11 +8,14 @@
 // a truncated or corrupt file, or one holding more tokens than the current
 // context can take is rejected with a reason; the caller warns and recomputes.
 // Files are written to a temporary name and renamed, so a reader never sees
-// half a file, even with several writers.
+// half a file, even with several writers; an existing file that is not a
+// prompt cache is never replaced (file_io.h). The checksum detects damage, not
+// tampering: whoever can write the file can forge one that passes.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gguf.h"
@@ -20,8 +23,13 @@
 
 namespace kvrun {
 
-// FNV-1a over the GGUF header region (metadata + tensor infos).
+// The model's identity for caches: FNV-1a over the GGUF header region
+// (metadata + tensor infos), the file size and the weights' digest.
 uint64_t model_digest(const GgufFile& f);
+
+// Whether a file's first bytes are a prompt cache's (any version): only such
+// a file (or an empty one) is replaced by a save.
+bool is_prompt_cache_head(std::string_view head);
 
 struct PromptCacheLoad {
     bool ok = false;
@@ -29,9 +37,11 @@ struct PromptCacheLoad {
     int64_t reused = 0;   // tokens now in the cache
 };
 
-// Save the tokens `kv` holds (all of them: tokens.size() == n_past <= n_ctx).
-// Each layer's slots are saved as they are, so a sliding-window layer's ring
-// may have wrapped.
+// Save the tokens `kv` holds (all of them: tokens.size() == n_past). Each
+// layer's slots are saved as they are, so a sliding-window layer's ring may
+// have wrapped. Throws Error(Exit::error) when the file cannot be written or
+// may not be replaced, and when the tokens outran the cache (a prompt longer
+// than a sliding-window model's ring): callers warn and go on.
 void save_prompt_cache(const std::string& path, uint64_t digest, const KvCache& kv,
                        const std::vector<int32_t>& tokens);
 

@@ -1,6 +1,7 @@
 #include "session.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "error.h"
 #include "stop_sequences.h"
@@ -66,13 +67,14 @@ void Session::clear() {
 // Cached keys depend on the file and, for LongRoPE, on which factors this context uses.
 uint64_t Session::model_digest() const {
     const bool long_rope = lm_.model.rope(kv_.n_ctx()).inv_freq != lm_.model.rope_inv_freq.data();
+    if (!have_file_digest_) file_digest_ = kvrun::model_digest(lm_.file), have_file_digest_ = true;
     // K/V made by the batch-invariant arithmetic (--deterministic) only serve
     // runs in that mode, and the other way round: reuse must not change a
     // deterministic run's tokens.
     const auto& be = fwd_.placement().layers;
-    const bool invariant = std::all_of(be.begin(), be.end(), [](const gl::Backend* b) { return b->batch_invariant(); });
-    return kvrun::model_digest(lm_.file) ^ (long_rope ? 0x4c6f6e67526f5045ull : 0) ^
-           (invariant ? 0x44657465726d696eull : 0);
+    const bool invariant =
+        std::all_of(be.begin(), be.end(), [](const gl::Backend* b) { return b->batch_invariant(); });
+    return file_digest_ ^ (long_rope ? 0x4c6f6e67526f5045ull : 0) ^ (invariant ? 0x44657465726d696eull : 0);
 }
 
 PromptCacheLoad Session::load_prompt_cache(const std::string& path, uint64_t digest,
@@ -111,6 +113,11 @@ GenerateResult Session::generate(const GenerateParams& p, Sampler& sampler, cons
             break;
         }
         KV_ASSERT(last_);
+        // NaN or Inf weights reach the logits; sampled, they would print
+        // garbage (or nothing) and end "successfully".
+        for (int i = 0; i < lm_.model.hp.n_vocab; i++)
+            if (!std::isfinite(last_[i]))
+                fail(Exit::bad_model, "the model produced non-finite logits (NaN or Inf weights?)");
         const int32_t id = sampler.sample(last_);
         if (!r.sampled_any) r.first_token = std::chrono::steady_clock::now(), r.sampled_any = true;
         const bool ends = tok.is_eog(id) || std::find(p.end_ids.begin(), p.end_ids.end(), id) != p.end_ids.end();

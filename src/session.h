@@ -117,6 +117,8 @@ class Session {
     std::vector<int32_t> tokens_;
     float* last_ = nullptr;
     int64_t forward_tokens_ = 0;
+    mutable uint64_t file_digest_ = 0; // model_digest(file), once computed (it hashes the weights)
+    mutable bool have_file_digest_ = false;
 };
 
 } // namespace kvrun

@@ -5,6 +5,8 @@
 
 #include <utf8proc.h>
 
+#include "error.h"
+
 namespace kvrun::unicode {
 
 // ---- UTF-8 -------------------------------------------------------------------
@@ -436,3 +438,11 @@ bool valid_utf8(std::string_view s, size_t* bad_at) {
 }
 
 } // namespace kvrun::unicode
+
+namespace kvrun {
+void check_utf8(std::string_view text, const char* what) {
+    size_t bad = 0;
+    if (!unicode::valid_utf8(text, &bad))
+        fail(Exit::usage, "{} is not valid UTF-8 (bad byte at offset {})", what, bad);
+}
+} // namespace kvrun

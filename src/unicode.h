@@ -57,3 +57,9 @@ std::vector<std::string_view> pre_split(PreSplit kind, std::string_view text);
 bool valid_utf8(std::string_view s, size_t* bad_at = nullptr);
 
 } // namespace kvrun::unicode
+
+namespace kvrun {
+// Text from the user that must be UTF-8 (a system prompt): Error(Exit::usage)
+// "WHAT is not valid UTF-8 (bad byte at offset N)" otherwise.
+void check_utf8(std::string_view text, const char* what);
+} // namespace kvrun

@@ -23,6 +23,7 @@
 #include "chat_session.h"
 #include "cli/common.h"
 #include "error.h"
+#include "file_io.h"
 #include "context.h"
 #include "unicode.h"
 
@@ -206,12 +207,9 @@ int run_chat(int argc, char** argv) {
         o.system = process_escapes(o.system);
         for (std::string& s : o.stop) s = process_escapes(s);
     }
-    if (!o.system_file.empty()) {
-        std::ifstream in(o.system_file, std::ios::binary);
-        if (!in) fail(Exit::usage, "cannot read system prompt file '{}'", o.system_file);
-        o.system = rtrim(
-            std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()));
-    }
+    if (!o.system_file.empty())
+        o.system = rtrim(read_regular_file(o.system_file, "system prompt file", Exit::usage));
+    check_utf8(o.system, "the system prompt");
     const gl::Type tk = parse_cache_type(o.common.cache_type_k, "--cache-type-k");
     const gl::Type tv = parse_cache_type(o.common.cache_type_v, "--cache-type-v");
     const bool tty = ::isatty(0) == 1;
@@ -344,6 +342,8 @@ int run_chat(int argc, char** argv) {
         } else if (cmd == "/system") {
             if (arg.empty())
                 out(fmt::format("[system] {}\n", session.system()));
+            else if (!unicode::valid_utf8(arg))
+                out("[the system prompt is not valid UTF-8: not set]\n");
             else
                 session.set_system(arg), out("[system prompt set]\n");
         } else if (cmd == "/save" || cmd == "/load") {
@@ -356,7 +356,7 @@ int run_chat(int argc, char** argv) {
                     session.save(arg), out(fmt::format("[saved to {} and {}.json]\n", arg, arg));
                 else
                     out("[" + session.load(arg) + "]\n");
-            } catch (const Error& e) {
+            } catch (const std::exception& e) { // save and load keep the session whatever the file
                 fmt::print(stderr, "kvrun: {}\n", e.what());
             }
         } else {

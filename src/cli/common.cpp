@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "file_io.h"
 #include "ggml-like/cuda/cuda_backend.h"
 #include "ggml-like/cpu/thread_pool.h"
 #include "kv_cache.h"
@@ -320,9 +321,7 @@ std::string read_prompt(const std::string& text, const std::string& file, bool h
         if (file == "-") {
             body.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
         } else {
-            std::ifstream in(file, std::ios::binary);
-            if (!in) fail(Exit::usage, "cannot read prompt file '{}': {}", file, std::strerror(errno));
-            body.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+            body = read_regular_file(file, "prompt file", Exit::usage);
         }
         prompt = have_text && !prompt.empty() ? prompt + "\n" + body : body;
     }

@@ -8,7 +8,6 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <iostream>
 #include <iterator>
 #include <optional>
@@ -21,6 +20,7 @@
 #include "chat_template.h"
 #include "cli/common.h"
 #include "error.h"
+#include "file_io.h"
 #include "forward.h"
 #include "memory_plan.h"
 #include "prompt_cache.h"
@@ -29,6 +29,7 @@
 #include "context.h"
 #include "session.h"
 #include "system_memory.h"
+#include "unicode.h"
 #include "stop_sequences.h"
 
 namespace kvrun::cli {
@@ -49,12 +50,6 @@ struct RunOptions {
     std::vector<std::string> stop;
     std::string system, system_file, chat_template;
 };
-
-std::string read_file_text(const std::string& path, const char* what) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) fail(Exit::usage, "cannot read {} '{}': {}", what, path, std::strerror(errno));
-    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
 
 // Print on stdout now: a pipe reader sees each token as it is sampled. A
 // failed write stops the generation (stdout_failed) and main reports it.
@@ -210,7 +205,9 @@ int run_generate(int argc, char** argv) {
     const gl::Type tk = parse_cache_type(o.common.cache_type_k, "--cache-type-k");
     const gl::Type tv = parse_cache_type(o.common.cache_type_v, "--cache-type-v");
 
-    if (!o.system_file.empty()) o.system = read_file_text(o.system_file, "system prompt file");
+    if (!o.system_file.empty())
+        o.system = read_regular_file(o.system_file, "system prompt file", Exit::usage);
+    check_utf8(o.system, "the system prompt");
     if (!o.chat && (!o.system.empty() || !o.chat_template.empty()))
         fail(Exit::usage, "--system and --chat-template need --chat (or kvrun chat)");
     std::string prompt =
@@ -315,8 +312,16 @@ int run_generate(int argc, char** argv) {
         to_eval > 0;
     clear_progress();
     const double prompt_s = seconds_since(t_prompt);
-    if (!o.prompt_cache.empty() && !interrupted() && reused < static_cast<int64_t>(tokens.size()) - 1)
-        session.save_prompt_cache(o.prompt_cache, digest);
+    // The cache is an optimisation: a file that cannot (or may not) be
+    // written costs a warning, never the answer.
+    if (!o.prompt_cache.empty() && !interrupted() &&
+        reused < static_cast<int64_t>(tokens.size()) - 1) {
+        try {
+            session.save_prompt_cache(o.prompt_cache, digest);
+        } catch (const Error& e) {
+            fmt::print(stderr, "kvrun: prompt cache not saved: {}\n", e.what());
+        }
+    }
 
     // Generation.
     GenerateParams gp;

@@ -1,0 +1,628 @@
+// Files and hostile inputs: what kvrun reads must be a regular file of the
+// right kind (FIFOs, directories and /dev/zero are one-line errors, never a
+// hang or an unbounded read), what it writes never replaces a file of another
+// kind nor follows a planted symlink, an optional prompt cache never costs the
+// answer, caches are tied to the weights, and hostile model values (overlapping
+// tensors, infinite epsilons, windows of 2^63) are refused as bad models.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "chat_session.h"
+#include "file_io.h"
+#include "gguf.h"
+#include "ggml-like/backend.h"
+#include "gguf_writer.h"
+#include "loader.h"
+#include "test_util.h"
+#include "weights_digest.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kStories = kvtest::shared("models/stories260K.gguf");
+const std::string kPrompt =
+    "Once upon a time, there was a little girl named Lily. She liked to play";
+
+struct TempDir {
+    fs::path path;
+    TempDir() {
+        char tmpl[] = "/tmp/kvrun-files-XXXXXX";
+        path = mkdtemp(tmpl);
+    }
+    ~TempDir() {
+        std::error_code ec;
+        fs::permissions(path, fs::perms::owner_all, ec);
+        fs::remove_all(path, ec);
+    }
+    std::string file(const std::string& name) const { return (path / name).string(); }
+};
+
+std::string slurp(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+void spit(const std::string& path, const std::string& bytes) {
+    std::ofstream(path, std::ios::binary) << bytes;
+}
+bool contains(const std::string& s, const std::string& n) {
+    return s.find(n) != std::string::npos;
+}
+size_t count_lines(const std::string& s) {
+    return kvtest::lines(s).size();
+}
+
+// kvrun under `timeout`, so a hang is a failure (status 124), not a stuck run.
+kvtest::RunResult run_bounded(std::vector<std::string> args,
+                              const std::vector<std::string>& env = {}) {
+    std::vector<std::string> full = {"10", "env"};
+    full.insert(full.end(), env.begin(), env.end());
+    full.push_back(KVRUN_BINARY);
+    full.insert(full.end(), args.begin(), args.end());
+    return kvtest::run_binary("/usr/bin/timeout", full);
+}
+
+kvtest::RunResult gen_with(const std::string& model, const std::string& prompt,
+                           std::vector<std::string> extra = {},
+                           const std::vector<std::string>& env = {}) {
+    std::vector<std::string> args = {"-m", model,    "-p", prompt,   "-n",
+                                     "8",  "--temp", "0",  "--quiet"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run_bounded(args, env);
+}
+kvtest::RunResult gen(const std::string& model, std::vector<std::string> extra = {},
+                      const std::vector<std::string>& env = {}) {
+    std::vector<std::string> args = {"-m", model,    "-p", kPrompt,  "-n",
+                                     "8",  "--temp", "0",  "--quiet"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run_bounded(args, env);
+}
+
+// stories260K rewritten: `kv` may replace or add metadata, `tensor` may change
+// a tensor's bytes (F32 tensors as floats).
+struct Rewrite {
+    std::vector<std::pair<std::string, std::function<void(kvrun::GgufWriter&)>>> kv;
+    std::function<void(const std::string& name, std::vector<float>& data)> tensor;
+};
+Rewrite with_kv(const std::string& key, std::function<void(kvrun::GgufWriter&)> set) {
+    Rewrite rw;
+    rw.kv.emplace_back(key, std::move(set));
+    return rw;
+}
+Rewrite with_tensor(std::function<void(const std::string& name, std::vector<float>& data)> edit) {
+    Rewrite rw;
+    rw.tensor = std::move(edit);
+    return rw;
+}
+void rewrite(const std::string& out, const Rewrite& rw = Rewrite()) {
+    kvrun::GgufFile f = kvrun::GgufFile::open(kStories);
+    kvrun::GgufWriter w;
+    for (const auto& [k, v] : f.metadata()) {
+        bool replaced = false;
+        for (const auto& [rk, set] : rw.kv)
+            if (rk == k) replaced = true;
+        if (!replaced) w.copy_kv(k, v);
+    }
+    for (const auto& [rk, set] : rw.kv) set(w);
+    for (const auto& t : f.tensors()) {
+        std::vector<uint8_t> bytes(static_cast<const uint8_t*>(t.data),
+                                   static_cast<const uint8_t*>(t.data) + t.nbytes);
+        if (rw.tensor && t.type == gl::Type::F32) {
+            std::vector<float> x(t.nbytes / 4);
+            std::memcpy(x.data(), bytes.data(), t.nbytes);
+            rw.tensor(t.name, x);
+            std::memcpy(bytes.data(), x.data(), t.nbytes);
+        }
+        w.add_tensor(t.name, t.type, std::vector<int64_t>(t.ne, t.ne + t.n_dims), std::move(bytes));
+    }
+    w.write(out);
+}
+
+} // namespace
+
+// ---- F1, F7, F8: writers ------------------------------------------------------
+
+TEST_CASE("files: --prompt-cache never replaces a file that is not a prompt cache") {
+    TempDir d;
+    const std::string model = d.file("own.gguf"), notes = d.file("notes.txt");
+    fs::copy_file(kStories, model);
+    spit(notes, "my notes\n");
+    const std::string model_bytes = slurp(model);
+    for (const std::string& target : {model, notes}) {
+        CAPTURE(target);
+        const auto r = gen(model, {"--prompt-cache", target});
+        CHECK(r.status == 0);
+        CHECK(!r.out.empty()); // the answer still comes
+        CHECK(contains(r.err, "prompt cache not saved: '" + target +
+                                  "' exists and is not a prompt cache"));
+    }
+    CHECK(slurp(model) == model_bytes);
+    CHECK(slurp(notes) == "my notes\n");
+    CHECK(gen(model).status == 0); // the model still loads
+    // A cache of ours is replaced as before.
+    const std::string pc = d.file("pc.bin");
+    REQUIRE(gen(model, {"--prompt-cache", pc}).status == 0);
+    const auto again = gen_with(model, kPrompt + " in the park", {"--prompt-cache", pc});
+    CHECK(contains(again.err, "prompt cache: reused"));
+    CHECK(!contains(again.err, "not saved"));
+}
+
+TEST_CASE("files: the temporary file is created exclusively, never through a planted symlink") {
+    TempDir d;
+    const std::string victim = d.file("victim.txt"), pc = d.file("c.bin");
+    spit(victim, "precious\n");
+    // The name kvrun used to write to (FILE.tmp.PID), planted before exec so
+    // that the PID is the one kvrun will have.
+    const std::string script =
+        "ln -s \"$1\" \"$2.tmp.$$\" && exec \"$3\" -m \"$4\" -p 'Once upon a time' -n 4 "
+        "--temp 0 --quiet --prompt-cache \"$2\"";
+    const auto r =
+        kvtest::run_binary("/bin/sh", {"-c", script, "sh", victim, pc, KVRUN_BINARY, kStories});
+    CHECK(r.status == 0);
+    CHECK(slurp(victim) == "precious\n");
+    CHECK(fs::is_regular_file(fs::symlink_status(pc))); // a real file, not the link
+    int tmp_files = 0;
+    for (const auto& e : fs::directory_iterator(d.path))
+        tmp_files +=
+            contains(e.path().filename().string(), ".tmp.") && !fs::is_symlink(e.symlink_status());
+    CHECK(tmp_files == 0);
+}
+
+TEST_CASE("files: a prompt cache that cannot be written costs a warning, not the answer") {
+    const auto plain = gen(kStories);
+    REQUIRE(plain.status == 0);
+    const auto r = gen(kStories, {"--prompt-cache", "/nonexistent/dir/pc.bin"});
+    CHECK(r.status == 0);
+    CHECK(r.out == plain.out);
+    CHECK(contains(
+        r.err,
+        "prompt cache not saved: cannot write prompt cache '/nonexistent/dir/pc.bin': No such "
+        "file or directory"));
+    CHECK(!contains(r.err, ".tmp."));
+}
+
+TEST_CASE("files: quantize names the output the user gave and leaves a non-GGUF file alone") {
+    TempDir d;
+    const auto missing = kvtest::run_kvrun({"quantize", kStories, "/nonexistent/out.gguf", "Q8_0"});
+    CHECK(missing.status != 0);
+    CHECK(contains(missing.err, "'/nonexistent/out.gguf'"));
+    CHECK(!contains(missing.err, ".tmp."));
+    const std::string doc = d.file("doc.txt");
+    spit(doc, "a document\n");
+    const auto r = kvtest::run_kvrun({"quantize", kStories, doc, "Q8_0"});
+    CHECK(r.status != 0);
+    CHECK(contains(r.err, "exists and is not a GGUF file"));
+    CHECK(slurp(doc) == "a document\n");
+}
+
+// ---- F9, F13: readers -----------------------------------------------------------
+
+TEST_CASE(
+    "files: FIFOs, directories and /dev/zero are one-line errors, not hangs or unbounded reads") {
+    TempDir d;
+    const std::string fifo = d.file("fifo");
+    REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+    struct Case {
+        std::vector<std::string> args;
+        int status;
+        std::string says;
+    };
+    const std::vector<Case> cases = {
+        {{"-m", fifo, "-p", "x"}, 3, "is not a regular file"},
+        {{"info", "-m", fifo}, 3, "is not a regular file"},
+        {{"-m", kStories, "-f", fifo},
+         2,
+         "cannot read prompt file '" + fifo + "': not a regular file"},
+        {{"-m", kStories, "-f", d.path.string()},
+         2,
+         "cannot read prompt file '" + d.path.string() + "': it is a directory"},
+        {{"-m", kStories, "-f", "/dev/zero"}, 2, "not a regular file"},
+        {{"-m", kStories, "--chat", "-p", "hi", "--system-file", fifo},
+         2,
+         "cannot read system prompt file"},
+        {{"-m", kStories, "--chat", "-p", "hi", "--system-file", "/dev/zero"},
+         2,
+         "cannot read system prompt file"},
+        {{"chat", "-m", kStories, "-p", "hi", "--system-file", d.path.string()},
+         2,
+         "it is a directory"},
+    };
+    for (const Case& c : cases) {
+        CAPTURE(c.args);
+        const auto r = run_bounded(c.args);
+        CHECK(r.status == c.status);
+        CHECK(contains(r.err, c.says));
+        CHECK(count_lines(r.err) == 1);
+        CHECK(r.err.rfind("kvrun: error: ", 0) == 0);
+    }
+    // A prompt cache that is no regular file is not used and not replaced;
+    // the answer comes as without one.
+    const auto plain = gen(kStories);
+    for (const std::string& pc : {fifo, d.path.string(), std::string("/dev/zero")}) {
+        CAPTURE(pc);
+        const auto r = gen(kStories, {"--prompt-cache", pc});
+        CHECK(r.status == 0);
+        CHECK(r.out == plain.out);
+        CHECK(contains(r.err, "not used"));
+        CHECK(contains(r.err, "not saved"));
+    }
+    CHECK(fs::is_fifo(fifo));
+}
+
+TEST_CASE("files: system prompts must be UTF-8 like -p") {
+    TempDir d;
+    const std::string sys = d.file("sys.txt");
+    spit(sys, "Be \xff nice");
+    for (const auto& args : std::vector<std::vector<std::string>>{
+             {"-m", kStories, "--chat", "-p", "hi", "--system", "Be \xff nice", "-n", "4"},
+             {"-m", kStories, "--chat", "-p", "hi", "--system-file", sys, "-n", "4"},
+             {"chat", "-m", kStories, "-p", "hi", "--system", "Be \xff nice", "-n", "4"},
+             {"chat", "-m", kStories, "-p", "hi", "--system-file", sys, "-n", "4"}}) {
+        CAPTURE(args);
+        const std::string in = "hello";
+        const auto r = kvtest::run_kvrun(args, &in);
+        CHECK(r.status == 2);
+        CHECK(contains(r.err, "the system prompt is not valid UTF-8 (bad byte at offset 3)"));
+    }
+}
+
+// ---- F3: the cache is tied to the weights ---------------------------------------------
+
+TEST_CASE("files: a prompt cache is refused for a model with the same header and other weights") {
+    TempDir d;
+    const std::string a = d.file("a.gguf"), b = d.file("b.gguf"), pc = d.file("pc.bin");
+    rewrite(a);
+    rewrite(b, with_tensor([](const std::string& name, std::vector<float>& x) {
+                if (name == "output_norm.weight")
+                    for (float& v : x) v *= -3.0f;
+            }));
+    {
+        kvrun::GgufFile fa = kvrun::GgufFile::open(a), fb = kvrun::GgufFile::open(b);
+        REQUIRE(fa.data_offset() == fb.data_offset());
+        REQUIRE(std::memcmp(fa.bytes(), fb.bytes(), fa.data_offset()) == 0); // the same header
+        REQUIRE(fa.file_size() == fb.file_size());
+    }
+    const auto plain_b = gen(b);
+    REQUIRE(plain_b.status == 0);
+
+    auto check_refused = [&](const std::vector<std::string>& env) {
+        REQUIRE(gen(a, {"--prompt-cache", pc}, env).status == 0);
+        const auto reuse_a =
+            gen(a, {"--prompt-cache", pc}, env); // the memo (when any) does not break reuse
+        CHECK(contains(reuse_a.err, "prompt cache: reused"));
+        const auto r = gen(b, {"--prompt-cache", pc}, env);
+        CHECK(r.status == 0);
+        CHECK(contains(r.err, "not used (made with a different model)"));
+        CHECK(r.out == plain_b.out);
+    };
+    SUBCASE("with the digest memo") {
+        const std::string cache_home = d.file("cache");
+        ::sleep(1); // files changed within the last second are not remembered (weights_digest.cpp)
+        check_refused({"XDG_CACHE_HOME=" + cache_home});
+        CHECK(fs::exists(cache_home + "/kvrun/weights-digests"));
+        // Modified in place (same inode, same size): the memo must not answer for it.
+        fs::remove(pc);
+        REQUIRE(gen(a, {"--prompt-cache", pc}, {"XDG_CACHE_HOME=" + cache_home}).status == 0);
+        std::fstream(a, std::ios::in | std::ios::out | std::ios::binary) << slurp(b);
+        const auto r = gen(a, {"--prompt-cache", pc}, {"XDG_CACHE_HOME=" + cache_home});
+        CHECK(contains(r.err, "not used (made with a different model)"));
+        CHECK(r.out == plain_b.out);
+    }
+    SUBCASE("with the memo directory unwritable") {
+        const std::string ro = d.file("ro");
+        fs::create_directory(ro);
+        fs::permissions(ro, fs::perms::owner_read | fs::perms::owner_exec);
+        check_refused({"XDG_CACHE_HOME=" + ro});
+        if (::geteuid() != 0) CHECK(!fs::exists(ro + "/kvrun"));
+    }
+    SUBCASE("with the memo path a file, and with no cache home at all") {
+        const std::string file = d.file("not-a-dir");
+        spit(file, "x");
+        check_refused({"XDG_CACHE_HOME=" + file});
+        fs::remove(pc);
+        check_refused({"-u", "XDG_CACHE_HOME", "-u", "HOME"});
+    }
+}
+
+TEST_CASE("files: the weights digest sees one changed tensor; the memo answers per file identity") {
+    TempDir d;
+    const std::string a = d.file("a.gguf"), b = d.file("b.gguf");
+    rewrite(a);
+    rewrite(b, with_tensor([](const std::string& name, std::vector<float>& x) {
+                if (name == "blk.0.attn_norm.weight") x[3] += 1.0f;
+            }));
+    kvrun::GgufFile fa = kvrun::GgufFile::open(a), fb = kvrun::GgufFile::open(b);
+    CHECK(kvrun::hash_weights(fa) != kvrun::hash_weights(fb));
+    CHECK(kvrun::hash_weights(fa) == kvrun::hash_weights(kvrun::GgufFile::open(a)));
+    CHECK(fa.identity().known);
+    CHECK(!(fa.identity() == fb.identity()));
+}
+
+// ---- F2: sliding windows ------------------------------------------------------------------
+
+TEST_CASE("files: a sliding-window model with a prompt longer than its window saves no cache, and "
+          "no abort") {
+    TempDir d;
+    const std::string sw = d.file("sw16.gguf"), pc = d.file("pc.bin");
+    rewrite(sw, with_kv("llama.attention.sliding_window", [](kvrun::GgufWriter& w) {
+                w.set_u32("llama.attention.sliding_window", 16);
+            }));
+    for (const char* ctx : {"auto", "64"}) {
+        CAPTURE(ctx);
+        const auto r = gen(sw, {"--prompt-cache", pc, "-c", ctx});
+        CHECK(r.status == 0);
+        CHECK(!r.out.empty());
+        CHECK(contains(r.err, "prompt cache not saved: the prompt ("));
+        CHECK(!fs::exists(pc));
+    }
+}
+
+TEST_CASE(
+    "files: sliding_window out of range is a bad model; a fixed -c still refuses a long prompt") {
+    TempDir d;
+    for (uint64_t w : {uint64_t{1}, uint64_t{1} << 63, ~uint64_t{0}}) {
+        CAPTURE(w);
+        const std::string m = d.file("sw.gguf");
+        fs::remove(m);
+        rewrite(m, with_kv("llama.attention.sliding_window", [w](kvrun::GgufWriter& g) {
+                    g.set_u64("llama.attention.sliding_window", w);
+                }));
+        const auto r = gen(m, {"-c", "8"});
+        CHECK(r.status == 3);
+        CHECK(contains(r.err, "sliding_window' = "));
+    }
+    // A window larger than the prompt does not lift -c's limit.
+    const std::string m = d.file("sw-big.gguf");
+    rewrite(m, with_kv("llama.attention.sliding_window", [](kvrun::GgufWriter& g) {
+                g.set_u32("llama.attention.sliding_window", 1000);
+            }));
+    CHECK(gen(m, {"-c", "8"}).status == 4);
+}
+
+// ---- F6, F16: hostile model values --------------------------------------------------------
+
+TEST_CASE("files: tensors whose bytes overlap are a bad model") {
+    TempDir d;
+    const std::string m = d.file("overlap.gguf");
+    rewrite(m);
+    // Point output_norm's data offset at token_embd's.
+    std::string bytes = slurp(m);
+    kvrun::GgufFile f = kvrun::GgufFile::open(m);
+    const uint64_t embd = f.tensor("token_embd.weight")->offset - f.data_offset();
+    const std::string name = "output_norm.weight";
+    const size_t at = bytes.find(name);
+    REQUIRE(at != std::string::npos);
+    uint32_t n_dims;
+    std::memcpy(&n_dims, bytes.data() + at + name.size(), 4);
+    const size_t offset_at = at + name.size() + 4 + 8 * n_dims + 4;
+    std::memcpy(bytes.data() + offset_at, &embd, 8);
+    spit(m, bytes);
+    const auto r = gen(m);
+    CHECK(r.status == 3);
+    CHECK(contains(r.err, "overlap in the file"));
+    CHECK(contains(r.err, "'token_embd.weight'"));
+    CHECK(contains(r.err, "'output_norm.weight'"));
+    CHECK(count_lines(r.err) == 1);
+}
+
+TEST_CASE("files: infinite epsilons, bad rope_freqs and wrapped value lengths are bad models") {
+    TempDir d;
+    const float inf = INFINITY, nan = NAN;
+    struct Case {
+        const char* what;
+        Rewrite rw;
+        const char* says;
+    };
+    const std::vector<Case> cases = {
+        {"rms_eps inf",
+         with_kv("llama.attention.layer_norm_rms_epsilon",
+                 [=](kvrun::GgufWriter& w) {
+                     w.set_f32("llama.attention.layer_norm_rms_epsilon", inf);
+                 }),
+         "RMS epsilon"},
+        {"value_length 2^32 + 8",
+         with_kv("llama.attention.value_length",
+                 [](kvrun::GgufWriter& w) {
+                     w.set_u64("llama.attention.value_length", (uint64_t{1} << 32) + 8);
+                 }),
+         "value length"},
+        {"rope.freq_base inf",
+         with_kv("llama.rope.freq_base",
+                 [=](kvrun::GgufWriter& w) { w.set_f32("llama.rope.freq_base", inf); }),
+         "freq_base"},
+    };
+    for (const Case& c : cases) {
+        CAPTURE(c.what);
+        const std::string m = d.file("bad.gguf");
+        fs::remove(m);
+        rewrite(m, c.rw);
+        const auto r = gen(m);
+        CHECK(r.status == 3);
+        CHECK(contains(r.err, c.says));
+    }
+    // rope_freqs of [0, NaN, -1, inf, ...]
+    kvrun::GgufFile f = kvrun::GgufFile::open(kStories);
+    const int64_t n_pairs =
+        static_cast<int64_t>(f.get_u64("llama.rope.dimension_count")
+                                 .value_or(f.need_u64("llama.embedding_length") /
+                                           f.need_u64("llama.attention.head_count"))) /
+        2;
+    for (float bad : {0.0f, nan, -1.0f, inf}) {
+        CAPTURE(bad);
+        const std::string m = d.file("rope-freqs.gguf");
+        fs::remove(m);
+        kvrun::GgufWriter w;
+        for (const auto& [k, v] : f.metadata()) w.copy_kv(k, v);
+        for (const auto& t : f.tensors())
+            w.add_tensor(t.name, t.type, std::vector<int64_t>(t.ne, t.ne + t.n_dims), t.data,
+                         t.nbytes);
+        std::vector<float> freqs(n_pairs, 1.0f);
+        freqs[1] = bad;
+        w.add_tensor("rope_freqs.weight", gl::Type::F32, {n_pairs}, freqs.data(), freqs.size() * 4);
+        w.write(m);
+        const auto r = gen(m);
+        CHECK(r.status == 3);
+        CHECK(contains(r.err, "rope_freqs"));
+    }
+}
+
+TEST_CASE("files: NaN weights that reach the logits stop generation with exit 3") {
+    TempDir d;
+    const std::string m = d.file("nan.gguf");
+    rewrite(m, with_tensor([](const std::string& name, std::vector<float>& x) {
+                if (name == "output_norm.weight") x[0] = NAN;
+            }));
+    const auto r = gen(m);
+    CHECK(r.status == 3);
+    CHECK(contains(r.err, "non-finite logits"));
+    CHECK(count_lines(r.err) == 1);
+}
+
+// ---- F10: empty copies ------------------------------------------------------------------
+
+// Without sinks (--keep 0) the sink copies are empty; under the sanitizers a
+// memcpy to a null pointer aborted here.
+TEST_CASE("files: a prompt cache with --keep 0 is saved and reused") {
+    TempDir d;
+    const std::string pc = d.file("pc.bin");
+    REQUIRE(gen(kStories, {"--keep", "0", "--prompt-cache", pc}).status == 0);
+    const auto r = gen_with(kStories, kPrompt + " outside", {"--keep", "0", "--prompt-cache", pc});
+    CHECK(r.status == 0);
+    CHECK(contains(r.err, "prompt cache: reused"));
+}
+
+// ---- F4, F5, #29: chat saves ----------------------------------------------------------------
+
+namespace {
+
+struct Chat {
+    std::unique_ptr<kvrun::LoadedModel> lm = kvrun::LoadedModel::load(kStories);
+    std::unique_ptr<gl::Backend> cpu = gl::make_cpu_backend(1);
+    kvrun::ChatSession session{*lm,
+                               kvrun::ChatTemplate::for_model(lm->file, lm->tokenizer, ""),
+                               256,
+                               gl::Type::F16,
+                               gl::Type::F16,
+                               kvrun::Placement::all(*cpu, lm->model.hp.n_layer),
+                               [] {
+                                   kvrun::ChatConfig c;
+                                   c.n_predict = 6;
+                                   c.sampling.temp = 0;
+                                   return c;
+                               }()};
+};
+
+} // namespace
+
+TEST_CASE("files: chat /load of a malformed save keeps the session and says why") {
+    TempDir d;
+    Chat chat;
+    chat.session.respond("Hello there", {});
+    const std::string save = d.file("s");
+    chat.session.save(save);
+    const nlohmann::json good = nlohmann::json::parse(slurp(save + ".json"));
+    CHECK(good.at("model_digest").is_string()); // #29: not a number past 2^53
+    CHECK(chat.session.load(save).find("loaded 1 turns") != std::string::npos);
+    chat.session.respond("And then", {});
+    const auto before = chat.session.turns().size();
+    REQUIRE(before == 2);
+
+    auto with = [&](const std::function<void(nlohmann::json&)>& edit) {
+        nlohmann::json j = good;
+        edit(j);
+        return j.dump();
+    };
+    std::string deep;
+    for (int i = 0; i < 100000; i++) deep += '[';
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {"turns missing", with([](nlohmann::json& j) { j.erase("turns"); })},
+        {"turns a number", with([](nlohmann::json& j) { j["turns"] = 5; })},
+        {"turns an object", with([](nlohmann::json& j) {
+             j["turns"] = {{"a", 1}};
+         })},
+        {"user a number", with([](nlohmann::json& j) { j["turns"][0]["user"] = 1; })},
+        {"reply missing", with([](nlohmann::json& j) { j["turns"][0].erase("reply"); })},
+        {"system a number", with([](nlohmann::json& j) { j["system"] = 5; })},
+        {"reply_tokens strings",
+         with([](nlohmann::json& j) { j["turns"][0]["reply_tokens"] = {"x"}; })},
+        {"token 2^32 + 5",
+         with([](nlohmann::json& j) { j["turns"][0]["reply_tokens"] = {4294967301ull}; })},
+        {"token -1", with([](nlohmann::json& j) { j["turns"][0]["reply_tokens"] = {-1}; })},
+        {"first_live_turn a string", with([](nlohmann::json& j) { j["first_live_turn"] = "x"; })},
+        {"model_digest junk", with([](nlohmann::json& j) { j["model_digest"] = "abc!"; })},
+        {"an array", "[1, 2]"},
+        {"deep nesting", deep},
+        {"not JSON", "{"},
+    };
+    for (const auto& [what, text] : cases) {
+        CAPTURE(what);
+        spit(save + ".json", text);
+        try {
+            chat.session.load(save);
+            FAIL("loaded");
+        } catch (const kvrun::Error& e) {
+            CHECK(std::string(e.what()).rfind("'" + save + ".json' is not a kvrun conversation (",
+                                              0) == 0);
+        }
+        CHECK(chat.session.turns().size() == before);
+    }
+    // A directory or a FIFO in place of either file.
+    fs::remove(save + ".json");
+    fs::create_directory(save + ".json");
+    CHECK_THROWS_WITH_AS(chat.session.load(save), doctest::Contains("it is a directory"),
+                         kvrun::Error);
+    fs::remove(save + ".json");
+    REQUIRE(mkfifo((save + ".json").c_str(), 0600) == 0);
+    CHECK_THROWS_WITH_AS(chat.session.load(save), doctest::Contains("not a regular file"),
+                         kvrun::Error);
+    fs::remove(save + ".json");
+    spit(save + ".json", good.dump());
+    fs::remove(save);
+    REQUIRE(mkfifo(save.c_str(), 0600) == 0);
+    CHECK(chat.session.load(save).find("cache not used (not a regular file)") != std::string::npos);
+    // An old save with the digest as a number still loads, its tokens used.
+    fs::remove(save);
+    nlohmann::json old = good;
+    old["model_digest"] = std::stoull(good.at("model_digest").get<std::string>(), nullptr, 16);
+    spit(save + ".json", old.dump());
+    CHECK(chat.session.load(save).find("loaded 1 turns") != std::string::npos);
+}
+
+TEST_CASE("files: chat /save never replaces other files and leaves no temporaries") {
+    TempDir d;
+    Chat chat;
+    chat.session.save(
+        d.file("empty")); // nothing cached yet: empty copies (sanitizer builds check them)
+    CHECK(chat.session.load(d.file("empty")).find("loaded 0 turns") != std::string::npos);
+    chat.session.respond("Hello there", {});
+    const std::string doc = d.file("doc"), doc_json = d.file("other");
+    spit(doc, "a document\n");
+    CHECK_THROWS_WITH_AS(chat.session.save(doc),
+                         doctest::Contains("is not a prompt cache: left as it is"), kvrun::Error);
+    CHECK(slurp(doc) == "a document\n");
+    CHECK(!fs::exists(doc + ".json"));
+    spit(doc_json + ".json", "{\"mine\": true}");
+    CHECK_THROWS_WITH_AS(chat.session.save(doc_json), doctest::Contains("is not a conversation"),
+                         kvrun::Error);
+    CHECK(slurp(doc_json + ".json") == "{\"mine\": true}");
+    CHECK(!fs::exists(doc_json));
+    // A save replaces a save, whatever bytes the conversation holds.
+    chat.session.set_system("Be \xff nice");
+    chat.session.save(d.file("s"));
+    chat.session.respond("More", {});
+    chat.session.save(d.file("s"));
+    int tmp_files = 0;
+    for (const auto& e : fs::directory_iterator(d.path))
+        tmp_files += contains(e.path().string(), ".tmp.");
+    CHECK(tmp_files == 0);
+}
