@@ -245,6 +245,7 @@ TEST_CASE("chat repl: leaving with Ctrl-D or Ctrl-C twice ends the line") {
     {
         Repl r({"-n", "4"});
         r.until("> ");
+        r.say("Hello"); // libedit has the terminal by now (it flushes what came before)
         r.send("\x04");
         CHECK(r.rest().find('\n') != std::string::npos);
         CHECK(r.wait_exit() == 0);
