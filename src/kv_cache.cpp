@@ -154,6 +154,11 @@ void KvCache::set_head_major(bool on) {
 }
 
 void KvCache::put_row(int layer, int s, const uint8_t* kr, const uint8_t* vr, const RowCopy& copy) {
+    put_row_with(layer, s, kr, vr, copy);
+}
+
+template <class Copy>
+void KvCache::put_row_with(int layer, int s, const uint8_t* kr, const uint8_t* vr, Copy&& copy) {
     uint8_t* kb = k_at(layer);
     uint8_t* vb = kb + k_bytes_[layer];
     if (!head_major_) {
@@ -286,8 +291,9 @@ bool KvCache::drop(int64_t from, int64_t to, const Model& m) {
             gl::cpu::quantize_row(cfg_.type_k, f.data(), kr, kvd);
         }
         for (int64_t i = 0; i < count; i++)
-            put_row(l, r.slot_of(lo + i), ks.data() + i * row_k_, vs.data() + i * row_v_,
-                    copy_bytes);
+            put_row_with(
+                l, r.slot_of(lo + i), ks.data() + i * row_k_, vs.data() + i * row_v_,
+                [](void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); });
     }
     for (Ring& r : rings_) {
         std::fill(r.pos.begin(), r.pos.end(), -1);

@@ -190,6 +190,10 @@ class KvCache {
     bool head_major_ = false;
     void put_row(int layer, int slot, const uint8_t* k_row, const uint8_t* v_row,
                  const RowCopy& copy);
+    // put_row with any callable (a plain memcpy inlines: head-major keys are
+    // copied element by element).
+    template <class Copy>
+    void put_row_with(int layer, int slot, const uint8_t* k_row, const uint8_t* v_row, Copy&& copy);
     // One slot's K and V out as rows (either layout).
     void get_row(int layer, int slot, uint8_t* k_row, uint8_t* v_row) const;
     // The position a ring's slots should hold after a drop of d positions at
