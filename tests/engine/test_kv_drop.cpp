@@ -92,21 +92,27 @@ TEST_CASE(
     "kv drop: one-layer models after an in-place drop equal a re-evaluation of the kept tokens") {
     // llama (pairs 2i, 2i+1), qwen2 (neox pairs, biases), phi3 (RoPE over
     // 3/4 of each head), gemma3 (one sliding-window layer with its own base:
-    // an 8-slot ring that has wrapped).
-    const kvtest::Shape shapes[] = {{"llama", 64, 4, 2, 96, 1, gl::Type::F32},
-                                    {"qwen2", 64, 4, 2, 96, 1, gl::Type::F32},
-                                    {"phi3", 64, 4, 2, 96, 1, gl::Type::F32},
-                                    {"gemma3", 64, 4, 2, 96, 1, gl::Type::F32}};
+    // an 8-slot ring that has wrapped), phi3 with LongRoPE (long factors
+    // past a trained context of 32, keys scaled by the attention factor).
+    const struct {
+        kvtest::Shape s;
+        int64_t longrope_orig_ctx;
+    } cases[] = {{{"llama", 64, 4, 2, 96, 1, gl::Type::F32}, 0},
+                 {{"qwen2", 64, 4, 2, 96, 1, gl::Type::F32}, 0},
+                 {{"phi3", 64, 4, 2, 96, 1, gl::Type::F32}, 0},
+                 {{"gemma3", 64, 4, 2, 96, 1, gl::Type::F32}, 0},
+                 {{"phi3", 64, 4, 2, 96, 1, gl::Type::F32}, 32}};
     const std::vector<int32_t> all = random_tokens(40, 11), next = random_tokens(3, 12);
-    for (const kvtest::Shape& s : shapes) {
-        const std::vector<uint8_t> bytes = kvtest::random_model(s, 21);
+    for (const auto& [s, longrope] : cases) {
+        const std::vector<uint8_t> bytes = kvtest::random_model(s, 21, longrope);
         GgufFile f = GgufFile::parse(bytes.data(), bytes.size(), s.arch);
         const Model m = Model::load(f);
         // Drop [6, 21) of 40: the kept ones are 0..5 and 21..39.
         std::vector<int32_t> kept(all.begin(), all.begin() + 6);
         kept.insert(kept.end(), all.begin() + 21, all.end());
         for (const TypeTol& t : kTypes) {
-            const std::string what = std::string(s.arch) + " " + gl::type_name(t.type);
+            const std::string what =
+                std::string(s.arch) + (longrope ? " longrope " : " ") + gl::type_name(t.type);
             CAPTURE(what);
             const Run a = run(m, t.type, 64, all, 6, 21, next);
             REQUIRE(a.dropped);
