@@ -31,8 +31,8 @@ constexpr int kSaveVersion = 1;
 
 } // namespace
 
-std::vector<int32_t> chat_tokens(const Tokenizer& tok, std::string_view text, bool at_start) {
-    std::vector<int32_t> ids = tok.encode(text, false, true);
+std::vector<int32_t> chat_tokens(const Tokenizer& tok, const ChatText& text, bool at_start) {
+    std::vector<int32_t> ids = tok.encode(text.text, false, text.content);
     const Vocab& v = tok.vocab();
     if (at_start && v.add_bos && v.bos >= 0 && (ids.empty() || ids[0] != v.bos))
         ids.insert(ids.begin(), v.bos);
@@ -71,12 +71,13 @@ std::vector<int32_t> ChatSession::target() const {
     const std::string sys = effective_system();
     // Each piece is tokenized on its own, so the tokens of a turn never
     // depend on what follows it: earlier turns stay a prefix.
-    std::vector<int32_t> out = chat_tokens(tok, tmpl_.prefix(sys), false);
+    std::vector<int32_t> out = chat_tokens(tok, tmpl_.prefix_text(sys), false);
     for (size_t i = first_live_; i < turns_.size(); i++) {
         const Turn& t = turns_[i];
-        append(out, chat_tokens(
-                        tok, tmpl_.user(t.user, i == first_live_, sys) + tmpl_.generation_prompt(),
-                        false));
+        append(out, chat_tokens(tok,
+                                tmpl_.user_text(t.user, i == first_live_, sys) +
+                                    tmpl_.generation_prompt(),
+                                false));
         append(out, t.reply_tokens);
         if (!t.open) append(out, chat_tokens(tok, tmpl_.close(), false));
     }
@@ -106,14 +107,70 @@ bool ChatSession::sync(const std::vector<int32_t>& want, const ChatHooks& hooks,
     return true;
 }
 
-bool ChatSession::evict_one(const ChatHooks& hooks, TurnStats& st) {
+bool ChatSession::evict_one(const ChatHooks&, TurnStats& st) {
     if (first_live_ + 1 >= turns_.size()) return false; // only the current turn is left
-    if (!told_full_ && hooks.on_notice)
-        hooks.on_notice("the context is full: dropping the oldest turns (the system prompt stays)");
-    told_full_ = true;
     first_live_++;
     st.evicted_turns++;
     return true;
+}
+
+std::vector<int32_t> ChatSession::evict(std::vector<int32_t> want, const ChatHooks& hooks,
+                                        TurnStats& st) {
+    const std::vector<int32_t> before = want;
+    const size_t first_before = first_live_;
+    // Down to half the window, not just enough for this turn: dropping one
+    // turn at a time would leave the window full and evict again next turn.
+    const size_t low = static_cast<size_t>(s_.n_ctx()) / 2;
+    while (want.size() > low && evict_one(hooks, st)) want = target();
+    const size_t n = first_live_ - first_before;
+    if (n == 0) return want;
+    if (hooks.on_notice)
+        hooks.on_notice(fmt::format(
+            "the context is full (-c {}): dropped the {} oldest turn{} ({} tokens); the system "
+            "prompt stays",
+            s_.n_ctx(), n, n == 1 ? "" : "s",
+            before.size() - std::min(before.size(), want.size())));
+    drop_evicted(before, want, hooks);
+    return want;
+}
+
+void ChatSession::drop_evicted(const std::vector<int32_t>& before,
+                               const std::vector<int32_t>& after, const ChatHooks& hooks) {
+    auto detail = [&](const std::string& s) {
+        if (hooks.on_detail) hooks.on_detail(s);
+    };
+    const std::vector<int32_t>& c = s_.tokens();
+    // before = [a shared prefix][the evicted turns: d tokens][the kept turns];
+    // after = [the shared prefix][the kept turns], unless the template
+    // renders the new first turn differently (it then differs early).
+    const size_t a = common_prefix(before, after);
+    const size_t held = common_prefix(c, before);
+    if (before.size() <= after.size()) return;
+    const size_t d = before.size() - after.size();
+    if (held <= a + d) {
+        detail("eviction: the cache held no kept turn: nothing to move");
+        return;
+    }
+    size_t k = a; // the kept tokens the cache holds, at their new places
+    while (k + d < held && k < after.size() && before[k + d] == after[k]) k++;
+    if (!cfg_.evict_in_place) {
+        detail("eviction: the kept turns are evaluated again");
+        return;
+    }
+    if (k == a) {
+        detail("eviction: the kept turns change (the template folds the system prompt into the "
+               "first message): they are evaluated again");
+        return;
+    }
+    if (!s_.rewind(static_cast<int64_t>(k + d)) ||
+        !s_.drop(static_cast<int64_t>(a), static_cast<int64_t>(a + d))) {
+        detail("eviction: a sliding-window ring no longer holds the kept prefix: the kept turns "
+               "are evaluated again");
+        return;
+    }
+    detail(fmt::format("eviction: {} cached tokens moved down {} positions in place (keys "
+                       "re-rotated), none evaluated again",
+                       k - a, d));
 }
 
 TurnStats ChatSession::respond(const std::string& message, const ChatHooks& hooks) {
@@ -125,8 +182,8 @@ TurnStats ChatSession::respond(const std::string& message, const ChatHooks& hook
     const int64_t reserve =
         std::max<int64_t>(1, std::min(cfg_.n_predict >= 0 ? cfg_.n_predict : n_ctx, n_ctx / 4));
     std::vector<int32_t> want = target();
-    while (static_cast<int64_t>(want.size()) + reserve > n_ctx && evict_one(hooks, st))
-        want = target();
+    if (static_cast<int64_t>(want.size()) + reserve > n_ctx)
+        want = evict(std::move(want), hooks, st);
     if (static_cast<int64_t>(want.size()) >= n_ctx) {
         turns_.pop_back();
         fail(Exit::context_overflow,
@@ -170,7 +227,6 @@ bool ChatSession::undo() {
 void ChatSession::reset() {
     turns_.clear();
     first_live_ = 0;
-    told_full_ = false;
     rewind_to_common_prefix(target());
 }
 
@@ -197,16 +253,12 @@ void ChatSession::generate(const ChatHooks& hooks, TurnStats& st) {
     };
     gh.should_stop = hooks.should_stop;
     gh.on_token = [&](int32_t id) { t.reply_tokens.push_back(id); }; // target() sees the reply so far
-    // The reply filled the window: drop old turns, re-evaluate the rest.
+    // The reply filled the window: drop old turns, move the rest down.
     gh.on_full = [&]() -> const char* {
-        std::vector<int32_t> want;
-        bool room = false;
-        while (evict_one(hooks, st))
-            if ((want = target()).size() < static_cast<size_t>(s_.n_ctx())) {
-                room = true;
-                break;
-            }
-        if (!room) return "context full";
+        const size_t first_before = first_live_;
+        const std::vector<int32_t> want = evict(target(), hooks, st);
+        if (first_live_ == first_before || want.size() >= static_cast<size_t>(s_.n_ctx()))
+            return "context full";
         if (!sync(want, hooks, st)) return "interrupted";
         return nullptr;
     };

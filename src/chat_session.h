@@ -14,11 +14,15 @@
 // because sliding token by token would cut turns in half. When a turn would
 // not fit, or a reply fills the window, the oldest whole turns are dropped
 // and what stays after the pinned prefix is evaluated again at its new
-// positions. That costs one re-evaluation per eviction (not per token), keeps
-// the template's structure intact (the model never sees half a turn), and
-// keeps the system prompt in place: it is the logical --keep prefix, and it
-// is never re-evaluated unless the template folds it into the first user
-// message (Mistral, Gemma), where it moves with that message.
+// the kept turns move down in place: their K/V stay, the keys re-rotated to
+// their new positions (KvCache::drop), so an eviction costs a pass over the
+// kept keys, not a forward pass. Eviction goes down to half the window, so
+// the next turns have room again. It keeps the template's structure intact
+// (the model never sees half a turn), and keeps the system prompt in place:
+// it is the logical --keep prefix. Where the kept turns' tokens change (a
+// template that folds the system prompt into the first user message:
+// Mistral, Gemma) or a sliding-window ring has wrapped past the prefix, what
+// follows the prefix is evaluated again instead.
 #pragma once
 
 #include <cstdint>
@@ -34,10 +38,10 @@
 
 namespace kvrun {
 
-// Tokens of a piece of template text: special tokens parsed; at the start of
-// a conversation BOS is added when the vocabulary wants one and the text does
-// not already begin with it.
-std::vector<int32_t> chat_tokens(const Tokenizer& tok, std::string_view text, bool at_start);
+// Tokens of a piece of template text: the template's special tokens parsed,
+// message content as plain text; at the start of a conversation BOS is added
+// when the vocabulary wants one and the text does not already begin with it.
+std::vector<int32_t> chat_tokens(const Tokenizer& tok, const ChatText& text, bool at_start);
 
 // What ends a reply: end markers that are single tokens are stopped on as
 // tokens, others (the plain fallback's "\nUser:") as stop strings.
@@ -52,6 +56,10 @@ struct ChatConfig {
     int64_t n_predict = -1; // per reply; -1 = until the model ends its turn
     SamplerParams sampling;
     std::vector<std::string> stop; // extra stop strings
+    // Evicted turns are dropped from the cache in place (the kept turns keep
+    // the K/V they were computed with); false: the kept turns are evaluated
+    // again, exactly as a fresh conversation would.
+    bool evict_in_place = true;
 };
 
 struct TurnStats {
@@ -67,7 +75,8 @@ struct ChatHooks {
     std::function<void(std::string_view)> on_text;     // reply text as it streams
     std::function<bool()> should_stop;                 // Ctrl-C
     std::function<void(int64_t, int64_t)> on_progress; // prompt tokens done, total
-    std::function<void(const std::string&)> on_notice; // said once: the window is full
+    std::function<void(const std::string&)> on_notice; // the window is full: turns were evicted
+    std::function<void(const std::string&)> on_detail; // -v: how an eviction was done
 };
 
 class ChatSession {
@@ -121,6 +130,15 @@ class ChatSession {
     bool sync(const std::vector<int32_t>& want, const ChatHooks& hooks, TurnStats& st);
     // Drop the oldest live turn before the last. False when there is none.
     bool evict_one(const ChatHooks& hooks, TurnStats& st);
+    // The window is full: evict the oldest turns until the conversation
+    // (`want`, target()) takes at most half the window or only the current
+    // turn is left, say so, and move what the cache holds of the kept turns
+    // down in place. Returns the new target().
+    std::vector<int32_t> evict(std::vector<int32_t> want, const ChatHooks& hooks, TurnStats& st);
+    // The cache held a prefix of `before`; the conversation is now `after`
+    // (older turns evicted): drop the evicted span from the cache in place.
+    void drop_evicted(const std::vector<int32_t>& before, const std::vector<int32_t>& after,
+                      const ChatHooks& hooks);
     void generate(const ChatHooks& hooks, TurnStats& st);
 
     const LoadedModel& lm_;
@@ -132,7 +150,6 @@ class ChatSession {
     std::string system_;
     std::vector<Turn> turns_;
     size_t first_live_ = 0;
-    bool told_full_ = false;
 };
 
 } // namespace kvrun

@@ -163,25 +163,26 @@ ChatTemplate ChatTemplate::for_model(const GgufFile& f, const Tokenizer& tok,
     return detect(jinja, text(v.bos), text(v.eos));
 }
 
-std::string ChatTemplate::prefix(const std::string& sys) const {
+ChatText ChatTemplate::prefix_text(const std::string& sys) const {
     const std::string bos = bos_at_start_ ? bos_ : "";
+    const ChatText m = ChatText::message(sys);
     switch (family_) {
     case ChatFamily::plain:
-        return sys.empty() ? "" : sys + "\n\n";
+        return sys.empty() ? ChatText() : m + "\n\n";
     case ChatFamily::chatml:
-        return sys.empty() ? "" : "<|im_start|>system\n" + sys + "<|im_end|>\n";
+        return sys.empty() ? ChatText() : "<|im_start|>system\n" + m + "<|im_end|>\n";
     case ChatFamily::llama3:
-        return sys.empty() ? bos
-                           : bos + "<|start_header_id|>system<|end_header_id|>\n\n" + trim(sys) +
-                                 "<|eot_id|>";
+        return sys.empty() ? ChatText(bos)
+                           : bos + "<|start_header_id|>system<|end_header_id|>\n\n" +
+                                 ChatText::message(trim(sys)) + "<|eot_id|>";
     // Llama 2 opens the first [INST] with the system block; the pinned prefix
     // ends there and the first user message continues it.
     case ChatFamily::llama2:
-        return sys.empty() ? "" : bos_ + "[INST] <<SYS>>\n" + sys + "\n<</SYS>>\n\n";
+        return sys.empty() ? ChatText() : bos_ + "[INST] <<SYS>>\n" + m + "\n<</SYS>>\n\n";
     case ChatFamily::phi3:
-        return sys.empty() ? bos : bos + "<|system|>\n" + sys + "<|end|>\n";
+        return sys.empty() ? ChatText(bos) : bos + "<|system|>\n" + m + "<|end|>\n";
     case ChatFamily::zephyr:
-        return sys.empty() ? "" : "<|system|>\n" + sys + eos_ + "\n";
+        return sys.empty() ? ChatText() : "<|system|>\n" + m + eos_ + "\n";
     // Mistral's and Gemma's templates have no system role: kvrun folds the
     // system prompt into the first user message, as their later versions do.
     case ChatFamily::mistral:
@@ -191,26 +192,31 @@ std::string ChatTemplate::prefix(const std::string& sys) const {
     return {};
 }
 
-std::string ChatTemplate::user(const std::string& u, bool first, const std::string& sys) const {
+ChatText ChatTemplate::user_text(const std::string& u, bool first, const std::string& sys) const {
     const bool fold = first && !sys.empty();
+    using M = ChatText;
     switch (family_) {
     case ChatFamily::plain:
-        return "User: " + u + "\n";
+        return "User: " + M::message(u) + "\n";
     case ChatFamily::chatml:
-        return "<|im_start|>user\n" + u + "<|im_end|>\n";
+        return "<|im_start|>user\n" + M::message(u) + "<|im_end|>\n";
     case ChatFamily::llama3:
-        return "<|start_header_id|>user<|end_header_id|>\n\n" + trim(u) + "<|eot_id|>";
+        return "<|start_header_id|>user<|end_header_id|>\n\n" + M::message(trim(u)) + "<|eot_id|>";
     // content.strip() of "<<SYS>>...\n\n" + message: only the message's end is stripped.
     case ChatFamily::llama2:
-        return fold ? rtrim(u) + " [/INST]" : bos_ + "[INST] " + trim(u) + " [/INST]";
+        return fold ? M::message(rtrim(u)) + " [/INST]"
+                    : bos_ + "[INST] " + M::message(trim(u)) + " [/INST]";
+    // The folded "\n\n" between the system prompt and the message is content
+    // too: plain text either way.
     case ChatFamily::mistral:
-        return "[INST] " + (fold ? sys + "\n\n" + u : u) + " [/INST]";
+        return "[INST] " + M::message(fold ? sys + "\n\n" + u : u) + " [/INST]";
     case ChatFamily::phi3:
-        return "<|user|>\n" + u + "<|end|>\n";
+        return "<|user|>\n" + M::message(u) + "<|end|>\n";
     case ChatFamily::gemma:
-        return "<start_of_turn>user\n" + trim(fold ? sys + "\n\n" + u : u) + "<end_of_turn>\n";
+        return "<start_of_turn>user\n" + M::message(trim(fold ? sys + "\n\n" + u : u)) +
+               "<end_of_turn>\n";
     case ChatFamily::zephyr:
-        return "<|user|>\n" + u + eos_ + "\n";
+        return "<|user|>\n" + M::message(u) + eos_ + "\n";
     }
     return {};
 }
@@ -235,16 +241,16 @@ std::string ChatTemplate::generation_prompt() const {
     return {};
 }
 
-std::string ChatTemplate::reply(const std::string& a) const {
+ChatText ChatTemplate::reply_text(const std::string& a) const {
     switch (family_) {
     case ChatFamily::plain:
     case ChatFamily::llama2:
-        return std::string(" ").append(trim(a)); // (" " + ... trips GCC 12's -Wrestrict)
+        return " " + ChatText::message(trim(a));
     case ChatFamily::llama3:
     case ChatFamily::gemma:
-        return trim(a);
+        return ChatText::message(trim(a));
     default:
-        return a;
+        return ChatText::message(a);
     }
 }
 
@@ -287,12 +293,12 @@ std::vector<std::string> ChatTemplate::end_markers() const {
     }
 }
 
-std::string ChatTemplate::format(const std::vector<ChatMessage>& msgs,
-                                 bool add_generation_prompt) const {
+ChatText ChatTemplate::format_text(const std::vector<ChatMessage>& msgs,
+                                   bool add_generation_prompt) const {
     size_t i = 0;
     std::string sys = default_system_;
     if (!msgs.empty() && msgs[0].role == "system") sys = msgs[i++].content;
-    std::string out = prefix(sys);
+    ChatText out = prefix_text(sys);
     bool first = true;
     for (size_t k = 0; i < msgs.size(); i++, k++) {
         const ChatMessage& m = msgs[i];
@@ -302,11 +308,11 @@ std::string ChatTemplate::format(const std::vector<ChatMessage>& msgs,
                  "message {} has role '{}', expected '{}' (user and assistant alternate)", i + 1,
                  m.role, want);
         if (k % 2 == 0) {
-            out += user(m.content, first, sys);
+            out += user_text(m.content, first, sys);
             first = false;
             if (i + 1 < msgs.size() || add_generation_prompt) out += generation_prompt();
         } else {
-            out += reply(m.content) + close();
+            out += reply_text(m.content) + close();
         }
     }
     return out;

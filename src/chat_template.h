@@ -20,12 +20,38 @@
 
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace kvrun {
 
 class GgufFile;
 class Tokenizer;
+
+// Template text and the byte spans of it that are message content (the
+// system prompt, a user message, a reply). Content is tokenized as plain
+// text: a message that writes "<|im_start|>" gets those characters, not the
+// control token, so only the template's own markers are special and a message
+// cannot forge turns.
+struct ChatText {
+    std::string text;
+    std::vector<std::pair<size_t, size_t>> content; // [begin, end) within text
+
+    ChatText() = default;
+    ChatText(std::string marker) : text(std::move(marker)) {} // template text
+    ChatText(const char* marker) : text(marker) {}
+    static ChatText message(std::string s) {
+        ChatText t(std::move(s));
+        if (!t.text.empty()) t.content.emplace_back(0, t.text.size());
+        return t;
+    }
+    ChatText& operator+=(const ChatText& o) {
+        for (auto [b, e] : o.content) content.emplace_back(text.size() + b, text.size() + e);
+        text += o.text;
+        return *this;
+    }
+    friend ChatText operator+(ChatText a, const ChatText& b) { return a += b; }
+};
 
 enum class ChatFamily { plain, llama2, llama3, chatml, mistral, phi3, gemma, zephyr };
 
@@ -58,13 +84,19 @@ class ChatTemplate {
     const std::string& default_system() const { return default_system_; }
 
     // The pieces; `system` is the effective system prompt ("" for none).
-    std::string prefix(const std::string& system) const;
+    // The *_text forms mark the message content in them (ChatText).
+    std::string prefix(const std::string& system) const { return prefix_text(system).text; }
+    ChatText prefix_text(const std::string& system) const;
     // The text of a user message; `first`: the first turn after the prefix
     // (families that fold the system prompt into the first message do it here).
-    std::string user(const std::string& text, bool first, const std::string& system) const;
+    std::string user(const std::string& text, bool first, const std::string& system) const {
+        return user_text(text, first, system).text;
+    }
+    ChatText user_text(const std::string& text, bool first, const std::string& system) const;
     std::string generation_prompt() const;
-    std::string
-    reply(const std::string& text) const; // an assistant message as the template writes it
+    // an assistant message as the template writes it
+    std::string reply(const std::string& text) const { return reply_text(text).text; }
+    ChatText reply_text(const std::string& text) const;
     std::string close() const;            // what ends an assistant message
     // Texts that end a reply: special tokens the model emits (stopped on as
     // tokens when they are single tokens) or, for `plain`, "\nUser:".
@@ -74,7 +106,11 @@ class ChatTemplate {
     // renders it with add_generation_prompt. Roles must be an optional
     // system message, then user and assistant alternating, starting with
     // user; otherwise throws Error(template_error).
-    std::string format(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const;
+    std::string format(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
+        return format_text(messages, add_generation_prompt).text;
+    }
+    ChatText format_text(const std::vector<ChatMessage>& messages,
+                         bool add_generation_prompt) const;
 
   private:
     ChatFamily family_ = ChatFamily::plain;

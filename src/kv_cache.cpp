@@ -154,6 +154,11 @@ void KvCache::set_head_major(bool on) {
 }
 
 void KvCache::put_row(int layer, int s, const uint8_t* kr, const uint8_t* vr, const RowCopy& copy) {
+    put_row_with(layer, s, kr, vr, copy);
+}
+
+template <class Copy>
+void KvCache::put_row_with(int layer, int s, const uint8_t* kr, const uint8_t* vr, Copy&& copy) {
     uint8_t* kb = k_at(layer);
     uint8_t* vb = kb + k_bytes_[layer];
     if (!head_major_) {
@@ -173,28 +178,31 @@ void KvCache::put_row(int layer, int s, const uint8_t* kr, const uint8_t* vr, co
                  kr + (static_cast<size_t>(h) * hd + k) * e, e);
 }
 
-void KvCache::read_rows(int layer, int n, void* k_rows, void* v_rows) const {
-    KV_ASSERT(layer >= 0 && layer < cfg_.n_layer && n >= 0 && n <= slots(layer));
-    auto* ko = static_cast<uint8_t*>(k_rows);
-    auto* vo = static_cast<uint8_t*>(v_rows);
+void KvCache::get_row(int layer, int s, uint8_t* ko, uint8_t* vo) const {
     const uint8_t* kb = k_at(layer);
     const uint8_t* vb = kb + k_bytes_[layer];
-    if (n == 0) return; // the buffers may be null (an empty save): memcpy must not see them
     if (!head_major_) {
-        std::memcpy(ko, kb, n * row_k_);
-        std::memcpy(vo, vb, n * row_v_);
+        std::memcpy(ko, kb + s * row_k_, row_k_);
+        std::memcpy(vo, vb + s * row_v_, row_v_);
         return;
     }
     const size_t hv = slot_bytes_v(), e = gl::type_info(cfg_.type_k).type_size;
     const size_t hbk = head_bytes_k(layer), hbv = head_bytes_v(layer);
     const int hd = cfg_.head_dim, n_slots = slots(layer);
-    for (int s = 0; s < n; s++)
-        for (int h = 0; h < cfg_.n_head_kv; h++) {
-            std::memcpy(vo + s * row_v_ + h * hv, vb + h * hbv + s * hv, hv);
-            for (int k = 0; k < hd; k++)
-                std::memcpy(ko + s * row_k_ + (static_cast<size_t>(h) * hd + k) * e,
-                            kb + h * hbk + gl::key_tile_index(s, k, hd, n_slots) * e, e);
-        }
+    for (int h = 0; h < cfg_.n_head_kv; h++) {
+        std::memcpy(vo + h * hv, vb + h * hbv + s * hv, hv);
+        for (int k = 0; k < hd; k++)
+            std::memcpy(ko + (static_cast<size_t>(h) * hd + k) * e,
+                        kb + h * hbk + gl::key_tile_index(s, k, hd, n_slots) * e, e);
+    }
+}
+
+void KvCache::read_rows(int layer, int n, void* k_rows, void* v_rows) const {
+    KV_ASSERT(layer >= 0 && layer < cfg_.n_layer && n >= 0 && n <= slots(layer));
+    auto* ko = static_cast<uint8_t*>(k_rows);
+    auto* vo = static_cast<uint8_t*>(v_rows);
+    // n may be 0 with null buffers (an empty save): no row, no memcpy.
+    for (int s = 0; s < n; s++) get_row(layer, s, ko + s * row_k_, vo + s * row_v_);
 }
 
 void KvCache::restore_rows(int layer, int n, const void* k_rows, const void* v_rows) {
@@ -237,6 +245,62 @@ bool KvCache::truncate(int64_t n) {
     for (Ring& r : rings_)
         for (int64_t& p : r.pos)
             if (p >= n) p = -1;
+    n_past_ = n;
+    return true;
+}
+
+bool KvCache::drop(int64_t from, int64_t to, const Model& m) {
+    KV_ASSERT(from >= 0 && from <= to && to <= n_past_);
+    const int64_t d = to - from, n = n_past_ - d;
+    if (d == 0) return true;
+    if (from < cfg_.keep) return false; // the sinks' copies are fixed by position
+    // After the drop a ring holds what a run of n tokens leaves in it
+    // (restore_positions' rule); each of those must be in the ring now.
+    auto held_after = [n](const Ring& r, int64_t p) { return p < r.keep || p >= n - r.window(); };
+    for (const Ring& r : rings_)
+        for (int64_t p = 0; p < n; p++) {
+            if (!held_after(r, p)) continue;
+            const int64_t old = held_before_drop(p, from, d);
+            if (r.pos[r.slot_of(old)] != old) return false;
+        }
+    // Per layer: the moved rows out (every one, before any slot is written:
+    // in a wrapped ring a destination can be another row's source), their
+    // keys rotated, then in at their new slots.
+    const int kvd = kv_dim(), half = m.hp.rope_dims / 2;
+    std::vector<uint8_t> ks, vs;
+    std::vector<float> f(kvd), cs(half), sn(half);
+    const double* angles_for = nullptr;
+    for (int l = 0; l < cfg_.n_layer; l++) {
+        const Ring& r = ring(l);
+        const int64_t lo = std::max(from, std::max<int64_t>(r.keep, n - r.window()));
+        const int64_t count = std::max<int64_t>(0, n - lo);
+        ks.resize(count * row_k_);
+        vs.resize(count * row_v_);
+        // Rotation only, without LongRoPE's attn_factor: the stored keys carry it already.
+        const Rope rope = m.layer_rope(l, cfg_.n_ctx);
+        if (rope.inv_freq != angles_for) {
+            gl::ops::rope_angles(-static_cast<double>(d), half, rope.inv_freq, cs.data(),
+                                 sn.data());
+            angles_for = rope.inv_freq;
+        }
+        for (int64_t i = 0; i < count; i++) {
+            uint8_t* kr = ks.data() + i * row_k_;
+            get_row(l, r.slot_of(lo + i + d), kr, vs.data() + i * row_v_);
+            gl::cpu::dequantize_row(cfg_.type_k, kr, f.data(), kvd);
+            gl::ops::rope(f.data(), cfg_.n_head_kv, cfg_.head_dim, rope.dims, cs.data(), sn.data(),
+                          rope.neox);
+            gl::cpu::quantize_row(cfg_.type_k, f.data(), kr, kvd);
+        }
+        for (int64_t i = 0; i < count; i++)
+            put_row_with(
+                l, r.slot_of(lo + i), ks.data() + i * row_k_, vs.data() + i * row_v_,
+                [](void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); });
+    }
+    for (Ring& r : rings_) {
+        std::fill(r.pos.begin(), r.pos.end(), -1);
+        for (int64_t p = 0; p < n; p++)
+            if (held_after(r, p)) r.pos[r.slot_of(p)] = p;
+    }
     n_past_ = n;
     return true;
 }

@@ -152,6 +152,19 @@ class KvCache {
     // otherwise, and the caller must clear).
     bool truncate(int64_t n);
 
+    // Drop positions [from, to) and move the later ones down by d = to - from
+    // without evaluating anything: each moved key is re-rotated by -d in
+    // place (RoPE is a rotation: R(p - d) = R(-d) R(p)), with the layer's own
+    // RoPE (its base on sliding-window layers, LongRoPE's factors), in the
+    // cache's own type (quantized rows: dequantized, rotated, quantized
+    // again); values move as they are. The moved tokens keep the K/V they
+    // were computed with, the dropped span in view, as a context shift does.
+    // Possible when from >= keep and every ring still holds each position a
+    // query at the new end would attend (a sliding-window ring that wrapped
+    // past the kept prefix does not); returns false otherwise, and nothing
+    // changed.
+    bool drop(int64_t from, int64_t to, const Model& m);
+
     // A saved state back (prompt-cache files): slots [0, n) of a layer from
     // rows, then restore_positions(n) once every layer is written: the cache
     // holds n tokens in the slots a run of n tokens leaves them in.
@@ -177,6 +190,17 @@ class KvCache {
     bool head_major_ = false;
     void put_row(int layer, int slot, const uint8_t* k_row, const uint8_t* v_row,
                  const RowCopy& copy);
+    // put_row with any callable (a plain memcpy inlines: head-major keys are
+    // copied element by element).
+    template <class Copy>
+    void put_row_with(int layer, int slot, const uint8_t* k_row, const uint8_t* v_row, Copy&& copy);
+    // One slot's K and V out as rows (either layout).
+    void get_row(int layer, int slot, uint8_t* k_row, uint8_t* v_row) const;
+    // The position a ring's slots should hold after a drop of d positions at
+    // `from`: p itself before the span, p + d after it.
+    static int64_t held_before_drop(int64_t p, int64_t from, int64_t d) {
+        return p < from ? p : p + d;
+    }
     // All layers' slots (allocate_huge): layer l's K slots at layer_at_[l],
     // its V slots k_bytes_[l] further.
     HugeBytes block_;

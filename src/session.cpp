@@ -58,6 +58,13 @@ bool Session::rewind(int64_t n) {
     return true;
 }
 
+bool Session::drop(int64_t from, int64_t to) {
+    KV_ASSERT(from >= 0 && from <= to && to <= static_cast<int64_t>(tokens_.size()));
+    if (!kv_.drop(from, to, lm_.model)) return false;
+    tokens_.erase(tokens_.begin() + from, tokens_.begin() + to);
+    return true;
+}
+
 void Session::clear() {
     kv_.clear();
     tokens_.clear();

@@ -98,6 +98,10 @@ class Session {
     // Keep only the first n tokens; false when the ring has overwritten a slot
     // of those (the caller must clear()).
     bool rewind(int64_t n);
+    // Forget tokens [from, to) and move the later ones down without
+    // evaluating them (KvCache::drop); false when the cache cannot (the
+    // caller re-evaluates). The last token's logits stay as they were.
+    bool drop(int64_t from, int64_t to);
     void clear();
 
     // Prompt-cache files (prompt_cache.h): the digest of the loaded model.

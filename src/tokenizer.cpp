@@ -223,7 +223,11 @@ struct Tokenizer::Impl {
         int32_t token; // >= 0: a special token; -1: text
         std::string_view text;
     };
-    std::vector<Fragment> partition(std::string_view text, bool parse_special) const;
+    using Spans = std::span<const std::pair<size_t, size_t>>;
+    std::vector<Fragment> partition(std::string_view text, bool parse_special,
+                                    Spans plain = {}) const;
+    std::vector<int32_t> encode(std::string_view text, bool add_bos, bool parse_special,
+                                Spans plain) const;
     void encode_spm(std::string_view text, bool space_prefix, std::vector<int32_t>& out) const;
     void encode_bpe(std::string_view text, std::vector<int32_t>& out) const;
     void bpe_word(std::string_view word, std::vector<int32_t>& out) const;
@@ -336,8 +340,13 @@ std::string Tokenizer::Impl::make_piece(int32_t id) const {
 // special token in turn (longest first) cuts every remaining text fragment at
 // its occurrences. Control and unknown tokens count only when parse_special;
 // user-defined ones always do (they are part of the vocabulary's text).
-std::vector<Tokenizer::Impl::Fragment> Tokenizer::Impl::partition(std::string_view text,
-                                                                  bool parse_special) const {
+std::vector<Tokenizer::Impl::Fragment>
+Tokenizer::Impl::partition(std::string_view text, bool parse_special, Spans plain) const {
+    auto in_plain = [&](size_t off, size_t len) {
+        for (auto [b, e] : plain)
+            if (off < e && off + len > b) return true;
+        return false;
+    };
     std::vector<Fragment> frags;
     if (text.empty()) return frags;
     frags.push_back({-1, text});
@@ -347,7 +356,8 @@ std::vector<Tokenizer::Impl::Fragment> Tokenizer::Impl::partition(std::string_vi
     std::vector<Fragment> next;
     for (int32_t id : specials) {
         TokenAttr a = v.attrs[id];
-        if (!parse_special && (a == TokenAttr::control || a == TokenAttr::unknown)) continue;
+        const bool control = a == TokenAttr::control || a == TokenAttr::unknown;
+        if (!parse_special && control) continue;
         std::string_view tok = v.tokens[id];
         if (!present[static_cast<uint8_t>(tok[0])] || text.find(tok) == std::string_view::npos)
             continue;
@@ -358,10 +368,16 @@ std::vector<Tokenizer::Impl::Fragment> Tokenizer::Impl::partition(std::string_vi
                 continue;
             }
             std::string_view rest = f.text;
-            for (size_t at; (at = rest.find(tok)) != std::string_view::npos;) {
+            for (size_t at, from = 0; (at = rest.find(tok, from)) != std::string_view::npos;) {
+                if (control &&
+                    in_plain(static_cast<size_t>(rest.data() - text.data()) + at, tok.size())) {
+                    from = at + 1; // written by a message: text
+                    continue;
+                }
                 if (at > 0) next.push_back({-1, rest.substr(0, at)});
                 next.push_back({id, {}});
                 rest.remove_prefix(at + tok.size());
+                from = 0;
             }
             if (!rest.empty()) next.push_back({-1, rest});
         }
@@ -560,14 +576,24 @@ bool Tokenizer::is_eog(int32_t id) const {
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos,
                                        bool parse_special) const {
-    const Impl& m = *impl_;
+    return impl_->encode(text, add_bos, parse_special, {});
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos,
+                                       std::span<const std::pair<size_t, size_t>> plain) const {
+    return impl_->encode(text, add_bos, true, plain);
+}
+
+std::vector<int32_t> Tokenizer::Impl::encode(std::string_view text, bool add_bos,
+                                             bool parse_special, Spans plain) const {
+    const Impl& m = *this;
     std::vector<int32_t> out;
     out.reserve(text.size() / 3 + 2);
     if (add_bos && m.v.add_bos && m.v.bos >= 0) out.push_back(m.v.bos);
     // SPM: a text fragment at the start or right after a special token gets
     // the leading space (as SentencePiece sees each such run as a new text).
     bool after_special = true;
-    for (const Impl::Fragment& f : m.partition(text, parse_special)) {
+    for (const Impl::Fragment& f : m.partition(text, parse_special, plain)) {
         if (f.token >= 0) {
             out.push_back(f.token);
             after_special = true;

@@ -9,7 +9,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
+#include <utility>
 #include <string_view>
 #include <vector>
 
@@ -51,6 +53,11 @@ class Tokenizer {
 
     // add_bos: prepend BOS when the vocabulary says so (vocab().add_bos).
     std::vector<int32_t> encode(std::string_view text, bool add_bos, bool parse_special) const;
+    // As encode(text, add_bos, true), except that control tokens written
+    // across any of the `plain` byte spans of text are text there (a chat
+    // message's content, ChatText: only the template's markers are special).
+    std::vector<int32_t> encode(std::string_view text, bool add_bos,
+                                std::span<const std::pair<size_t, size_t>> plain) const;
 
     // The bytes a token stands for when printed: U+2581 -> ' ', <0xNN> -> that
     // byte, BPE byte-level chars -> bytes; control tokens -> "" (unless

@@ -15,7 +15,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <clocale>
 #include <editline/readline.h>
+#include <langinfo.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -67,7 +69,9 @@ void out(std::string_view s) { write_stdout(s); }
 // handling is off so the one SIGINT handler stays ours.
 bool g_prompt_ctrl_c = false;
 
-int read_key(FILE*) {
+// One byte of the terminal, waiting for it; EOF at its end, a read error or
+// Ctrl-C (see read_key).
+int read_byte() {
     // SIGINT stays blocked between the flag check and the wait, and ppoll
     // unblocks it atomically: a Ctrl-C that the terminal turned into SIGINT
     // just before this wait (the prompt can be on screen before libedit
@@ -101,6 +105,40 @@ int read_key(FILE*) {
     }
 }
 
+// libedit takes what rl_getc_function returns as one whole character (a
+// wchar_t), so a UTF-8 sequence is read and decoded here: handed over byte
+// by byte, each byte of "é" would become a character of its own, which the
+// line then drops (or garbles) when it converts back to multibyte text.
+int read_key(FILE*) {
+    const int c = read_byte();
+    if (c == EOF || c < 0x80) return c;
+    const int len = c >= 0xF0 && c < 0xF8 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 && c < 0xE0 ? 2 : 0;
+    if (len == 0) return 0xFFFD; // not a lead byte
+    int cp = c & (0x7F >> len);
+    for (int i = 1; i < len; i++) {
+        const int b = read_byte();
+        if (b == EOF) return EOF;
+        if ((b & 0xC0) != 0x80) return 0xFFFD;
+        cp = cp << 6 | (b & 0x3F);
+    }
+    return cp;
+}
+
+// libedit reads and writes the line in the locale's multibyte encoding: the
+// "C" locale (no LANG, or LANG=C) has none beyond ASCII and every other
+// character would be dropped from the message. kvrun's messages are UTF-8,
+// so the character type (only that) is the environment's when it is UTF-8,
+// otherwise C.UTF-8.
+void use_utf8_ctype() {
+    const char* got = std::setlocale(LC_CTYPE, "");
+    auto utf8 = [] {
+        const char* cs = nl_langinfo(CODESET);
+        return cs && (std::strcmp(cs, "UTF-8") == 0 || std::strcmp(cs, "utf8") == 0);
+    };
+    if (got && utf8()) return;
+    if (!std::setlocale(LC_CTYPE, "C.UTF-8") || !utf8()) std::setlocale(LC_CTYPE, "C");
+}
+
 // One message from the terminal: a line, or several joined while each ends
 // in a backslash. nullopt at end of input (Ctrl-D).
 std::optional<std::string> read_message() {
@@ -114,7 +152,10 @@ std::optional<std::string> read_message() {
             // libedit gives up the line on Ctrl-C: a first one discards the
             // input, a second in a row leaves.
             clear_interrupt();
-            if (ctrl_c) return std::nullopt;
+            if (ctrl_c) {
+                out("\n");
+                return std::nullopt;
+            }
             ctrl_c = true;
             msg.clear();
             prompt = "> ";
@@ -122,7 +163,10 @@ std::optional<std::string> read_message() {
             continue;
         }
         if (!line) {
-            if (msg.empty()) return std::nullopt;
+            if (msg.empty()) {
+                out("\n"); // Ctrl-D: the shell's prompt starts on its own line
+                return std::nullopt;
+            }
             return msg;
         }
         ctrl_c = false;
@@ -242,6 +286,9 @@ int run_chat(int argc, char** argv) {
     cfg.n_predict = o.n_predict;
     cfg.sampling = o.sampling;
     cfg.stop = o.stop;
+    // Turns moved in place keep K/V computed with the dropped turns in view:
+    // not what a fresh conversation would compute, which --deterministic promises.
+    cfg.evict_in_place = !o.common.deterministic;
     if (o.common.verbose || tty)
         fmt::print(stderr, "kvrun chat: template {} ({}), n_ctx {}, {} threads{}{}\n", tmpl.name(),
                    !o.chat_template.empty()             ? "--chat-template"
@@ -270,17 +317,28 @@ int run_chat(int argc, char** argv) {
         clear_progress();
         fmt::print(stderr, "\nkvrun: {}\n", s);
     };
+    if (o.common.verbose)
+        hooks.on_detail = [](const std::string& s) { fmt::print(stderr, "[kvrun] {}\n", s); };
+    // An answer that did not end by itself says why (stderr: stdout is the answer).
+    auto tell_cut = [&](const TurnStats& st, bool repl) {
+        if (st.stop == "context full")
+            fmt::print(stderr, "[answer cut: the context is full (-c {})]\n", n_ctx);
+        else if (repl && st.stop == "length")
+            fmt::print(stderr, "[answer cut at -n {} tokens]\n", o.n_predict);
+    };
 
     if (!tty) {
         const TurnStats st = session.respond(one_shot, hooks);
         clear_progress();
         out("\n");
+        tell_cut(st, false);
         if (o.common.verbose)
             fmt::print(stderr, "[kvrun] evaluated {} tok, generated {} tok, stop: {}\n",
                        st.evaluated, st.generated, st.stop);
         return st.stop == "interrupted" ? static_cast<int>(Exit::interrupted) : 0;
     }
 
+    use_utf8_ctype();
     rl_catch_signals = 0;
     rl_getc_function = read_key;
     using_history();
@@ -293,6 +351,7 @@ int run_chat(int argc, char** argv) {
         all.generated += st.generated;
         clear_progress();
         out(st.stop == "interrupted" ? "\n[interrupted]\n" : "\n");
+        tell_cut(st, true);
         clear_interrupt();
     };
     auto answer = [&](const std::string& msg) {
@@ -320,7 +379,7 @@ int run_chat(int argc, char** argv) {
         const std::string arg =
             sp == std::string::npos ? "" : rtrim(line.substr(line.find_first_not_of(' ', sp)));
         if (cmd == "/exit" || cmd == "/quit")
-            break;
+            break; // the Enter that sent it ended the line
         else if (cmd == "/help")
             out(kHelp);
         else if (cmd == "/stats")

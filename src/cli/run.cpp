@@ -229,8 +229,10 @@ int run_generate(int argc, char** argv) {
     if (o.chat) {
         const ChatTemplate tmpl = ChatTemplate::for_model(lm->file, tok, o.chat_template);
         const std::string sys = o.system.empty() ? tmpl.default_system() : o.system;
-        model_reads = tmpl.prefix(sys) + tmpl.user(prompt, true, sys) + tmpl.generation_prompt();
-        tokens = chat_tokens(tok, model_reads, true);
+        const ChatText text =
+            tmpl.prefix_text(sys) + tmpl.user_text(prompt, true, sys) + tmpl.generation_prompt();
+        model_reads = text.text;
+        tokens = chat_tokens(tok, text, true);
         reply_stop = reply_end(tmpl, tok);
         if (o.common.verbose)
             fmt::print(stderr, "kvrun: chat template {} ({})\n", tmpl.name(),

@@ -4,7 +4,9 @@
 // history, Ctrl-C stops an answer and leaves a consistent cache.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <csignal>
 #include <cstdlib>
 #include <pty.h>
@@ -19,6 +21,7 @@
 #pragma GCC diagnostic pop
 #endif
 #include <sys/wait.h>
+#include <thread>
 #include <poll.h>
 #include <unistd.h>
 
@@ -32,14 +35,19 @@ const std::string kStories = kvtest::shared("models/stories260K.gguf");
 
 class Repl {
   public:
-    explicit Repl(std::vector<std::string> args, int token_delay_ms = 0) {
-        args.insert(args.begin(), {"chat", "-m", kStories, "--temp", "0", "-c", "512"});
+    // `env`: NAME=VALUE pairs set in the REPL's environment.
+    explicit Repl(std::vector<std::string> args, int token_delay_ms = 0,
+                  std::vector<std::pair<std::string, std::string>> env = {}) {
+        if (std::find(args.begin(), args.end(), "-c") == args.end())
+            args.insert(args.begin(), {"-c", "512"});
+        args.insert(args.begin(), {"chat", "-m", kStories, "--temp", "0"});
         winsize ws{};
         ws.ws_row = 40;
         ws.ws_col = 250;
         pid_ = forkpty(&fd_, nullptr, nullptr, &ws);
         if (pid_ == 0) {
             setenv("TERM", "dumb", 1);
+            for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
             if (token_delay_ms > 0)
                 setenv("KVRUN_TEST_TOKEN_DELAY_MS", std::to_string(token_delay_ms).c_str(), 1);
             std::vector<char*> argv;
@@ -104,12 +112,49 @@ class Repl {
         REQUIRE_MESSAGE(std::regex_search(s, m, re), s);
         return {std::stol(m[1]), std::stol(m[2]), std::stol(m[3]), std::stol(m[4])};
     }
+    // Everything printed until the REPL ends.
+    std::string rest(int timeout_ms = 20000) {
+        const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+        while (std::chrono::steady_clock::now() < end) {
+            pollfd p{fd_, POLLIN, 0};
+            if (poll(&p, 1, 100) <= 0) continue;
+            char b[4096];
+            const ssize_t n = read(fd_, b, sizeof b);
+            if (n <= 0) break; // EIO: the other side closed
+            buf_.append(b, n);
+        }
+        std::string all;
+        all.swap(buf_);
+        return all;
+    }
     bool alive() const { return pid_ > 0 && waitpid(pid_, nullptr, WNOHANG) == 0; }
+    // The exit status; a REPL still running after 30 s is killed (-1), so a
+    // test that fails cannot hang the suite.
     int wait_exit() {
         int st = 0;
-        waitpid(pid_, &st, 0);
+        for (int i = 0; i < 300 && waitpid(pid_, &st, WNOHANG) == 0; i++)
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        if (waitpid(pid_, &st, WNOHANG) == 0) {
+            kill(pid_, SIGKILL);
+            waitpid(pid_, &st, 0);
+            pid_ = -1;
+            return -1;
+        }
         pid_ = -1;
         return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    }
+    // Reads until nothing has come for `quiet_ms`: the prompt is on screen
+    // and libedit has the terminal in its own mode. A key typed while it
+    // switches modes can be lost by the terminal (a real user's type-ahead
+    // too), so keys that must arrive alone (Ctrl-D) wait for this.
+    void settle(int quiet_ms = 300) {
+        pollfd p{fd_, POLLIN, 0};
+        while (poll(&p, 1, quiet_ms) > 0) {
+            char b[4096];
+            const ssize_t n = read(fd_, b, sizeof b);
+            if (n <= 0) break;
+            buf_.append(b, n);
+        }
     }
 
   private:
@@ -227,4 +272,102 @@ TEST_CASE("chat repl: --deterministic answers do not depend on the history's pat
     CHECK(c.say("What did the cat eat") == a3);
     std::remove((save + ".json").c_str());
     rmdir(dir);
+}
+
+TEST_CASE("chat repl: non-ASCII text typed at the prompt reaches the model unchanged") {
+    // LC_ALL=C: the worst case (no UTF-8 locale in the environment).
+    for (const char* lc : {"C", "C.UTF-8"}) {
+        CAPTURE(lc);
+        Repl r({"-n", "4"}, 0, {{"LC_ALL", lc}});
+        r.until("> ");
+        const std::string msg = "h\xc3\xa9llo \xe6\x97\xa5\xe6\x9c\xac"; // héllo 日本
+        r.say(msg);
+        const std::string path = "chat_utf8_" + std::to_string(::getpid()) + "_" + lc;
+        CHECK(r.say("/save " + path).find("[saved") != std::string::npos);
+        std::ifstream in(path + ".json");
+        REQUIRE(in);
+        const auto j = nlohmann::json::parse(in);
+        CHECK(j.at("turns").at(0).at("user").get<std::string>() == msg);
+        std::remove(path.c_str());
+        std::remove((path + ".json").c_str());
+        r.send("/exit\n");
+        CHECK(r.wait_exit() == 0);
+    }
+}
+
+TEST_CASE("chat repl: leaving with Ctrl-D or Ctrl-C twice ends the line") {
+    {
+        Repl r({"-n", "4"});
+        r.until("> ");
+        r.say("Hello");
+        r.settle();
+        r.send("\x04");
+        CHECK(r.rest().find('\n') != std::string::npos);
+        CHECK(r.wait_exit() == 0);
+    }
+    {
+        Repl r({"-n", "4"});
+        r.until("> ");
+        r.say("Hello"); // libedit has the terminal by now
+        r.send("\x03");
+        r.until("(Ctrl-C again to exit)");
+        r.until("> ");
+        r.settle();
+        r.send("\x03");
+        CHECK(r.rest().find('\n') != std::string::npos);
+        CHECK(r.wait_exit() == 0);
+    }
+}
+
+TEST_CASE(
+    "chat repl: a full window evicts turns in place, says so each time, and goes down to half") {
+    Repl r({"-n", "24", "-c", "160", "-v"});
+    r.until("> ");
+    const char* msgs[] = {"Tell me about the cat", "Where did the dog go", "What is the sun",
+                          "Who is the girl",       "Why is the sky blue",  "What did the boy eat",
+                          "Where is the park",     "Tell me a story",      "What is a tree"};
+    long evicted_before = 0;
+    int evictions = 0, moved = 0;
+    bool evicted_last = false;
+    for (const char* m : msgs) {
+        const std::string answer = r.say(m);
+        const std::string st = r.say("/stats");
+        std::smatch sm;
+        REQUIRE(std::regex_search(st, sm, std::regex(R"(turns (\d+) \((\d+) evicted\))")));
+        const long evicted = std::stol(sm[2]);
+        const auto s = r.stats();
+        const bool evicts = evicted > evicted_before;
+        // The notice on every eviction, naming what went.
+        CHECK((answer.find("the context is full (-c 160): dropped the") != std::string::npos) ==
+              evicts);
+        if (evicts) {
+            evictions++;
+            // Moved, not evaluated again: this turn evaluated its own text
+            // only (at most: the glue of the last, evicted reply is not).
+            moved += answer.find("cached tokens moved down") != std::string::npos;
+            CHECK(s.evaluated <=
+                  n_tokens("\n") + n_tokens(std::string("User: ") + m + "\nAssistant:"));
+            CHECK(s.fill <= 80 + 24);
+            CHECK_FALSE(evicted_last); // down to half: the next turn has room
+        }
+        evicted_last = evicts;
+        evicted_before = evicted;
+    }
+    CHECK(evictions >= 2);
+    CHECK(moved >= 1);
+    r.send("/exit\n");
+    CHECK(r.wait_exit() == 0);
+}
+
+TEST_CASE("chat: an answer cut by a full window or by -n says so") {
+    // One-shot (stdin not a terminal): the window fills during the answer.
+    const std::string none;
+    const auto full = kvtest::run_kvrun(
+        {"chat", "-m", kStories, "--temp", "0", "-c", "40", "-p", "Once upon a time"}, &none);
+    CHECK(full.status == 0);
+    CHECK(full.err.find("[answer cut: the context is full (-c 40)]") != std::string::npos);
+    // The REPL marks -n.
+    Repl r({"-n", "5"});
+    r.until("> ");
+    CHECK(r.say("Hello").find("[answer cut at -n 5 tokens]") != std::string::npos);
 }
