@@ -659,14 +659,37 @@ void attend_in_order(const AttentionArgs& a, int t, int h0, int nh, int32_t* at,
         gather(vr, a.v_slots, a.v_new, a.v_row_bytes, at[i], v_tile);
         fold(1);
     }
+    // Consecutive slots (or batch rows) go to rows_to_f32 together: the same
+    // exact conversion, one call for a run instead of one per key.
+    auto gather_run = [&](const HeadReader& r, const void* slots, const void* batch,
+                          size_t row_bytes, int32_t e, int len, float* dst) {
+        if (!r.in_place()) {
+            for (int i = 0; i < len; i++)
+                gather(r, slots, batch, row_bytes, e >= 0 ? e + i : e - i, dst + i * hd);
+            return;
+        }
+        const uint8_t* row = e >= 0 ? static_cast<const uint8_t*>(slots) + e * row_bytes
+                                    : static_cast<const uint8_t*>(batch) + (-e - 2) * row_bytes;
+        cpu::rows_to_f32(r.type, hd, row + kvh * hd * r.elem_bytes, row_bytes, len, dst);
+    };
     auto gather_chunk = [&](int64_t c0, int64_t c1) {
         int n = 0;
-        for (int64_t kp = c0; kp < c1; kp++) {
+        for (int64_t kp = c0; kp < c1;) {
             const int32_t e = at[index(kp)];
-            if (e == -1) continue;
-            gather(kr, a.k_slots, a.k_new, a.k_row_bytes, e, k_tile + n * hd);
-            gather(vr, a.v_slots, a.v_new, a.v_row_bytes, e, v_tile + n * hd);
-            n++;
+            if (e == -1) {
+                kp++;
+                continue;
+            }
+            // A run: slots e, e + 1, ... or batch rows u, u + 1, ... (e - 1, e - 2, ...)
+            int len = 1;
+            const int32_t step = e >= 0 ? 1 : -1;
+            while (kp + len < c1 && at[index(kp + len)] == e + step * len &&
+                   (e >= 0) == (e + step * len >= 0))
+                len++;
+            gather_run(kr, a.k_slots, a.k_new, a.k_row_bytes, e, len, k_tile + n * hd);
+            gather_run(vr, a.v_slots, a.v_new, a.v_row_bytes, e, len, v_tile + n * hd);
+            n += len;
+            kp += len;
         }
         return n;
     };
