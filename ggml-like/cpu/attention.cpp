@@ -224,6 +224,28 @@ void attend_one(const AttentionArgs& a, int t, int h, const KeyRun* runs, int n_
 constexpr int kSubGroup = 8;
 constexpr int kChunkKeys = 64;
 
+// One online-softmax step over a chunk for heads j < nh: the scores
+// sc[j * kChunkKeys + i] of its n keys become weights against head j's
+// running max m[j] (its output so far and sum l[j] rescaled when the max
+// grows), and l[j] gains their sum.
+void softmax_step(float* sc, int n, int nh, int hd, float* m, float* l, float* const* out) {
+    for (int j = 0; j < nh; j++) {
+        float* s = sc + j * kChunkKeys;
+        const float cm = std::max(m[j], cpu::max_of(s, n));
+        if (cm == -INFINITY) { // nothing visible yet: weights 0
+            std::fill(s, s + n, 0.0f);
+            continue;
+        }
+        if (cm > m[j]) {
+            const float f = m[j] == -INFINITY ? 0.0f : std::exp(m[j] - cm);
+            for (int d = 0; d < hd; d++) out[j][d] *= f;
+            l[j] *= f;
+            m[j] = cm;
+        }
+        l[j] += cpu::exp_sum(s, n, m[j]);
+    }
+}
+
 // A chunk of K or V head slices as F32 rows the float kernels read: F32
 // caches in place, others converted into `tile`.
 struct RowsF32 {
@@ -306,21 +328,7 @@ void attend_heads(const AttentionArgs& a, const uint8_t* new_tiles, int t, int h
         }
     } during_scores, during_values;
     auto fold = [&](const uint8_t* rows, size_t stride, int n) {
-        for (int j = 0; j < nh; j++) {
-            float* s = sc + j * kChunkKeys;
-            const float cm = std::max(m[j], cpu::max_of(s, n));
-            if (cm == -INFINITY) { // nothing visible yet: weights 0
-                std::fill(s, s + n, 0.0f);
-                continue;
-            }
-            if (cm > m[j]) {
-                const float f = m[j] == -INFINITY ? 0.0f : std::exp(m[j] - cm);
-                for (int d = 0; d < hd; d++) out[j][d] *= f;
-                l[j] *= f;
-                m[j] = cm;
-            }
-            l[j] += cpu::exp_sum(s, n, m[j]);
-        }
+        softmax_step(sc, n, nh, hd, m, l, out);
         if (half_v) {
 #if GL_HAVE_FP16
             for (int j0 = 0; j0 < nh; j0 += fp16::kMaxValueHeads) {
@@ -631,21 +639,7 @@ void attend_in_order(const AttentionArgs& a, int t, int h0, int nh, int32_t* at,
     // Scores sc[j * kChunkKeys + i] of the n keys whose values are in v_tile:
     // an online softmax step, as attend_heads takes.
     auto fold = [&](int n) {
-        for (int j = 0; j < nh; j++) {
-            float* s = sc + j * kChunkKeys;
-            const float cm = std::max(m[j], cpu::max_of(s, n));
-            if (cm == -INFINITY) {
-                std::fill(s, s + n, 0.0f);
-                continue;
-            }
-            if (cm > m[j]) {
-                const float f = m[j] == -INFINITY ? 0.0f : std::exp(m[j] - cm);
-                for (int d = 0; d < hd; d++) out[j][d] *= f;
-                l[j] *= f;
-                m[j] = cm;
-            }
-            l[j] += cpu::exp_sum(s, n, m[j]);
-        }
+        softmax_step(sc, n, nh, hd, m, l, out);
         cpu::axpy_heads(Type::F32, hd, v_tile, sizeof(float) * hd, n, sc, kChunkKeys, nh, out);
     };
     for (int i = 0; i < n_sink; i++) {

@@ -244,13 +244,7 @@ int run_chat(int argc, char** argv) {
     app.add_flag("-e,--escape", o.escape, "process \\n \\t \\\\ \\\" \\' in -p, --system and --stop");
     add_sampling_options(app, o.sampling);
     if (const auto done = parse_command_line(app, argc, argv)) return *done;
-    if (app.count("--system") && app.count("--system-file"))
-        fail(Exit::usage, "--system and --system-file exclude each other: use one");
-    if (o.escape) {
-        o.prompt = process_escapes(o.prompt);
-        o.system = process_escapes(o.system);
-        for (std::string& s : o.stop) s = process_escapes(s);
-    }
+    check_text_options(app, o.escape, o.prompt, o.system, o.stop);
     if (!o.system_file.empty())
         o.system = rtrim(read_regular_file(o.system_file, "system prompt file", Exit::usage));
     check_utf8(o.system, "the system prompt");

@@ -314,6 +314,16 @@ std::string process_escapes(const std::string& s) {
     return out;
 }
 
+void check_text_options(const CLI::App& app, bool escape, std::string& prompt, std::string& system,
+                        std::vector<std::string>& stop) {
+    if (app.count("--system") && app.count("--system-file"))
+        fail(Exit::usage, "--system and --system-file exclude each other: use one");
+    if (!escape) return;
+    prompt = process_escapes(prompt);
+    system = process_escapes(system);
+    for (std::string& s : stop) s = process_escapes(s);
+}
+
 std::string read_prompt(const std::string& text, const std::string& file, bool have_text) {
     std::string prompt = text;
     if (!file.empty()) {

@@ -72,6 +72,10 @@ int resolve_threads(int requested);
 ContextPlan plan_and_tell(const LoadedModel& lm, const ContextRequest& req, bool verbose);
 gl::Type parse_cache_type(const std::string& name, const char* flag);
 
+// run and chat: --system with --system-file is an error; with -e, escapes in
+// the prompt, the system text and the stop strings are processed.
+void check_text_options(const CLI::App& app, bool escape, std::string& prompt, std::string& system,
+                        std::vector<std::string>& stop);
 // "1,2, 3" -> ids; throws Error(usage) on junk.
 std::vector<int32_t> parse_token_list(const std::string& s);
 // "512,0,4096" -> counts in [0, 2^24] (bench's and kvrun-lab's -p/-n/-d/-t);

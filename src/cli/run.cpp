@@ -194,13 +194,7 @@ int run_generate(int argc, char** argv) {
     const bool piped = o.prompt_file.empty() && !*p_opt && stdin_has_data();
     if (o.prompt_file.empty() && !*p_opt && !piped)
         fail(Exit::usage, "give a prompt with -p TEXT, -f FILE or on stdin (a pipe)");
-    if (app.count("--system") && app.count("--system-file"))
-        fail(Exit::usage, "--system and --system-file exclude each other: use one");
-    if (o.escape) {
-        o.prompt = process_escapes(o.prompt);
-        o.system = process_escapes(o.system);
-        for (std::string& s : o.stop) s = process_escapes(s);
-    }
+    check_text_options(app, o.escape, o.prompt, o.system, o.stop);
     if (o.no_kv_cache && !o.prompt_cache.empty()) fail(Exit::usage, "--no-kv-cache and --prompt-cache exclude each other");
     const gl::Type tk = parse_cache_type(o.common.cache_type_k, "--cache-type-k");
     const gl::Type tv = parse_cache_type(o.common.cache_type_v, "--cache-type-v");

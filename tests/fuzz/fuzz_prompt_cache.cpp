@@ -23,6 +23,7 @@
 #include "loader.h"
 #include "prompt_cache.h"
 #include "session.h"
+#include "fuzz_support.h"
 
 using namespace kvrun;
 
@@ -40,15 +41,7 @@ struct Fixture {
 Fixture& fixture() {
     static Fixture f = [] {
         Fixture x;
-        const char* model = std::getenv("KVRUN_FUZZ_MODEL");
-        try {
-            x.lm = LoadedModel::load(model && *model ? model : "../shared/models/stories260K.gguf");
-        } catch (const std::exception& e) {
-            std::fprintf(stderr,
-                         "fuzz_prompt_cache: cannot load the model (set KVRUN_FUZZ_MODEL): %s\n",
-                         e.what());
-            std::abort();
-        }
+        x.lm = kvfuzz::load_model("fuzz_prompt_cache");
         x.cpu = gl::make_cpu_backend(1);
         const Hparams& hp = x.lm->model.hp;
         auto session = [&](int keep) {
@@ -89,11 +82,7 @@ void write_seeds(const std::string& dir) {
 } // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-    if (const char* dir = std::getenv("KVRUN_FUZZ_WRITE_SEEDS"); dir && *dir) {
-        write_seeds(dir);
-        std::exit(0);
-    }
-    return 0;
+    return kvfuzz::write_seeds_or_fuzz(write_seeds);
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

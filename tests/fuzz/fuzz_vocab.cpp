@@ -17,6 +17,7 @@
 #include "gguf.h"
 #include "gguf_writer.h"
 #include "tokenizer.h"
+#include "fuzz_support.h"
 
 using namespace kvrun;
 
@@ -74,11 +75,7 @@ void write_seeds(const std::string& dir) {
 } // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-    if (const char* dir = std::getenv("KVRUN_FUZZ_WRITE_SEEDS"); dir && *dir) {
-        write_seeds(dir);
-        std::exit(0);
-    }
-    return 0;
+    return kvfuzz::write_seeds_or_fuzz(write_seeds);
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -1,0 +1,38 @@
+// What the fuzz targets share: the seed-writing mode of scripts/fuzz.sh and
+// the model the engine-level targets run on.
+#pragma once
+
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <memory>
+#include <string>
+
+#include "loader.h"
+
+namespace kvfuzz {
+
+// For LLVMFuzzerInitialize: with KVRUN_FUZZ_WRITE_SEEDS=DIR (scripts/fuzz.sh
+// asks each target for its seeds so that no binary corpus is committed),
+// write them there and exit; otherwise 0, and fuzzing starts.
+inline int write_seeds_or_fuzz(void (*write_seeds)(const std::string& dir)) {
+    if (const char* dir = std::getenv("KVRUN_FUZZ_WRITE_SEEDS"); dir && *dir) {
+        write_seeds(dir);
+        std::exit(0);
+    }
+    return 0;
+}
+
+// KVRUN_FUZZ_MODEL, else stories260K from ../shared; aborts naming `target`
+// when it cannot be loaded (a fuzzer without its model finds nothing).
+inline std::unique_ptr<kvrun::LoadedModel> load_model(const char* target) {
+    const char* model = std::getenv("KVRUN_FUZZ_MODEL");
+    try {
+        return kvrun::LoadedModel::load(model && *model ? model : "../shared/models/stories260K.gguf");
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "%s: cannot load the model (set KVRUN_FUZZ_MODEL): %s\n", target, e.what());
+        std::abort();
+    }
+}
+
+} // namespace kvfuzz
