@@ -392,11 +392,12 @@ std::string ChatSession::load(const std::string& path) {
     while (want.size() >= static_cast<size_t>(s_.n_ctx()) && evict_one({}, unused))
         want = target();
     const PromptCacheLoad pc = s_.load_prompt_cache(path, digest, want);
+    const char* s = turns_.size() == 1 ? "" : "s";
     if (!pc.ok)
-        return fmt::format(
-            "loaded {} turns; cache not used ({}): it is recomputed at the next turn",
-            turns_.size(), pc.why);
-    return fmt::format("loaded {} turns; {} tokens of cache reused", turns_.size(), pc.reused);
+        return fmt::format("loaded {} turn{}; cache not used ({}): it is recomputed at the next turn",
+                           turns_.size(), s, pc.why);
+    return fmt::format("loaded {} turn{}; {} token{} of cache reused", turns_.size(), s, pc.reused,
+                       pc.reused == 1 ? "" : "s");
 }
 
 } // namespace kvrun

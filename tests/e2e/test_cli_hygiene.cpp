@@ -304,13 +304,14 @@ TEST_CASE("cli output: -c above the model's trained context warns once") {
 }
 
 TEST_CASE("cli stdin: read with -f - or as the only prompt; never behind -p") {
-    // An open pipe that sends nothing: -p does not wait for it.
+    // An open pipe that sends nothing: -p does not wait for it. (The idle
+    // writer's stderr goes elsewhere: it would hold the harness's pipe open.)
     const auto idle = sh("timeout 20 \"$K\" -m \"$S\" -p 'Once upon a time' -n 3 --temp 0 --quiet "
-                         "< <(sleep 40); echo \" rc=$?\"");
+                         "< <(sleep 40 2>/dev/null); echo \" rc=$?\"");
     INFO(describe(idle));
     CHECK(contains(idle.out, " rc=0"));
     const auto chat_idle = sh("timeout 20 \"$K\" chat -m \"$S\" -p Hello -n 3 --temp 0 < <(sleep "
-                              "40) >/dev/null; echo \"rc=$?\"");
+                              "40 2>/dev/null) >/dev/null; echo \"rc=$?\"");
     CHECK(contains(chat_idle.out, "rc=0"));
     // A while-read loop keeps its input: one run per line.
     const auto loop = sh("printf 'Once upon a time\\nLily went to the park\\nThe dog barked\\n' | "

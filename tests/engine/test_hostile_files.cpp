@@ -532,7 +532,7 @@ TEST_CASE("files: chat /load of a malformed save keeps the session and says why"
     chat.session.save(save);
     const nlohmann::json good = nlohmann::json::parse(slurp(save + ".json"));
     CHECK(good.at("model_digest").is_string()); // #29: not a number past 2^53
-    CHECK(chat.session.load(save).find("loaded 1 turns") != std::string::npos);
+    CHECK(chat.session.load(save).find("loaded 1 turn;") != std::string::npos);
     chat.session.respond("And then", {});
     const auto before = chat.session.turns().size();
     REQUIRE(before == 2);
@@ -595,7 +595,7 @@ TEST_CASE("files: chat /load of a malformed save keeps the session and says why"
     nlohmann::json old = good;
     old["model_digest"] = std::stoull(good.at("model_digest").get<std::string>(), nullptr, 16);
     spit(save + ".json", old.dump());
-    CHECK(chat.session.load(save).find("loaded 1 turns") != std::string::npos);
+    CHECK(chat.session.load(save).find("loaded 1 turn;") != std::string::npos);
 }
 
 TEST_CASE("files: chat /save never replaces other files and leaves no temporaries") {
