@@ -224,6 +224,21 @@ void attend_one(const AttentionArgs& a, int t, int h, const KeyRun* runs, int n_
 constexpr int kSubGroup = 8;
 constexpr int kChunkKeys = 64;
 
+// Heads [h0, h0 + nh) of token t before their first chunk: no max, no sum,
+// a zero output, and where each one's query (rotated and not) and output are.
+void begin_heads(const AttentionArgs& a, int t, int h0, int nh, float* m, float* l, float** out,
+                 const float** q, const float** qu) {
+    for (int j = 0; j < nh; j++) {
+        const int64_t qi = (static_cast<int64_t>(t) * a.n_head + h0 + j) * a.head_dim;
+        m[j] = -INFINITY;
+        l[j] = 0;
+        out[j] = a.out + qi;
+        q[j] = a.q + qi;
+        qu[j] = a.q_unrot ? a.q_unrot + qi : nullptr;
+        std::memset(out[j], 0, sizeof(float) * a.head_dim);
+    }
+}
+
 // One online-softmax step over a chunk for heads j < nh: the scores
 // sc[j * kChunkKeys + i] of its n keys become weights against head j's
 // running max m[j] (its output so far and sum l[j] rescaled when the max
@@ -276,15 +291,7 @@ void attend_heads(const AttentionArgs& a, const uint8_t* new_tiles, int t, int h
     float* out[kSubGroup];
     const float* q[kSubGroup];
     const float* qu[kSubGroup];
-    for (int j = 0; j < nh; j++) {
-        const int64_t qi = (static_cast<int64_t>(t) * a.n_head + h0 + j) * hd;
-        m[j] = -INFINITY;
-        l[j] = 0;
-        out[j] = a.out + qi;
-        q[j] = a.q + qi;
-        qu[j] = a.q_unrot ? a.q_unrot + qi : nullptr;
-        std::memset(out[j], 0, sizeof(float) * hd);
-    }
+    begin_heads(a, t, h0, nh, m, l, out, q, qu);
 #if GL_HAVE_FP16
     // A generated token's F16 keys in tiles and F16 values take
     // half-precision products where the CPU has them (x86/fp16.h): half the
@@ -628,14 +635,8 @@ void attend_in_order(const AttentionArgs& a, int t, int h0, int nh, int32_t* at,
     float m[kSubGroup], l[kSubGroup];
     float* out[kSubGroup];
     const float* q[kSubGroup];
-    for (int j = 0; j < nh; j++) {
-        const int64_t qi = (static_cast<int64_t>(t) * a.n_head + h0 + j) * hd;
-        m[j] = -INFINITY;
-        l[j] = 0;
-        out[j] = a.out + qi;
-        q[j] = a.q + qi;
-        std::memset(out[j], 0, sizeof(float) * hd);
-    }
+    const float* qu[kSubGroup];
+    begin_heads(a, t, h0, nh, m, l, out, q, qu);
     // Scores sc[j * kChunkKeys + i] of the n keys whose values are in v_tile:
     // an online softmax step, as attend_heads takes.
     auto fold = [&](int n) {
@@ -646,10 +647,7 @@ void attend_in_order(const AttentionArgs& a, int t, int h0, int nh, int32_t* at,
         if (at[i] < 0) continue; // a sink in the batch itself: seen as an ordinary key below
         const float* k = a.sink_k + static_cast<int64_t>(i) * kv_dim + kvh * hd;
         for (int j = 0; j < nh; j++)
-            sc[j * kChunkKeys] =
-                cpu::vec_dot(Type::F32, hd, k,
-                             a.q_unrot + (static_cast<int64_t>(t) * a.n_head + h0 + j) * hd) *
-                a.scale;
+            sc[j * kChunkKeys] = cpu::vec_dot(Type::F32, hd, k, qu[j]) * a.scale;
         gather(vr, a.v_slots, a.v_new, a.v_row_bytes, at[i], v_tile);
         fold(1);
     }
