@@ -54,6 +54,11 @@ class Backend {
     virtual void attention(const AttentionArgs& a) = 0;
     // Whether attention() reads head-major slots (AttentionArgs::k_head_bytes, v_slot_bytes).
     virtual bool head_major_kv() const { return false; }
+    // Whether attention() reads the host KV ring as it is at the call, so that
+    // a row written between two calls of one step is seen by the second
+    // (Forward::eval_verify attends token by token then). A device mirror
+    // that syncs per step does not.
+    virtual bool reads_host_kv() const { return true; }
     // Whether every output of a token is independent of its batch and the thread
     // count (make_cpu_backend's batch_invariant, --deterministic).
     virtual bool batch_invariant() const { return false; }

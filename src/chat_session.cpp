@@ -239,6 +239,7 @@ void ChatSession::generate(const ChatHooks& hooks, TurnStats& st) {
     Turn& t = turns_.back();
     GenerateParams gp;
     gp.n_predict = cfg_.n_predict;
+    gp.speculate = cfg_.speculate;
     gp.end_ids = end_.ids;
     gp.stop = end_.strings;
     gp.stop.insert(gp.stop.end(), cfg_.stop.begin(), cfg_.stop.end());

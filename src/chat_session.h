@@ -60,6 +60,9 @@ struct ChatConfig {
     // the K/V they were computed with); false: the kept turns are evaluated
     // again, exactly as a fresh conversation would.
     bool evict_in_place = true;
+    // Speculative decoding (speculative.h): drafts verified in batches; the
+    // answers stay those of plain decoding. Not owned.
+    Speculator* speculate = nullptr;
 };
 
 struct TurnStats {
@@ -117,6 +120,7 @@ class ChatSession {
     size_t first_live_turn() const { return first_live_; } // older turns were evicted
     int64_t cached_tokens() const { return static_cast<int64_t>(s_.tokens().size()); }
     int n_ctx() const { return s_.n_ctx(); }
+    const KvCacheConfig& cache_config() const { return s_.cache().config(); }
     size_t kv_bytes() const { return s_.cache().ring_bytes(); } // the host ring
     const std::vector<int32_t>& cached() const { return s_.tokens(); }
 

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "error.h"
+#include "ggml-like/cpu/gemm.h"
 #include "ggml-like/cpu/ops.h"
 #include "ggml-like/kernels.h"
 
@@ -141,14 +142,23 @@ void Forward::cross(gl::Backend* from, gl::Backend* to, int n) {
 }
 
 const float* Forward::eval(const int32_t* tokens, int n, bool all_logits) {
-    return run(tokens, n, all_logits, false);
+    return run(tokens, n, all_logits, Pass::prompt);
 }
 
 const float* Forward::eval_generated(int32_t token) {
-    return run(&token, 1, false, true);
+    return run(&token, 1, false, Pass::generated);
 }
 
-const float* Forward::run(const int32_t* tokens, int n, bool all_logits, bool generated) {
+// Below the tile threshold every token of a batch takes the dot products a
+// single token takes (ops::matmul).
+static_assert(Forward::kMaxVerify <= gl::gemm::kMinTokens);
+
+const float* Forward::eval_verify(const int32_t* tokens, int n) {
+    KV_ASSERT(n <= kMaxVerify);
+    return run(tokens, n, true, Pass::verify);
+}
+
+const float* Forward::run(const int32_t* tokens, int n, bool all_logits, Pass pass) {
     const Hparams& hp = m_.hp;
     KV_ASSERT(n >= 1 && n <= max_batch_);
     const int64_t pos0 = kv_.n_past();
@@ -169,7 +179,7 @@ const float* Forward::run(const int32_t* tokens, int n, bool all_logits, bool ge
     // land in the same slots), and the positions are committed only after.
     for (int attempt = 0;; attempt++) {
         for (gl::Backend* be : backends_) be->begin_step(n);
-        step(tokens, n, first, pos0, generated);
+        step(tokens, n, first, pos0, pass);
         bool ok = true;
         for (gl::Backend* be : backends_) ok = be->end_step() && ok;
         if (ok) break;
@@ -179,7 +189,7 @@ const float* Forward::run(const int32_t* tokens, int n, bool all_logits, bool ge
     return logits_.data();
 }
 
-void Forward::step(const int32_t* tokens, int n, int first, int64_t pos0, bool generated) {
+void Forward::step(const int32_t* tokens, int n, int first, int64_t pos0, Pass pass) {
     const Hparams& hp = m_.hp;
     const int half = hp.rope_dims / 2;
     const Rope rope = m_.rope(kv_.n_ctx());
@@ -219,7 +229,7 @@ void Forward::step(const int32_t* tokens, int n, int first, int64_t pos0, bool g
             cross(cur, place_.layers[l], n);
             cur = place_.layers[l];
         }
-        layer(l, n, pos0, generated);
+        layer(l, n, pos0, pass);
     }
     if (place_.head != cur) cross(cur, place_.head, n);
 
@@ -231,13 +241,13 @@ void Forward::step(const int32_t* tokens, int n, int first, int64_t pos0, bool g
     be.host_read(logits_.data(), sizeof(float) * static_cast<size_t>(rows) * hp.n_vocab);
 }
 
-void Forward::layer(int l, int n, int64_t pos0, bool generated) {
-    attention_block(l, n, pos0, generated);
+void Forward::layer(int l, int n, int64_t pos0, Pass pass) {
+    attention_block(l, n, pos0, pass);
     ffn_block(l, n);
 }
 
 // x += Wo · attention(RoPE(Wq · norm(x)), the ring with RoPE(Wk · norm(x)), Wv · norm(x))
-void Forward::attention_block(int l, int n, int64_t pos0, bool generated) {
+void Forward::attention_block(int l, int n, int64_t pos0, Pass pass) {
     const Hparams& hp = m_.hp;
     const LayerWeights& L = m_.layers[l];
     gl::Backend& be = *place_.layers[l];
@@ -299,8 +309,10 @@ void Forward::attention_block(int l, int n, int64_t pos0, bool generated) {
     a.k_new = kc_.data();
     a.v_new = vc_.data();
     a.out = att_.data();
-    a.half_ok = generated;
-    {
+    a.half_ok = pass == Pass::generated;
+    if (pass == Pass::verify && be.reads_host_kv()) {
+        attend_each(a, l, n, pos0, any_slid);
+    } else {
         // The slots in view (the batch's own keys included), K and V.
         const double kv_bytes = static_cast<double>(std::min<int64_t>(pos0 + n, kv_.slots(l))) *
                                 static_cast<double>(kv_.row_bytes_k() + kv_.row_bytes_v());
@@ -313,6 +325,33 @@ void Forward::attention_block(int l, int n, int64_t pos0, bool generated) {
 
     matmul(be, Op::attn_output, L.wo, att_.data(), n, xb_.data());
     add_residual(be, n, L.post_attn_norm);
+}
+
+void Forward::attend_each(gl::AttentionArgs a, int l, int n, int64_t pos0, bool any_slid) {
+    gl::Backend& be = *place_.layers[l];
+    const Hparams& hp = m_.hp;
+    const int qd = hp.q_dim();
+    const int n_slots = kv_.slots(l);
+    const int64_t* held = kv_.slot_pos(l);
+    staged_pos_.assign(held, held + n_slots);
+    const double kv_bytes = static_cast<double>(std::min<int64_t>(pos0 + n, n_slots)) *
+                            static_cast<double>(kv_.row_bytes_k() + kv_.row_bytes_v());
+    OpTimer t(profile_, Op::attention, kv_bytes * n);
+    a.n_tok = 1;
+    a.half_ok = true;
+    a.slot_pos = staged_pos_.data();
+    for (int i = 0; i < n; i++) {
+        const int64_t p = pos0 + i;
+        a.q = q_.data() + static_cast<size_t>(i) * qd;
+        a.q_unrot = any_slid && p >= n_slots ? q_unrot_.data() + static_cast<size_t>(i) * qd : nullptr;
+        a.pos = pos_.data() + i;
+        a.k_new = kc_.data() + i * kv_.row_bytes_k();
+        a.v_new = vc_.data() + i * kv_.row_bytes_v();
+        a.out = att_.data() + static_cast<size_t>(i) * qd;
+        be.attention(a);
+        kv_.write_row(l, p, a.k_new, a.v_new);
+        staged_pos_[kv_.slot_of(l, p)] = p;
+    }
 }
 
 // x += W_down · (act(W_gate · norm(x)) * (W_up · norm(x))), act = SiLU

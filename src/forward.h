@@ -52,19 +52,34 @@ class Forward {
     // attention may take the faster half-precision products
     // (gl::AttentionArgs::half_ok), which prompt tokens never do.
     const float* eval_generated(int32_t token);
+    // Speculative verification: n (<= kMaxVerify) generated or drafted
+    // tokens, all rows of logits. Each row is bit for bit the row n
+    // successive eval_generated calls would give, so that verifying a draft
+    // never changes a greedy answer: the matrices take each token's own dot
+    // products (the tiles start at gl::gemm::kMinTokens) and, on a backend
+    // that attends the host ring (Backend::reads_host_kv), each token attends
+    // on its own, after the one before it is written. Elsewhere (CUDA) the
+    // batch attends at once: the same tokens within the precision of the
+    // batched kernels.
+    const float* eval_verify(const int32_t* tokens, int n);
+    static constexpr int kMaxVerify = 16;
     // Time every op of the following evals into `p` (null: stop). Only
     // meaningful where every backend is the CPU one (see op_profile.h).
     void set_profile(OpProfile* p) { profile_ = p; }
 
   private:
-    // eval and eval_generated: `generated` lets attention take the
-    // half-precision products (one sampled token).
-    const float* run(const int32_t* tokens, int n, bool all_logits, bool generated);
+    // What a batch is: prompt tokens, one generated token (its attention may
+    // take the half-precision products), or a verification batch.
+    enum class Pass { prompt, generated, verify };
+    const float* run(const int32_t* tokens, int n, bool all_logits, Pass pass);
     // Embedding, layers and head of one batch (no commit): may run twice
     // when a backend lost a recorded step (Backend::end_step).
-    void step(const int32_t* tokens, int n, int first, int64_t pos0, bool generated);
-    void layer(int l, int n, int64_t pos0, bool generated);
-    void attention_block(int l, int n, int64_t pos0, bool generated);
+    void step(const int32_t* tokens, int n, int first, int64_t pos0, Pass pass);
+    void layer(int l, int n, int64_t pos0, Pass pass);
+    void attention_block(int l, int n, int64_t pos0, Pass pass);
+    // Pass::verify on a host-ring backend: token by token, each as
+    // eval_generated attends it, the slots it writes staged in view of the next.
+    void attend_each(gl::AttentionArgs a, int l, int n, int64_t pos0, bool any_slid);
     void ffn_block(int l, int n);
     // be's op, timed into profile_ (when set) as `op`, with w's bytes.
     void matmul(gl::Backend& be, Op op, const gl::Tensor& w, const float* x, int n, float* y);
@@ -102,6 +117,7 @@ class Forward {
     std::vector<float> cos_swa_, sin_swa_; // the same for sliding-window layers with their own base
     std::vector<int64_t> pos_;    // [B]
     std::vector<float> logits_;   // [B or 1][n_vocab]
+    std::vector<int64_t> staged_pos_; // attend_each: a ring's slot positions with the batch's written ones
     OpProfile* profile_ = nullptr;
 };
 

@@ -135,6 +135,12 @@ void KvCache::write(int layer, int64_t pos0, int n, const void* k_rows, const vo
     }
 }
 
+void KvCache::write_row(int layer, int64_t pos, const void* k_row, const void* v_row) {
+    KV_ASSERT(layer >= 0 && layer < cfg_.n_layer && pos >= n_past_);
+    put_row(layer, slot_of(layer, pos), static_cast<const uint8_t*>(k_row), static_cast<const uint8_t*>(v_row),
+            copy_bytes);
+}
+
 void KvCache::set_head_major(bool on) {
     on = on && gl::type_info(cfg_.type_k).block_size == 1 &&
          gl::type_info(cfg_.type_v).block_size == 1;
@@ -230,6 +236,7 @@ void KvCache::commit(int64_t pos0, int n) {
 }
 
 void KvCache::clear() {
+    checkpoint_.pos0 = -1;
     for (Ring& r : rings_) std::fill(r.pos.begin(), r.pos.end(), -1);
     n_past_ = 0;
 }
@@ -242,6 +249,7 @@ bool KvCache::truncate(int64_t n) {
     for (const Ring& r : rings_)
         for (int64_t p = std::max<int64_t>(r.keep, r.lowest_seen(n)); p < n; p++)
             if (r.pos[r.slot_of(p)] != p) return false;
+    checkpoint_.pos0 = -1;
     for (Ring& r : rings_)
         for (int64_t& p : r.pos)
             if (p >= n) p = -1;
@@ -254,6 +262,7 @@ bool KvCache::drop(int64_t from, int64_t to, const Model& m) {
     const int64_t d = to - from, n = n_past_ - d;
     if (d == 0) return true;
     if (from < cfg_.keep) return false; // the sinks' copies are fixed by position
+    checkpoint_.pos0 = -1;
     // After the drop a ring holds what a run of n tokens leaves in it
     // (restore_positions' rule); each of those must be in the ring now.
     auto held_after = [n](const Ring& r, int64_t p) { return p < r.keep || p >= n - r.window(); };

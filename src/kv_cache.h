@@ -67,6 +67,12 @@ class KvCache {
     int64_t window() const { return cfg_.n_ctx - cfg_.keep; }
     int kv_dim() const { return cfg_.n_head_kv * cfg_.head_dim; }
     int slots(int layer) const { return cfg_.slots(layer); }
+    // The smallest ring's window (its slots past the sinks).
+    int64_t min_window() const {
+        int64_t w = rings_.front().window();
+        for (const Ring& r : rings_) w = std::min(w, r.window());
+        return w;
+    }
 
     // Tokens evaluated so far; the next token goes at this position.
     int64_t n_past() const { return n_past_; }
@@ -142,6 +148,9 @@ class KvCache {
     using RowCopy = std::function<void(void* dst, const void* src, size_t bytes)>;
     void write(int layer, int64_t pos0, int n, const void* k_rows, const void* v_rows,
                const RowCopy& copy);
+    // One row of a batch not committed yet, at position pos >= n_past()
+    // (Forward::eval_verify writes its tokens one at a time).
+    void write_row(int layer, int64_t pos, const void* k_row, const void* v_row);
     // After all layers are written: record the positions the slots now hold.
     void commit(int64_t pos0, int n);
 
@@ -164,6 +173,23 @@ class KvCache {
     // past the kept prefix does not); returns false otherwise, and nothing
     // changed.
     bool drop(int64_t from, int64_t to, const Model& m);
+
+    // Speculative decoding (src/speculative.h) evaluates tokens that may be
+    // taken back. A batch that crosses the ring's wrap overwrites slots whose
+    // keys are still in view of the positions before it, so truncate() alone
+    // could not undo it: checkpoint(pos0, n), before positions pos0 .. pos0 +
+    // n - 1 are written, keeps what their slots hold (rows and positions, in
+    // every layer); rollback(m), for pos0 <= m <= n_past(), puts the slots of
+    // positions m .. n_past() - 1 back as they were and leaves the cache
+    // holding exactly the first m tokens, the ring invariant intact (no slot
+    // a query at m attends was lost). One checkpoint at a time; a new one
+    // replaces it, and clear(), truncate() or a drop() ends it.
+    void checkpoint(int64_t pos0, int n);
+    bool can_rollback(int64_t m) const {
+        return checkpoint_.pos0 >= 0 && m >= checkpoint_.pos0 && m <= n_past_ &&
+               n_past_ <= checkpoint_.pos0 + checkpoint_.n;
+    }
+    void rollback(int64_t m);
 
     // A saved state back (prompt-cache files): slots [0, n) of a layer from
     // rows, then restore_positions(n) once every layer is written: the cache
@@ -201,6 +227,14 @@ class KvCache {
     static int64_t held_before_drop(int64_t p, int64_t from, int64_t d) {
         return p < from ? p : p + d;
     }
+    // checkpoint(): positions pos0 .. pos0 + n - 1's slots as they were, per
+    // layer n K rows then n V rows, and per ring the n positions they held.
+    struct Checkpoint {
+        int64_t pos0 = -1; // -1: none
+        int n = 0;
+        std::vector<uint8_t> rows;
+        std::vector<int64_t> held; // [ring][n]
+    } checkpoint_;
     // All layers' slots (allocate_huge): layer l's K slots at layer_at_[l],
     // its V slots k_bytes_[l] further.
     HugeBytes block_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 
 namespace kvrun {
 
@@ -53,7 +54,41 @@ void Sampler::accept(int32_t token) {
     if (static_cast<int>(recent_.size()) > p_.repeat_last_n) recent_.pop_front();
 }
 
+double Candidates::prob(int32_t token) const {
+    for (const auto& [w, t] : c)
+        if (t == token) return w / total;
+    return 0;
+}
+
+Sampler::State Sampler::state() const {
+    State s;
+    std::copy(std::begin(state_), std::end(state_), s.rng);
+    s.recent = recent_;
+    return s;
+}
+
+void Sampler::restore(const State& s) {
+    std::copy(std::begin(s.rng), std::end(s.rng), state_);
+    recent_ = s.recent;
+}
+
 int32_t Sampler::sample(float* logits) {
+    const Candidates d = candidates(logits);
+    const int32_t tok = greedy() ? d.c[0].second : draw(d);
+    accept(tok);
+    return tok;
+}
+
+int32_t Sampler::draw(const Candidates& d) {
+    double r = uniform() * d.total;
+    for (const auto& [w, t] : d.c) {
+        r -= w;
+        if (r < 0) return t;
+    }
+    return d.c.back().second;
+}
+
+Candidates Sampler::candidates(float* logits) {
     if (p_.repeat_penalty != 1.0f) {
         // Penalize each distinct recent token once (CTRL-style: shrink positive
         // logits, grow negative ones).
@@ -64,57 +99,46 @@ int32_t Sampler::sample(float* logits) {
             l = l > 0 ? l / p_.repeat_penalty : l * p_.repeat_penalty;
         }
     }
-    int32_t tok;
-    if (p_.temp <= 0.0f) {
-        tok = argmax(logits, n_vocab_);
-    } else {
-        cand_.clear();
-        for (int i = 0; i < n_vocab_; i++) cand_.emplace_back(logits[i] / p_.temp, i);
-        auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
-        size_t n = cand_.size();
-        if (p_.top_k > 0 && static_cast<size_t>(p_.top_k) < n) {
-            std::partial_sort(cand_.begin(), cand_.begin() + p_.top_k, cand_.end(), by_logit);
-            n = p_.top_k;
-        } else {
-            std::sort(cand_.begin(), cand_.end(), by_logit);
-        }
-        // softmax over the survivors (sorted, best first)
-        const float mx = cand_[0].first;
-        double sum = 0;
-        for (size_t i = 0; i < n; i++) {
-            cand_[i].first = std::exp(cand_[i].first - mx);
-            sum += cand_[i].first;
-        }
-        for (size_t i = 0; i < n; i++) cand_[i].first = static_cast<float>(cand_[i].first / sum);
-        if (p_.min_p > 0.0f) { // drop tokens less likely than min_p × the best one
-            const float cut = p_.min_p * cand_[0].first;
-            size_t keep = 1;
-            while (keep < n && cand_[keep].first >= cut) keep++;
-            n = keep;
-        }
-        if (p_.top_p < 1.0f) { // smallest prefix whose mass reaches top_p
-            double cum = 0;
-            size_t keep = 0;
-            while (keep < n) {
-                cum += cand_[keep++].first;
-                if (cum >= p_.top_p) break;
-            }
-            n = keep;
-        }
-        double total = 0;
-        for (size_t i = 0; i < n; i++) total += cand_[i].first;
-        double r = uniform() * total;
-        tok = cand_[n - 1].second;
-        for (size_t i = 0; i < n; i++) {
-            r -= cand_[i].first;
-            if (r < 0) {
-                tok = cand_[i].second;
-                break;
-            }
-        }
+    cand_.clear();
+    if (greedy()) {
+        cand_.emplace_back(1.0f, argmax(logits, n_vocab_));
+        return {cand_, 1.0};
     }
-    accept(tok);
-    return tok;
+    for (int i = 0; i < n_vocab_; i++) cand_.emplace_back(logits[i] / p_.temp, i);
+    auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
+    size_t n = cand_.size();
+    if (p_.top_k > 0 && static_cast<size_t>(p_.top_k) < n) {
+        std::partial_sort(cand_.begin(), cand_.begin() + p_.top_k, cand_.end(), by_logit);
+        n = p_.top_k;
+    } else {
+        std::sort(cand_.begin(), cand_.end(), by_logit);
+    }
+    // softmax over the survivors (sorted, best first)
+    const float mx = cand_[0].first;
+    double sum = 0;
+    for (size_t i = 0; i < n; i++) {
+        cand_[i].first = std::exp(cand_[i].first - mx);
+        sum += cand_[i].first;
+    }
+    for (size_t i = 0; i < n; i++) cand_[i].first = static_cast<float>(cand_[i].first / sum);
+    if (p_.min_p > 0.0f) { // drop tokens less likely than min_p × the best one
+        const float cut = p_.min_p * cand_[0].first;
+        size_t keep = 1;
+        while (keep < n && cand_[keep].first >= cut) keep++;
+        n = keep;
+    }
+    if (p_.top_p < 1.0f) { // smallest prefix whose mass reaches top_p
+        double cum = 0;
+        size_t keep = 0;
+        while (keep < n) {
+            cum += cand_[keep++].first;
+            if (cum >= p_.top_p) break;
+        }
+        n = keep;
+    }
+    double total = 0;
+    for (size_t i = 0; i < n; i++) total += cand_[i].first;
+    return {std::span<const std::pair<float, int32_t>>(cand_.data(), n), total};
 }
 
 } // namespace kvrun

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <deque>
+#include <span>
+#include <utility>
 #include <vector>
 
 namespace kvrun {
@@ -19,17 +21,46 @@ struct SamplerParams {
     uint64_t seed = 0;
 };
 
+// The tokens a draw chooses among and their weights (each the token's
+// probability before top-p and min-p cut the tail: divide by `total` for the
+// distribution drawn from), most likely first. Valid until the sampler's next
+// call.
+struct Candidates {
+    std::span<const std::pair<float, int32_t>> c;
+    double total = 1;
+    double prob(int32_t token) const; // 0 for a token not among them
+};
+
 class Sampler {
   public:
     Sampler(const SamplerParams& p, int n_vocab);
+    const SamplerParams& params() const { return p_; }
+    bool greedy() const { return p_.temp <= 0.0f; }
     // `logits` is modified (penalties, scaling). Records the chosen token.
     int32_t sample(float* logits);
     void accept(int32_t token); // remember a token for the repetition penalty (prompt tokens too)
     void reset();
 
+    // sample() in parts, for speculative decoding's acceptance test
+    // (src/speculative.h): the distribution it would draw from (penalties,
+    // temperature, top-k, min-p, top-p; greedy: the argmax alone), a draw
+    // from candidates, and the generator's next uniform number in [0, 1).
+    // sample(l) is accept(draw(candidates(l))), or the argmax when greedy.
+    Candidates candidates(float* logits);
+    int32_t draw(const Candidates& d);
+    double uniform();
+
+    // What sample() changes (the generator and the recent tokens), to take a
+    // speculative draw back.
+    struct State {
+        uint64_t rng[4];
+        std::deque<int32_t> recent;
+    };
+    State state() const;
+    void restore(const State& s);
+
   private:
     uint64_t next_u64();
-    double uniform(); // [0, 1)
 
     SamplerParams p_;
     int n_vocab_;

@@ -81,6 +81,24 @@ bool Session::drop(int64_t from, int64_t to) {
     return true;
 }
 
+float* Session::verify(std::span<const int32_t> batch) {
+    const int n = static_cast<int>(batch.size());
+    kv_.checkpoint(kv_.n_past(), n);
+    float* rows = const_cast<float*>(fwd_.eval_verify(batch.data(), n));
+    forward_tokens_ += n;
+    tokens_.insert(tokens_.end(), batch.begin(), batch.end());
+    last_ = rows + static_cast<size_t>(n - 1) * lm_.model.hp.n_vocab;
+    return rows;
+}
+
+void Session::checkpoint(int n) { kv_.checkpoint(kv_.n_past(), n); }
+
+void Session::take_back(int64_t n, float* logits) {
+    if (n < kv_.n_past()) kv_.rollback(n);
+    tokens_.resize(static_cast<size_t>(n));
+    last_ = logits;
+}
+
 void Session::clear() {
     kv_.clear();
     tokens_.clear();
@@ -126,25 +144,53 @@ GenerateResult Session::generate(const GenerateParams& p, Sampler& sampler, cons
         if (hooks.on_text && !text.empty()) hooks.on_text(text);
     };
     auto stopping = [&] { return hooks.should_stop && hooks.should_stop(); };
+    // Speculative rounds sample several tokens ahead; they wait here, in
+    // order, and each goes through the same steps as a token sampled now.
+    std::vector<SpeculatedToken> ahead;
+    size_t next = 0; // ahead[next] is the next token
+    // When the answer ends with tokens sampled ahead and not used, the cache,
+    // the logits and the sampler go back to where plain decoding leaves them
+    // (a chat's next turn, a caller's own sampling go on from there): the
+    // cache without `unused` (and what follows), the sampler as it was before
+    // ahead[redraw] was drawn.
+    const SpeculatedToken* unused = nullptr;
+    size_t redraw = 0;
+    const SpeculatedToken* cur = nullptr; // the token being handled, when it came from `ahead`
+    auto ends_before_next = [&] { // the loop ends before taking the next token
+        if (next < ahead.size()) unused = &ahead[next], redraw = next;
+    };
+    auto ends_at_cur = [&] { // the loop ends on a token plain decoding drew too
+        if (cur) unused = cur, redraw = next;
+    };
     while (true) {
+        cur = nullptr;
         if (stopping()) {
             r.stop = "interrupted";
+            ends_before_next();
             break;
         }
         if (p.n_predict >= 0 && r.generated >= p.n_predict) {
             r.stop = "length";
+            ends_before_next();
             break;
+        }
+        int32_t id = 0;
+        if (next < ahead.size()) {
+            cur = &ahead[next++];
+            last_ = cur->logits;
+            id = cur->token;
         }
         KV_ASSERT(last_);
         // NaN or Inf weights reach the logits; sampled, they would print
         // garbage (or nothing) and end "successfully".
         if (!all_finite(last_, lm_.model.hp.n_vocab))
             fail(Exit::bad_model, "the model produced non-finite logits (NaN or Inf weights?)");
-        const int32_t id = sampler.sample(last_);
+        if (!cur) id = sampler.sample(last_);
         if (!r.sampled_any) r.first_token = std::chrono::steady_clock::now(), r.sampled_any = true;
         const bool ends = tok.is_eog(id) || std::find(p.end_ids.begin(), p.end_ids.end(), id) != p.end_ids.end();
         if (ends && !p.ignore_eos) {
             r.stop = "eos";
+            ends_at_cur();
             break;
         }
         r.tokens.push_back(id);
@@ -163,10 +209,12 @@ GenerateResult Session::generate(const GenerateParams& p, Sampler& sampler, cons
                 r.tokens.pop_back();
             }
             r.stop = "stop string";
+            ends_at_cur();
             break;
         }
         if (stopping()) {
             r.stop = "interrupted";
+            ends_at_cur();
             break;
         }
         if (p.no_kv_cache) {
@@ -181,6 +229,7 @@ GenerateResult Session::generate(const GenerateParams& p, Sampler& sampler, cons
             eval(all);
             continue;
         }
+        if (cur && cur->evaluated) continue; // an accepted draft: in the cache already
         if (hooks.on_full && static_cast<int64_t>(tokens_.size()) >= kv_.n_ctx()) {
             if (const char* why = hooks.on_full()) {
                 r.stop = why;
@@ -188,7 +237,18 @@ GenerateResult Session::generate(const GenerateParams& p, Sampler& sampler, cons
             }
             continue;
         }
+        if (p.speculate) {
+            ahead.clear();
+            next = 0;
+            if (p.speculate->round(*this, sampler, id, draft_limit(p, r.generated, hooks.on_full != nullptr), ahead))
+                continue;
+        }
         step(id);
+    }
+    if (unused) {
+        if (unused->pos < static_cast<int64_t>(tokens_.size())) take_back(unused->pos, unused->logits);
+        last_ = unused->logits;
+        if (redraw < ahead.size()) sampler.restore(ahead[redraw].sampler_state);
     }
     if (!matcher.stopped()) {
         release(matcher.push(dec.flush()));
@@ -197,6 +257,20 @@ GenerateResult Session::generate(const GenerateParams& p, Sampler& sampler, cons
         r.matched = matcher.matched();
     }
     return r;
+}
+
+int Session::draft_limit(const GenerateParams& p, int64_t generated, bool bounded) const {
+    // A round verifies the pending token and its drafts in one batch ...
+    int64_t limit = std::min<int64_t>(fwd_.max_batch(), Forward::kMaxVerify) - 1;
+    // ... produces at most drafts + 1 tokens of the answer ...
+    if (p.n_predict >= 0) limit = std::min(limit, p.n_predict - generated - 1);
+    const int64_t pos0 = kv_.n_past();
+    // ... may not fill a window that must not slide (a chat evicts turns
+    // instead, -n -1 stops), nor, while sinks are written, reach the slide ...
+    if (bounded || pos0 < kv_.keep()) limit = std::min<int64_t>(limit, kv_.n_ctx() - pos0 - 1);
+    // ... and must fit every ring's window (its slots are checkpointed).
+    limit = std::min<int64_t>(limit, kv_.min_window() - 1);
+    return static_cast<int>(std::max<int64_t>(limit, 0));
 }
 
 } // namespace kvrun

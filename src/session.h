@@ -22,6 +22,7 @@
 #include "loader.h"
 #include "prompt_cache.h"
 #include "sampler.h"
+#include "speculative.h"
 
 namespace kvrun {
 
@@ -40,6 +41,7 @@ struct GenerateParams {
     std::vector<std::string> stop;  // stop strings: the answer ends before them, they are not printed
     bool strip_leading_space = false; // SentencePiece's space before the first word after a lone BOS
     bool no_kv_cache = false;       // recompute every token from scratch (the textbook O(n^2) decoder)
+    Speculator* speculate = nullptr; // draft tokens and verify them in batches (speculative.h)
 };
 
 struct GenerateHooks {
@@ -104,6 +106,17 @@ class Session {
     bool drop(int64_t from, int64_t to);
     void clear();
 
+    // Speculative decoding (speculative.h). verify: evaluate `batch` (a
+    // sampled token and its drafts) with every row of logits
+    // (Forward::eval_verify), after a KV checkpoint; take_back(n, logits):
+    // keep the first n tokens (n no fewer than before the batch), `logits`
+    // being those after token n - 1. checkpoint(n): the next n tokens
+    // evaluated may be taken back (a draft model's own steps).
+    float* verify(std::span<const int32_t> batch);
+    void checkpoint(int n);
+    bool can_take_back(int64_t n) const { return kv_.can_rollback(n); }
+    void take_back(int64_t n, float* logits);
+
     // Prompt-cache files (prompt_cache.h): the digest of the loaded model.
     uint64_t model_digest() const;
     // Clears, then loads the longest prefix of `want` the file holds.
@@ -114,6 +127,8 @@ class Session {
     GenerateResult generate(const GenerateParams& params, Sampler& sampler, const GenerateHooks& hooks);
 
   private:
+    // The most tokens a speculative round may draft now (speculative.h).
+    int draft_limit(const GenerateParams& p, int64_t generated, bool bounded) const;
 
     const LoadedModel& lm_;
     KvCache kv_;

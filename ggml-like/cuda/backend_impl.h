@@ -66,6 +66,9 @@ class CudaBackend final : public Backend {
     void add(float* y, const float* x, int64_t n) override { binary(y, x, n, Binary::add); }
     void convert_rows(Type t, const float* x, int64_t n, int64_t rows, void* dst) override;
     void attention(const AttentionArgs& a) override;
+    // The mirror syncs from the host ring per call, but rows the step writes
+    // land there only at its end (copy_to_host).
+    bool reads_host_kv() const override { return false; }
     MemoryUse memory_use() const override;
     void begin_step(int n_tok) override;
     bool end_step() override;

@@ -19,6 +19,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/common.h"
+#include "cli/speculative_options.h"
+#include "file_io.h"
 #include "error.h"
 #include "forward.h"
 #include "ggml-like/attention.h"
@@ -55,6 +57,9 @@ struct Row {
     int threads = 0;
     Stat tps;
     double bytes_per_token = 0; // tg only
+    // Speculative rows: the drafts verified and accepted over the repetitions.
+    std::string drafter{}; // "" for the others
+    SpeculativeStats spec_stats{};
     double handoffs_per_token = 0; // tg on the CPU: thread-pool hand-offs per token
     // With --profile: every op of the timed tokens, summed, and their count
     // and wall time (the ops' times add up to at most that).
@@ -112,6 +117,51 @@ nlohmann::json profile_json(const Row& r) {
     return {{"seconds_per_token", r.profiled_seconds / r.profiled_tokens}, {"ops", ops}};
 }
 
+// Greedy generation of tg tokens after `prompt`, plain and then with the
+// drafter, `reps` times each: two rows. The answers must be the same (the
+// speculative one is exact by construction); a difference is an error.
+void bench_speculative(const LoadedModel& lm, const std::string& name, Session& session, const Backends& be,
+                       int threads, const ContextPlan& plan, const SpeculativeOptions& so, const std::string& prompt,
+                       int tg, int reps, bool deterministic, std::vector<Row>& rows) {
+    const std::vector<int32_t> tokens = lm.tokenizer.encode(prompt, true, true);
+    if (static_cast<int64_t>(tokens.size()) + tg > session.n_ctx())
+        fail(Exit::context_overflow, "the prompt ({} tokens) and -n {} do not fit the bench's context of {}",
+             tokens.size(), tg, session.n_ctx());
+    SamplerParams greedy;
+    greedy.temp = 0;
+    Speculation spec = make_speculation(so, lm, plan.cache, be, threads, deterministic, plan.batch, greedy);
+    GenerateParams gp;
+    gp.n_predict = tg;
+    gp.ignore_eos = true;
+    std::vector<int32_t> plain_answer;
+    for (Speculator* s : {static_cast<Speculator*>(nullptr), spec.get()}) {
+        gp.speculate = s;
+        std::vector<double> v;
+        std::vector<int32_t> answer;
+        if (s) s->reset_stats();
+        for (int r = 0; r < reps && !interrupted(); r++) {
+            session.clear();
+            session.eval(tokens);
+            if (s) spec.prepare(session.tokens());
+            Sampler sampler(greedy, lm.model.hp.n_vocab);
+            const auto t0 = Clock::now();
+            const GenerateResult g = session.generate(gp, sampler, {});
+            v.push_back(static_cast<double>(g.generated) / std::chrono::duration<double>(Clock::now() - t0).count());
+            answer = g.tokens;
+        }
+        if (!s) {
+            plain_answer = answer;
+        } else if (answer != plain_answer && !interrupted()) {
+            fail(Exit::error, "bench: {} changed the greedy answer (a bug: speculative decoding is exact)",
+                 s->drafter().name());
+        }
+        Row row{name, fmt::format("tg{} after {} tok{}", tg, tokens.size(), s ? ", " + s->drafter().name() : ""),
+                threads, stat_of(v), 0};
+        if (s) row.drafter = s->drafter().name(), row.spec_stats = s->stats();
+        rows.push_back(row);
+    }
+}
+
 } // namespace
 
 int run_bench(int argc, char** argv) {
@@ -121,6 +171,8 @@ int run_bench(int argc, char** argv) {
     CommonOptions offload; // -ngl, --kv-gpu-window
     int reps = 5, batch = 512;
     bool json = false, profile = false, deterministic = false;
+    SpeculativeOptions speculative;
+    std::string prompt_file;
     // The lab's measurements moved to kvrun-lab (tools/): say where, rather
     // than CLI11's "unrecognized option", to whoever still passes them.
     static const std::pair<const char*, const char*> kMoved[] = {
@@ -153,6 +205,10 @@ int run_bench(int argc, char** argv) {
     app.add_flag("--json", json, "print JSON instead of a markdown table");
     app.add_flag("--deterministic", deterministic,
                  "measure the batch-invariant arithmetic of --deterministic (CPU)");
+    add_speculative_options(app, speculative);
+    app.add_option("-f,--file", prompt_file,
+                   "with --lookup or --draft-model: generation after this prompt (greedy, -n tokens), plain and "
+                   "speculative side by side; the two answers must be the same");
     if (const auto done = parse_command_line(app, argc, argv)) return *done;
     const gl::Type tk = parse_cache_type(ctk, "--ctk"), tv = parse_cache_type(ctv, "--ctv");
     const std::vector<int> pps = parse_count_list(pp_s, "-p"), tgs = parse_count_list(tg_s, "-n"),
@@ -161,6 +217,10 @@ int run_bench(int argc, char** argv) {
         return std::any_of(v.begin(), v.end(), [](int x) { return x > 0; });
     };
     if (!positive(pps) && !positive(tgs)) fail(Exit::usage, "nothing to measure: -p and -n are 0");
+    if (speculative.any() && prompt_file.empty())
+        fail(Exit::usage, "--lookup and --draft-model measure generation after a real prompt: give one with -f FILE");
+    const std::string spec_prompt =
+        prompt_file.empty() ? std::string() : read_regular_file(prompt_file, "prompt file", Exit::usage);
     install_interrupt_handler();
 
     std::vector<Row> rows;
@@ -210,6 +270,9 @@ int run_bench(int argc, char** argv) {
             ContextRequest req;
             req.use = ContextRequest::Use::bench;
             req.n_prompt = std::max(max_pp, max_depth + max_tg);
+            if (speculative.any())
+                req.n_prompt = std::max<int64_t>(
+                    req.n_prompt, static_cast<int64_t>(lm->tokenizer.encode(spec_prompt, true, true).size()) + max_tg);
             req.type_k = tk;
             req.type_v = tv;
             req.batch = batch;
@@ -276,6 +339,11 @@ int run_bench(int argc, char** argv) {
                     if (profile) row.attach(prof, static_cast<double>(tg) * v.size(), timed_s);
                     rows.push_back(row);
                 }
+            if (speculative.any())
+                for (int tg : tgs)
+                    if (tg > 0)
+                        bench_speculative(*lm, name, session, be, threads, plan, speculative, spec_prompt, tg,
+                                          reps, deterministic, rows);
         }
     }
 
@@ -289,6 +357,12 @@ int run_bench(int argc, char** argv) {
             // token spent handing work to the threads (scripts/bench.sh).
             if (profile && r.bytes_per_token > 0) o["handoffs_per_token"] = r.handoffs_per_token;
             if (r.profiled_tokens > 0) o["profile"] = profile_json(r);
+            if (!r.drafter.empty())
+                o["speculative"] = {{"drafter", r.drafter},
+                                    {"rounds", r.spec_stats.rounds},
+                                    {"drafted", r.spec_stats.drafted},
+                                    {"accepted", r.spec_stats.accepted},
+                                    {"acceptance", r.spec_stats.acceptance()}};
             j.push_back(o);
         }
         fmt::print("{}\n", j.dump(2));
@@ -301,7 +375,10 @@ int run_bench(int argc, char** argv) {
         fmt::print("| --- | --- | ---: | ---: | \n");
     }
     for (const Row& r : rows)
-        fmt::print("| {} | {} | {} | {:.2f} ± {:.2f} | \n", r.model, r.test, r.threads, r.tps.mean, r.tps.sd);
+        fmt::print("| {} | {} | {} | {:.2f} ± {:.2f} | {}\n", r.model, r.test, r.threads, r.tps.mean, r.tps.sd,
+                   !r.drafter.empty() ? fmt::format("{:.0f}% of {} drafts accepted ", 100 * r.spec_stats.acceptance(),
+                                        r.spec_stats.drafted)
+                          : "");
     for (const Row& r : rows)
         if (r.profiled_tokens > 0) print_profile(r);
     // Ctrl-C stops the loops; what was measured is printed, and the status says it was cut short.

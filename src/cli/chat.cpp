@@ -24,6 +24,7 @@
 
 #include "chat_session.h"
 #include "cli/common.h"
+#include "cli/speculative_options.h"
 #include "error.h"
 #include "file_io.h"
 #include "context.h"
@@ -40,6 +41,7 @@ struct ChatOptions {
     int batch = 512;
     std::vector<std::string> stop;
     SamplerParams sampling;
+    SpeculativeOptions speculative;
     bool escape = false;
 };
 
@@ -189,7 +191,7 @@ struct Totals {
 
 // `gpu`: gpu_memory_summary(), printed as a second line when not empty.
 void print_stats(const ChatSession& s, const TurnStats& t, const Totals& all,
-                 const std::string& gpu) {
+                 const std::string& gpu, const Speculator* spec) {
     const double fill = 100.0 * s.cached_tokens() / s.n_ctx();
     out(fmt::format(
         "[stats] last turn: reused {} tokens, evaluated {}, generated {} | cache {}/{} ({:.0f}%) | "
@@ -200,6 +202,7 @@ void print_stats(const ChatSession& s, const TurnStats& t, const Totals& all,
         t.prompt_s > 0 ? t.evaluated / t.prompt_s : 0.0, t.gen_s > 0 ? t.generated / t.gen_s : 0.0,
         s.turns().size(), s.first_live_turn(), all.reused, all.evaluated, all.generated));
     if (!gpu.empty()) out("[stats] " + gpu + "\n");
+    if (spec) out("[stats] session" + speculation_summary(*spec) + "\n");
 }
 
 bool stdin_readable() {
@@ -243,6 +246,7 @@ int run_chat(int argc, char** argv) {
     app.add_option("--stop", o.stop, "also end an answer at STRING (repeatable)");
     app.add_flag("-e,--escape", o.escape, "process \\n \\t \\\\ \\\" \\' in -p, --system and --stop");
     add_sampling_options(app, o.sampling);
+    add_speculative_options(app, o.speculative);
     if (const auto done = parse_command_line(app, argc, argv)) return *done;
     check_text_options(app, o.escape, o.prompt, o.system, o.stop);
     if (!o.system_file.empty())
@@ -291,6 +295,12 @@ int run_chat(int argc, char** argv) {
                    n_ctx, threads,
                    o.common.verbose ? fmt::format(", seed {}", o.sampling.seed) : std::string(),
                    tty ? "; /help for commands" : "");
+    // The draft's cache is shaped like the conversation's (chat_session.cpp: keep 0, no slide).
+    KvCacheConfig draft_shape = plan.cache;
+    draft_shape.keep = 0;
+    Speculation speculation = make_speculation(o.speculative, *lm, draft_shape, backends, threads,
+                                               o.common.deterministic, o.batch, o.sampling);
+    cfg.speculate = speculation.get();
     ChatSession session(*lm, std::move(tmpl), n_ctx, tk, tv, backends.placement(), cfg);
     if (!o.system.empty()) session.set_system(o.system);
 
@@ -381,7 +391,8 @@ int run_chat(int argc, char** argv) {
                         backends.gpu
                             ? gpu_memory_summary(backends.gpu->memory_use(), backends.n_gpu_layers,
                                                  lm->model.hp.n_layer, session.kv_bytes())
-                            : std::string());
+                            : std::string(),
+                        speculation.get());
         else if (cmd == "/undo")
             out(session.undo() ? "[undone]\n" : "[nothing to undo]\n");
         else if (cmd == "/reset")

@@ -19,6 +19,7 @@
 #include "chat_session.h"
 #include "chat_template.h"
 #include "cli/common.h"
+#include "cli/speculative_options.h"
 #include "error.h"
 #include "file_io.h"
 #include "forward.h"
@@ -46,6 +47,7 @@ struct RunOptions {
     int batch = 512;
     bool ignore_eos = false, quiet = false, echo = false, no_kv_cache = false, escape = false;
     SamplerParams sampling;
+    SpeculativeOptions speculative;
     bool json = false, chat = false;
     std::vector<std::string> stop;
     std::string system, system_file, chat_template;
@@ -82,7 +84,7 @@ std::optional<double> rate(int64_t tokens, double seconds) {
 nlohmann::json or_null(std::optional<double> v) { return v ? nlohmann::json(*v) : nlohmann::json(nullptr); }
 
 nlohmann::json result_json(const RunFigures& f, const std::string& text, const Session& s, const ContextPlan& plan,
-                           const Backends& backends, const std::string* echoed) {
+                           const Backends& backends, const Speculator* spec, const std::string* echoed) {
     const KvCache& kv = s.cache();
     const int n_ctx = kv.n_ctx();
     const int64_t used = std::min<int64_t>(kv.n_past(), n_ctx);
@@ -111,6 +113,7 @@ nlohmann::json result_json(const RunFigures& f, const std::string& text, const S
                   {"used", used},
                   {"fill", static_cast<double>(used) / n_ctx},
                   {"prompt_cache_reused", f.reused}};
+    if (spec) j["speculative"] = speculation_json(*spec); // absent without --lookup or --draft-model
     const gl::MemoryUse gpu = gpu_use(backends);
     if (gpu.device) // absent on the CPU
         j["gpu"] = {{"layers", backends.n_gpu_layers},
@@ -126,16 +129,17 @@ nlohmann::json result_json(const RunFigures& f, const std::string& text, const S
     return j;
 }
 
-std::string stats_line(const RunFigures& f, const Session& s, const ContextPlan& plan, const Backends& backends) {
+std::string stats_line(const RunFigures& f, const Session& s, const ContextPlan& plan, const Backends& backends,
+                       const Speculator* spec) {
     const KvCache& kv = s.cache();
     const gl::MemoryUse gpu = gpu_use(backends);
     const std::optional<double> prompt_rate = f.prompt_done ? rate(f.n_prompt - f.reused, f.prompt_s) : std::nullopt;
     const std::optional<double> gen_rate = rate(f.n_gen, f.gen_s);
     return fmt::format(
-        "[kvrun] prompt {} tok{} | generated {} tok{}{} | "
+        "[kvrun] prompt {} tok{} | generated {} tok{}{}{} | "
         "n_ctx {}{} | KV {} ({}){} | peak RSS {} | stop: {}",
         f.n_prompt, prompt_rate ? fmt::format(", {:.1f} tok/s", *prompt_rate) : "", f.n_gen,
-        gen_rate ? fmt::format(", {:.1f} tok/s", *gen_rate) : "",
+        gen_rate ? fmt::format(", {:.1f} tok/s", *gen_rate) : "", spec ? speculation_summary(*spec) : "",
         f.ttft >= 0 ? fmt::format(" | first token {:.0f} ms", f.ttft * 1000) : "", kv.n_ctx(),
         plan.automatic ? " (auto)" : "", human_bytes(kv.ring_bytes()), cache_types(kv.config()),
         !gpu.device ? std::string()
@@ -174,6 +178,7 @@ int run_generate(int argc, char** argv) {
     app.add_option("--keep", o.keep, "tokens kept at the start when the window slides (attention sinks)")->capture_default_str()->check(int_in(0, 1 << 20));
     app.add_option("-b,--batch-size", o.batch, "prompt tokens evaluated per batch")->capture_default_str()->check(int_in(1, 1 << 16));
     add_sampling_options(app, o.sampling);
+    add_speculative_options(app, o.speculative);
     app.add_option("--prompt-cache", o.prompt_cache,
                    "save the evaluated prompt's K/V to FILE; reuse its common prefix with a later prompt");
     app.add_flag("--no-kv-cache", o.no_kv_cache,
@@ -196,6 +201,8 @@ int run_generate(int argc, char** argv) {
         fail(Exit::usage, "give a prompt with -p TEXT, -f FILE or on stdin (a pipe)");
     check_text_options(app, o.escape, o.prompt, o.system, o.stop);
     if (o.no_kv_cache && !o.prompt_cache.empty()) fail(Exit::usage, "--no-kv-cache and --prompt-cache exclude each other");
+    if (o.no_kv_cache && o.speculative.any())
+        fail(Exit::usage, "--no-kv-cache recomputes every token: it does not verify drafts (--lookup, --draft-model)");
     const gl::Type tk = parse_cache_type(o.common.cache_type_k, "--cache-type-k");
     const gl::Type tv = parse_cache_type(o.common.cache_type_v, "--cache-type-v");
 
@@ -264,6 +271,8 @@ int run_generate(int argc, char** argv) {
     Session session(*lm, kc, backends.placement(), plan.batch);
     KvCache& kv = session.cache();
     Sampler sampler(o.sampling, hp.n_vocab);
+    Speculation speculation = make_speculation(o.speculative, *lm, kc, backends, threads, o.common.deterministic,
+                                               plan.batch, o.sampling);
     if (o.common.verbose) {
         fmt::print(stderr,
                    "kvrun: {} ({} layers, width {}, {}/{} heads of {}, vocab {}), backend {}, {} "
@@ -277,6 +286,15 @@ int run_generate(int argc, char** argv) {
                    human_bytes(lm->file.file_size() - lm->file.data_offset()),
                    lm->file.data_moved() ? "moved onto huge pages" : "in the file mapping", tokens.size(),
                    tokens.size() == 1 ? "" : "s", seconds_since(t_load));
+        if (speculation.get())
+            fmt::print(stderr, "kvrun: speculative decoding: {}{}\n", speculation.get()->drafter().name(),
+                       speculation.draft ? fmt::format(" on {}, its KV cache {}", speculation.draft_cpu
+                                                                                      ? speculation.draft_cpu->name()
+                                                                                      : backends.cpu->name(),
+                                                       human_bytes(KvCache::ring_bytes_for(KvCacheConfig::for_model(
+                                                           speculation.draft->model.hp, kc.n_ctx, kc.keep,
+                                                           kc.type_k, kc.type_v))))
+                                         : "");
     }
 
     if (o.echo && !o.json) emit(model_reads);
@@ -328,6 +346,7 @@ int run_generate(int argc, char** argv) {
     gp.stop.insert(gp.stop.end(), reply_stop.strings.begin(), reply_stop.strings.end());
     gp.strip_leading_space = tokens.size() == 1 && tokens[0] == tok.bos() && tok.vocab().add_space_prefix;
     gp.no_kv_cache = o.no_kv_cache;
+    gp.speculate = speculation.get();
     std::string answer; // --json: the whole text, printed at the end
     bool reply_started = false;
     char last_char = '\n'; // of the text printed, for the stats line's placement
@@ -349,7 +368,10 @@ int run_generate(int argc, char** argv) {
     if (o.n_predict < 0) gh.on_full = [&] { return kContextFull; };
     const auto t_gen = Clock::now();
     GenerateResult gen;
-    if (prompt_done) gen = session.generate(gp, sampler, gh);
+    if (prompt_done) {
+        speculation.prepare(session.tokens()); // the draft model reads the prompt too (timed as generation)
+        gen = session.generate(gp, sampler, gh);
+    }
     const double ttft = gen.sampled_any ? std::chrono::duration<double>(gen.first_token - t_prompt).count() : -1;
     const double gen_s = seconds_since(t_gen);
     std::string stop = gen.stop;
@@ -359,13 +381,13 @@ int run_generate(int argc, char** argv) {
 
     const RunFigures f{n_prompt, reused,   gen.generated, prompt_done, prompt_s,
                        gen_s,    ttft,     o.sampling.seed, stop,      gen.matched};
-    if (o.json) emit(result_json(f, answer, session, plan, backends, o.echo ? &model_reads : nullptr).dump() + "\n");
+    if (o.json) emit(result_json(f, answer, session, plan, backends, speculation.get(), o.echo ? &model_reads : nullptr).dump() + "\n");
     // On a terminal the stats line starts on a line of its own; in a pipe or
     // a file the answer stays exactly what the model wrote.
     const bool same_terminal = ::isatty(1) && ::isatty(2);
     if (!o.json && !o.quiet)
         fmt::print(stderr, "{}{}\n", same_terminal && last_char != '\n' ? "\n" : "",
-                   stats_line(f, session, plan, backends));
+                   stats_line(f, session, plan, backends, speculation.get()));
     if (stop == kContextFull && !o.quiet)
         fmt::print(stderr, "kvrun: stopped at a full context ({} tokens, -c); -n N keeps generating past it by "
                            "sliding the window\n",

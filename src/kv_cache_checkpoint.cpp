@@ -1,0 +1,70 @@
+// KvCache::checkpoint and rollback: taking back the tokens of a speculative
+// verification batch (src/speculative.h) without losing what they overwrote.
+#include <algorithm>
+#include <cstring>
+
+#include "error.h"
+#include "kv_cache.h"
+
+namespace kvrun {
+
+void KvCache::checkpoint(int64_t pos0, int n) {
+    KV_ASSERT(pos0 == n_past_ && n >= 0);
+    // Two positions of the batch in one slot would save the slot twice and
+    // restore the older copy last: a batch must fit every ring's window.
+    for (const Ring& r : rings_) KV_ASSERT(n <= r.window() || pos0 + n <= r.slots);
+    Checkpoint& c = checkpoint_;
+    c.pos0 = pos0;
+    c.n = n;
+    c.held.resize(rings_.size() * static_cast<size_t>(n));
+    bool any_held = false;
+    for (size_t ri = 0; ri < rings_.size(); ri++)
+        for (int i = 0; i < n; i++) {
+            const int64_t held = rings_[ri].pos[rings_[ri].slot_of(pos0 + i)];
+            c.held[ri * n + i] = held;
+            any_held = any_held || held >= 0;
+        }
+    // Before the ring wraps the slots are empty: their positions say so, and
+    // their bytes are never read.
+    if (!any_held) return;
+    const size_t per_layer = static_cast<size_t>(n) * (row_k_ + row_v_);
+    c.rows.resize(per_layer * cfg_.n_layer); // grows to the largest batch once
+    for (int l = 0; l < cfg_.n_layer; l++) {
+        uint8_t* k = c.rows.data() + per_layer * l;
+        uint8_t* v = k + static_cast<size_t>(n) * row_k_;
+        for (int i = 0; i < n; i++)
+            get_row(l, slot_of(l, pos0 + i), k + i * row_k_, v + i * row_v_);
+    }
+}
+
+void KvCache::rollback(int64_t m) {
+    Checkpoint& c = checkpoint_;
+    KV_ASSERT(c.pos0 >= 0 && m >= c.pos0 && m <= n_past_ && n_past_ <= c.pos0 + c.n);
+    const int n = c.n;
+    bool any_held = false;
+    for (size_t ri = 0; ri < rings_.size(); ri++) {
+        Ring& r = rings_[ri];
+        for (int64_t p = m; p < n_past_; p++) {
+            const int64_t held = c.held[ri * n + (p - c.pos0)];
+            r.pos[r.slot_of(p)] = held;
+            any_held = any_held || held >= 0;
+        }
+    }
+    if (any_held) {
+        const RowCopy copy = [](void* dst, const void* src, size_t bytes) {
+            std::memcpy(dst, src, bytes);
+        };
+        const size_t per_layer = static_cast<size_t>(n) * (row_k_ + row_v_);
+        for (int l = 0; l < cfg_.n_layer; l++) {
+            const uint8_t* k = c.rows.data() + per_layer * l;
+            const uint8_t* v = k + static_cast<size_t>(n) * row_k_;
+            for (int64_t p = m; p < n_past_; p++) {
+                const size_t i = static_cast<size_t>(p - c.pos0);
+                put_row(l, slot_of(l, p), k + i * row_k_, v + i * row_v_, copy);
+            }
+        }
+    }
+    n_past_ = m;
+}
+
+} // namespace kvrun
