@@ -151,7 +151,7 @@ const float* Forward::eval_generated(int32_t token) {
 
 // Below the tile threshold every token of a batch takes the dot products a
 // single token takes (ops::matmul).
-static_assert(Forward::kMaxVerify <= gl::gemm::kMinTokens);
+static_assert(Forward::kMaxVerify < gl::gemm::kMinTokens);
 
 const float* Forward::eval_verify(const int32_t* tokens, int n) {
     KV_ASSERT(n <= kMaxVerify);

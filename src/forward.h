@@ -62,7 +62,7 @@ class Forward {
     // batch attends at once: the same tokens within the precision of the
     // batched kernels.
     const float* eval_verify(const int32_t* tokens, int n);
-    static constexpr int kMaxVerify = 16;
+    static constexpr int kMaxVerify = 15;
     // Time every op of the following evals into `p` (null: stop). Only
     // meaningful where every backend is the CPU one (see op_profile.h).
     void set_profile(OpProfile* p) { profile_ = p; }
