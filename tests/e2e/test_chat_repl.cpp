@@ -371,3 +371,28 @@ TEST_CASE("chat: an answer cut by a full window or by -n says so") {
     r.until("> ");
     CHECK(r.say("Hello").find("[answer cut at -n 5 tokens]") != std::string::npos);
 }
+
+TEST_CASE("chat repl: --lookup and --draft-model answers are the plain ones, through evictions; /stats counts drafts") {
+    // -c 160 and 60-token answers: the window fills and turns are evicted.
+    Repl plain({"-c", "160", "-n", "60"});
+    Repl lookup({"-c", "160", "-n", "60", "--lookup", "6"});
+    Repl draft({"-c", "160", "-n", "60", "-md", kStories});
+    plain.until("> ");
+    lookup.until("> ");
+    draft.until("> ");
+    for (const char* msg : {"Hello", "Tell me a story", "What happened next?", "And then?", "The end"}) {
+        CAPTURE(msg);
+        const std::string want = plain.say(msg);
+        CHECK(lookup.say(msg) == want);
+        CHECK(draft.say(msg) == want);
+    }
+    // Turns were evicted (the window filled), the same ones in each.
+    const std::string st = lookup.say("/stats");
+    std::smatch m;
+    REQUIRE(std::regex_search(st, m, std::regex(R"(\((\d+) evicted\))")));
+    CHECK(std::stol(m[1]) > 0);
+    CHECK(st.find(m[0].str()) != std::string::npos);
+    CHECK(plain.say("/stats").find(m[0].str()) != std::string::npos);
+    CHECK(st.find("[stats] session | lookup: ") != std::string::npos);
+    CHECK(draft.say("/stats").find("[stats] session | draft model stories260K.gguf: ") != std::string::npos);
+}

@@ -194,3 +194,36 @@ TEST_CASE("real: chatml markers written in a message are text (SmolLM2)") {
     CHECK(std::count(ids.begin(), ids.end(), im_start) == 3);
     CHECK(std::count(ids.begin(), ids.end(), im_end) == 2);
 }
+
+// Speculative decoding on real text: a rewrite of the prompt's own code
+// (prompt lookup's use) and a draft model, greedy: the answer is plain
+// decoding's, and lookup drafts are mostly accepted. Gemma 3's sliding
+// window rings are checkpointed and rolled back too, through a slide.
+TEST_CASE("real: --lookup and --draft-model answers are plain decoding's") {
+    const std::string code =
+        "def total(items, rate):\n    subtotal = 0\n    for item in items:\n        subtotal += item.price * "
+        "item.count\n    return subtotal * (1 + rate)\n";
+    const std::string prompt = "Here is a Python function:\n\n" + code +
+                               "\nThe same function, copied exactly:\n\n";
+    for (const char* model : {kSmol, kGemma}) {
+        if (!kvtest::have_real_model(model)) continue;
+        CAPTURE(model);
+        std::vector<std::string> base = {"-m", kvtest::real_model(model), "-p", prompt, "-n", "120", "--temp",
+                                         "0", "--ignore-eos"};
+        if (model == std::string(kGemma)) base.insert(base.end(), {"-c", "160"}); // slides past 160
+        const auto want = run_json([&] { auto a = base; a.push_back("--json"); return a; }());
+        auto lookup = base;
+        lookup.insert(lookup.end(), {"--lookup", "10", "--json"});
+        const auto got = run_json(lookup);
+        CHECK(got["text"] == want["text"]);
+        INFO(got["speculative"].dump());
+        CHECK(got["speculative"]["acceptance"].get<double>() > 0.3);
+        if (model == std::string(kSmol)) {
+            auto draft = base;
+            draft.insert(draft.end(), {"--draft-model", kvtest::real_model(model), "--json"});
+            const auto d = run_json(draft);
+            CHECK(d["text"] == want["text"]);
+            CHECK(d["speculative"]["acceptance"].get<double>() > 0.9); // the model drafting for itself
+        }
+    }
+}
