@@ -10,8 +10,14 @@
 #     on -cpu max, for the shortest prompt of every model: F32 stories260K,
 #     F16, Q8_0, Q4_0, Q4_K_M, Q6_K and qwen2 Q8_0 with its BPE vocabulary
 #     (about 20 s; every file and cache type takes about 15 minutes under
-#     emulation: GOLDENS=all).
-# Needs g++-aarch64-linux-gnu, qemu-user and libutf8proc-dev:arm64 (make deps).
+#     emulation: GOLDENS=all);
+#   - the Jetson binary itself (make aarch64: kvrun, static) in an empty
+#     chroot under qemu-aarch64-static: --version, the stories260K golden's
+#     first 100 greedy tokens, chat piped and on a terminal
+#     (scripts/static-check.sh).
+# Needs g++-aarch64-linux-gnu, qemu-user, qemu-user-static, libutf8proc-dev:arm64
+# and libedit-dev, libncurses-dev and libbsd-dev for arm64 (make deps); root
+# or user namespaces for the chroot.
 # JOBS parallel compiles (default: nproc).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,7 +40,7 @@ fi
 # libc.so.6, a different build of glibc, and hang in pthread_create.
 cmake -S . -B "$out" -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64.cmake -DCMAKE_BUILD_TYPE=Release \
   -DKVRUN_CROSS_TESTS=ON -DKVRUN_WERROR=ON >/dev/null
-cmake --build "$out" -j"$jobs" --target kvrun_tests
+cmake --build "$out" -j"$jobs" --target kvrun_tests kvrun
 cp "$out/kvrun_tests" "$out/aarch64_tests"
 
 run() { # cpu, doctest args...
@@ -53,3 +59,5 @@ else
 fi
 echo "== no dot-product instructions (qemu -cpu cortex-a72): scalar fallback kernels"
 run cortex-a72 -tce='golden*,real:*'
+echo "== the static aarch64 kvrun in an empty chroot (qemu-aarch64-static -cpu max)"
+scripts/static-check.sh "$out/kvrun"
