@@ -13,9 +13,9 @@ CUDA_ARCH ?= 87;90
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEPS := build-essential cmake pkg-config libcli11-dev libfmt-dev doctest-dev nlohmann-json3-dev \
         libutf8proc-dev libedit-dev libopenblas-dev clang libclang-rt-dev python3-pip \
-        libncurses-dev libbsd-dev \
+        libncurses-dev libbsd-dev libmd-dev \
         g++-aarch64-linux-gnu qemu-user qemu-user-static libutf8proc-dev:arm64 \
-        libedit-dev:arm64 libncurses-dev:arm64 libbsd-dev:arm64
+        libedit-dev:arm64 libncurses-dev:arm64 libbsd-dev:arm64 libmd-dev:arm64
 MODEL ?= $(firstword $(wildcard models/stories260K.gguf ../shared/models/stories260K.gguf) models/stories260K.gguf)
 
 .PHONY: all build cuda static static-check aarch64 deps run test test-unit test-asan test-aarch64 fuzz fuzz-smoke \

@@ -27,11 +27,17 @@ jobs=${JOBS:-$(nproc 2>/dev/null || echo 2)}
 # the shortest prompt, and for stories260K it checks 100 tokens of
 # free-running greedy generation.
 goldens=${GOLDENS:-'*__story.json'}
-utf8proc_lib=/usr/lib/aarch64-linux-gnu/libutf8proc.a
-if [ ! -f "$utf8proc_lib" ]; then
-  echo "test-aarch64: $utf8proc_lib missing; install libutf8proc-dev:arm64 (make deps)" >&2
+for need in utf8proc:libutf8proc-dev edit:libedit-dev tinfo:libncurses-dev bsd:libbsd-dev md:libmd-dev; do
+  lib=/usr/lib/aarch64-linux-gnu/lib${need%%:*}.a
+  if [ ! -f "$lib" ]; then
+    echo "test-aarch64: $lib missing; install ${need#*:}:arm64 (make deps)" >&2
+    exit 1
+  fi
+done
+command -v qemu-aarch64-static >/dev/null || {
+  echo "test-aarch64: qemu-aarch64-static missing; install qemu-user-static (make deps)" >&2
   exit 1
-fi
+}
 
 # The same build description as the main build (CMakeLists.txt), in its
 # cross-test mode: the runtime, the engine and the kernel and golden tests.
