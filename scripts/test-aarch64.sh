@@ -10,8 +10,14 @@
 #     on -cpu max, for the shortest prompt of every model: F32 stories260K,
 #     F16, Q8_0, Q4_0, Q4_K_M, Q6_K and qwen2 Q8_0 with its BPE vocabulary
 #     (about 20 s; every file and cache type takes about 15 minutes under
-#     emulation: GOLDENS=all).
-# Needs g++-aarch64-linux-gnu, qemu-user and libutf8proc-dev:arm64 (make deps).
+#     emulation: GOLDENS=all);
+#   - the Jetson binary itself (make aarch64: kvrun, static) in an empty
+#     chroot under qemu-aarch64-static: --version, the stories260K golden's
+#     first 100 greedy tokens, chat piped and on a terminal
+#     (scripts/static-check.sh).
+# Needs g++-aarch64-linux-gnu, qemu-user, qemu-user-static, libutf8proc-dev:arm64
+# and libedit-dev, libncurses-dev and libbsd-dev for arm64 (make deps); root
+# or user namespaces for the chroot.
 # JOBS parallel compiles (default: nproc).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,11 +27,17 @@ jobs=${JOBS:-$(nproc 2>/dev/null || echo 2)}
 # the shortest prompt, and for stories260K it checks 100 tokens of
 # free-running greedy generation.
 goldens=${GOLDENS:-'*__story.json'}
-utf8proc_lib=/usr/lib/aarch64-linux-gnu/libutf8proc.a
-if [ ! -f "$utf8proc_lib" ]; then
-  echo "test-aarch64: $utf8proc_lib missing; install libutf8proc-dev:arm64 (make deps)" >&2
+for need in utf8proc:libutf8proc-dev edit:libedit-dev tinfo:libncurses-dev bsd:libbsd-dev md:libmd-dev; do
+  lib=/usr/lib/aarch64-linux-gnu/lib${need%%:*}.a
+  if [ ! -f "$lib" ]; then
+    echo "test-aarch64: $lib missing; install ${need#*:}:arm64 (make deps)" >&2
+    exit 1
+  fi
+done
+command -v qemu-aarch64-static >/dev/null || {
+  echo "test-aarch64: qemu-aarch64-static missing; install qemu-user-static (make deps)" >&2
   exit 1
-fi
+}
 
 # The same build description as the main build (CMakeLists.txt), in its
 # cross-test mode: the runtime, the engine and the kernel and golden tests.
@@ -34,7 +46,7 @@ fi
 # libc.so.6, a different build of glibc, and hang in pthread_create.
 cmake -S . -B "$out" -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64.cmake -DCMAKE_BUILD_TYPE=Release \
   -DKVRUN_CROSS_TESTS=ON -DKVRUN_WERROR=ON >/dev/null
-cmake --build "$out" -j"$jobs" --target kvrun_tests
+cmake --build "$out" -j"$jobs" --target kvrun_tests kvrun
 cp "$out/kvrun_tests" "$out/aarch64_tests"
 
 run() { # cpu, doctest args...
@@ -53,3 +65,5 @@ else
 fi
 echo "== no dot-product instructions (qemu -cpu cortex-a72): scalar fallback kernels"
 run cortex-a72 -tce='golden*,real:*'
+echo "== the static aarch64 kvrun in an empty chroot (qemu-aarch64-static -cpu max)"
+scripts/static-check.sh "$out/kvrun"

@@ -1,6 +1,7 @@
 #include "system_memory.h"
 
 #include <sys/resource.h>
+#include <sys/sysinfo.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -20,6 +21,11 @@ uint64_t mem_available_bytes() {
     std::string unit;
     while (in >> key >> kb >> unit)
         if (key == "MemAvailable:") return kb * 1024;
+    // No /proc (a bare chroot or container, where the static binary runs):
+    // the kernel's free and buffer memory. It leaves out the reclaimable page
+    // cache, so it says less than MemAvailable would, never more.
+    struct sysinfo si {};
+    if (sysinfo(&si) == 0) return (uint64_t{si.freeram} + si.bufferram) * si.mem_unit;
     return 0;
 }
 

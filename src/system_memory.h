@@ -10,8 +10,9 @@
 
 namespace kvrun {
 
-// MemAvailable from /proc/meminfo (page cache counts: it is reclaimable),
-// 0 if unknown; KVRUN_MEM_AVAILABLE=<bytes> overrides it (tests, containers).
+// MemAvailable from /proc/meminfo (page cache counts: it is reclaimable);
+// without /proc, free plus buffer memory (sysinfo); 0 if unknown.
+// KVRUN_MEM_AVAILABLE=<bytes> overrides it (tests, containers).
 uint64_t mem_available_bytes();
 // Bytes of [p, p + n) currently resident (mincore); 0 if unknown.
 uint64_t resident_bytes(const void* p, uint64_t n);
