@@ -31,6 +31,7 @@ class ModelDrafter final : public Drafter {
     std::string name() const override { return "draft model " + name_; }
     void propose(std::span<const int32_t> context, int max, Draft& out) override;
     double model_seconds() const override { return seconds_; }
+    bool samples() const override { return true; }
     // Evaluate `context` now (after the prompt), so the first round does not.
     void prepare(std::span<const int32_t> context);
 

@@ -242,6 +242,10 @@ GenerateResult Session::generate(const GenerateParams& p, Sampler& sampler, cons
             next = 0;
             if (p.speculate->round(*this, sampler, id, draft_limit(p, r.generated, hooks.on_full != nullptr), ahead))
                 continue;
+            const auto t0 = std::chrono::steady_clock::now();
+            step(id);
+            p.speculate->plain_step_took(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+            continue;
         }
         step(id);
     }

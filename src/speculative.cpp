@@ -1,6 +1,7 @@
 #include "speculative.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "error.h"
 #include "forward.h"
@@ -17,7 +18,10 @@ Speculator::Speculator(std::unique_ptr<Drafter> drafter, const SpeculativeParams
     : drafter_(std::move(drafter)), p_(p) {
     KV_ASSERT(drafter_ && p_.draft_max >= 1 && p_.draft_max < Forward::kMaxVerify);
     p_.draft_min = std::clamp(p_.draft_min, 1, p_.draft_max);
-    length_ = std::min(p_.draft_max, std::max(p_.draft_min, 5));
+}
+
+void Speculator::plain_step_took(double seconds) {
+    if (length_) length_->after_plain_step(seconds);
 }
 
 int32_t accept_or_resample(Sampler& sampler, const Candidates& p,
@@ -58,7 +62,13 @@ int32_t accept_or_resample(Sampler& sampler, const Candidates& p,
 
 bool Speculator::round(Session& target, Sampler& sampler, int32_t pending, int limit,
                        std::vector<SpeculatedToken>& out) {
-    const int want = std::min(length_, limit);
+    const auto t0 = std::chrono::steady_clock::now();
+    // Drafts verified as the target's own draws leave the answer as it is,
+    // however many there are: then the length may follow the clock.
+    const bool rejection = drafter_->samples() && !sampler.greedy();
+    if (!length_)
+        length_ = std::make_unique<DraftLength>(p_.draft_min, p_.draft_max, p_.timed && !rejection);
+    const int want = length_->next(limit);
     if (want < p_.draft_min) return false;
     const std::vector<int32_t>& held = target.tokens();
     context_.assign(held.begin(), held.end());
@@ -72,7 +82,7 @@ bool Speculator::round(Session& target, Sampler& sampler, int32_t pending, int l
     batch_.insert(batch_.end(), draft_.tokens.begin(), draft_.tokens.begin() + k);
     float* rows = target.verify(batch_);
     const size_t n_vocab = static_cast<size_t>(target.model().model.hp.n_vocab);
-    const bool rejection = !draft_.q.empty() && !sampler.greedy();
+    KV_ASSERT(!rejection || draft_.q.size() >= static_cast<size_t>(k));
     int accepted = 0;
     for (int j = 0; j <= k; j++) {
         SpeculatedToken e;
@@ -96,10 +106,8 @@ bool Speculator::round(Session& target, Sampler& sampler, int32_t pending, int l
     stats_.drafted += k;
     stats_.accepted += accepted;
     stats_.draft_s = drafter_->model_seconds();
-    // Longer after a round that kept every draft, shorter after one that did
-    // not: the length follows how predictable the text is right now.
-    length_ =
-        accepted == k ? std::min(length_ + 2, p_.draft_max) : std::max(length_ - 1, p_.draft_min);
+    length_->after_round(
+        k, accepted, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return true;
 }
 

@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "draft_length.h"
 #include "ngram_lookup.h"
 #include "sampler.h"
 
@@ -50,6 +51,10 @@ class Drafter {
     virtual void propose(std::span<const int32_t> context, int max, Draft& out) = 0;
     // Seconds this drafter spent evaluating a model (0 for lookup).
     virtual double model_seconds() const { return 0; }
+    // Whether a sampled target gets drafts drawn from a distribution (Draft::q),
+    // checked by the rejection rule; otherwise a draft is accepted exactly
+    // when the target draws it.
+    virtual bool samples() const { return false; }
 };
 
 class LookupDrafter final : public Drafter {
@@ -65,6 +70,9 @@ class LookupDrafter final : public Drafter {
 struct SpeculativeParams {
     int draft_max = 8; // tokens per round at most (<= Forward::kMaxVerify - 1)
     int draft_min = 1; // fewer drafted than this: a plain step instead
+    // Weigh rounds against plain steps by the clock where the answer allows
+    // (draft_length.h); tests turn it off to draft every round.
+    bool timed = true;
 };
 
 struct SpeculativeStats {
@@ -99,12 +107,15 @@ class Speculator {
     // tokens were drafted: the caller evaluates `pending` as usual.
     bool round(Session& target, Sampler& sampler, int32_t pending, int limit,
                std::vector<SpeculatedToken>& out);
+    // The caller evaluated a token without a round (round() said no): how
+    // long it took, for the draft length's comparison (draft_length.h).
+    void plain_step_took(double seconds);
 
   private:
     std::unique_ptr<Drafter> drafter_;
     SpeculativeParams p_;
     SpeculativeStats stats_;
-    int length_; // the adaptive draft length
+    std::unique_ptr<DraftLength> length_; // made at the first round, when the sampler is known
     Draft draft_;
     std::vector<int32_t> context_, batch_;
     std::vector<std::pair<float, int32_t>> residual_;

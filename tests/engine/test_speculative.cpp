@@ -14,6 +14,7 @@
 #include <random>
 #include <unistd.h>
 
+#include "draft_length.h"
 #include "draft_model.h"
 #include "loader.h"
 #include "ngram_lookup.h"
@@ -155,6 +156,7 @@ void check_exact(const LoadedModel& lm, const LoadedModel* draft, const SamplerP
         CAPTURE(max);
         SpeculativeParams p;
         p.draft_max = max;
+        p.timed = false; // a round every time, whatever the clock says
         {
             Speculator spec(
                 std::make_unique<OracleDrafter>(want.tokens, lm.model.hp.n_vocab, 0.15, 7 + max),
@@ -235,6 +237,7 @@ TEST_CASE(
                 const Generated want = generate(*lm, prompt, 64, sp, gp, nullptr, *be);
                 SpeculativeParams p;
                 p.draft_max = 14;
+                p.timed = false;
                 Speculator spec(
                     std::make_unique<OracleDrafter>(full.tokens, lm->model.hp.n_vocab, 0.02, cut),
                     p);
@@ -426,4 +429,56 @@ TEST_CASE("ngram lookup: the latest match of the longest suffix, continued") {
     near.horizon = 4;
     near.draft(std::vector<int32_t>{1, 2, 3, 0, 0, 0, 0, 1, 2}, 2, out);
     CHECK(out.empty());
+}
+
+TEST_CASE("draft length: longer while drafts are kept, paused while rounds lose to plain steps") {
+    DraftLength untimed(1, 10, false);
+    CHECK(untimed.next(99) == 5);
+    untimed.after_round(5, 5, 1.0);
+    CHECK(untimed.next(99) == 7);
+    untimed.after_round(7, 2, 1.0);
+    CHECK(untimed.next(99) == 6);
+    CHECK(untimed.next(3) == 3); // the caller's limit
+    for (int i = 0; i < 20; i++) untimed.after_round(6, 0, 100.0); // slow rounds do not matter untimed
+    CHECK(untimed.next(99) == 1);
+
+    DraftLength timed(1, 10, true);
+    CHECK(timed.next(99) == 0); // a plain step first, to know what one costs
+    timed.after_plain_step(0.010);
+    CHECK(timed.next(99) == 5);
+    // A round of 6 tokens in 20 ms beats 10 ms a token: go on.
+    timed.after_round(5, 5, 0.020);
+    CHECK(!timed.paused());
+    CHECK(timed.next(99) == 7);
+    // Rounds of 1 token in 30 ms lose: once the recent average says so,
+    // pause 4 tokens, then probe; a losing probe pauses 8.
+    int losing = 0;
+    while (!timed.paused() && losing < 20) {
+        const int n = timed.next(99);
+        REQUIRE(n > 0);
+        timed.after_round(n, 0, 0.030);
+        losing++;
+    }
+    CHECK(timed.paused());
+    CHECK(losing > 1); // one bad round among good ones is not enough
+    for (int i = 0; i < 4; i++) CHECK(timed.next(99) == 0);
+    const int probe = timed.next(99);
+    CHECK(probe > 0);
+    timed.after_round(probe, 0, 0.030);
+    int paused = 0;
+    while (timed.next(99) == 0 && paused < 100) paused++;
+    CHECK(paused == 8);
+    // A winning probe ends the pauses.
+    timed.after_round(1, 1, 0.001);
+    CHECK(!timed.paused());
+    // Every 64 rounds a plain step again, to keep the comparison current.
+    DraftLength recheck(1, 4, true);
+    recheck.after_plain_step(0.010);
+    for (int i = 0; i < 64; i++) {
+        REQUIRE(recheck.next(99) > 0);
+        recheck.after_round(4, 4, 0.001);
+    }
+    CHECK(recheck.next(99) == 0);
+    recheck.after_plain_step(0.010);
+    CHECK(recheck.next(99) > 0);
 }
