@@ -60,6 +60,7 @@ struct ChatConfig {
     // the K/V they were computed with); false: the kept turns are evaluated
     // again, exactly as a fresh conversation would.
     bool evict_in_place = true;
+    int k_rotate = 0; // KvCacheConfig::k_rotate
 };
 
 struct TurnStats {
