@@ -338,8 +338,8 @@ void KvCache::reseat_sinks(int layer, int64_t n_ctx_then, const Rope& rope) {
 }
 
 void KvCache::rope_stored(float* k, const Rope& rope, const float* cs, const float* sn) const {
-    // H is its own inverse: out of the Hadamard basis, rotated, back in.
-    if (cfg_.k_rotate > 0) gl::hadamard_rows(k, 1, kv_dim(), cfg_.k_rotate);
+    // Out of the Hadamard basis, RoPE, back in.
+    if (cfg_.k_rotate > 0) gl::hadamard_rows_inverse(k, 1, kv_dim(), cfg_.k_rotate);
     gl::ops::rope(k, cfg_.n_head_kv, cfg_.head_dim, rope.dims, cs, sn, rope.neox);
     if (cfg_.k_rotate > 0) gl::hadamard_rows(k, 1, kv_dim(), cfg_.k_rotate);
 }

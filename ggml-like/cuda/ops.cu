@@ -56,12 +56,15 @@ __global__ void rope_kernel(float* x, int64_t rows, int n_heads, int head_dim, i
 }
 
 // One thread block per Hadamard block, one thread per butterfly pair: the
-// block's elements in shared memory, log2(b) passes with a barrier between
-// them, the same butterflies in the same order as gl::hadamard_rows.
+// block's elements in shared memory, scaled and sign-flipped, then log2(b)
+// passes with a barrier between them: the same operations in the same order
+// as gl::hadamard_rows.
 __global__ void hadamard_kernel(float* x, int block, float scale) {
     extern __shared__ float v[];
     float* g = x + static_cast<int64_t>(blockIdx.x) * block;
-    for (int i = threadIdx.x; i < block; i += blockDim.x) v[i] = g[i];
+    // D / sqrt(b) first, as one factor (gl::hadamard_sign, repeated here).
+    for (int i = threadIdx.x; i < block; i += blockDim.x)
+        v[i] = __fmul_rn(g[i], (static_cast<uint32_t>(i) * 0x9E3779B1u) >> 31 ? -scale : scale);
     __syncthreads();
     for (int h = 1; h < block; h *= 2) {
         const int p = threadIdx.x;             // pair p of block / 2
@@ -71,7 +74,7 @@ __global__ void hadamard_kernel(float* x, int block, float scale) {
         v[j + h] = __fsub_rn(a, c);
         __syncthreads();
     }
-    for (int i = threadIdx.x; i < block; i += blockDim.x) g[i] = __fmul_rn(v[i], scale);
+    for (int i = threadIdx.x; i < block; i += blockDim.x) g[i] = v[i];
 }
 
 __global__ void silu_mul_kernel(float* gate, const float* __restrict__ up, int64_t n) {
