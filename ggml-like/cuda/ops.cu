@@ -64,7 +64,7 @@ __global__ void hadamard_kernel(float* x, int block, float scale) {
     float* g = x + static_cast<int64_t>(blockIdx.x) * block;
     // D / sqrt(b) first, as one factor (gl::hadamard_sign, repeated here).
     for (int i = threadIdx.x; i < block; i += blockDim.x)
-        v[i] = __fmul_rn(g[i], (static_cast<uint32_t>(i) * 0x9E3779B1u) >> 31 ? -scale : scale);
+        v[i] = __fmul_rn(g[i], __popc(i & (i >> 1) & 0x55) & 1 ? -scale : scale);
     __syncthreads();
     for (int h = 1; h < block; h *= 2) {
         const int p = threadIdx.x;             // pair p of block / 2
