@@ -212,9 +212,10 @@ TEST_CASE("golden: tiny-f16 with f32 and quantized KV caches") {
 
 // Rotated keys (--k-rotate, blocks of 32 on these heads of 32 and 64; 8 on
 // stories260K's): with an f16 cache the goldens' own tolerances; q4_0 keys
-// and values as the unrotated pair above (random weights have no outlier
-// channels for the rotation to spread: measured max |diff| 0.23 rotated,
-// 0.28 not).
+// and values within the unrotated pair's bound above (random weights have no
+// outlier channels for the rotation to spread: measured max |diff| 0.29
+// rotated, 0.28 not; the real models' table in docs/kv-cache.md is where
+// rotation pays).
 TEST_CASE("golden: rotated keys on the synthetic models, stories260K and qwen3") {
     for (const auto& f : goldens()) {
         const std::string name = f.filename().string();
@@ -229,9 +230,12 @@ TEST_CASE("golden: rotated keys on the synthetic models, stories260K and qwen3")
             check_golden(f, gl::Type::F16, gl::Type::F16, 0, "", true); // per-head norms, heads of 64
 }
 
-// Rotation leaves q·k as it is: rotated and unrotated f16 caches differ only
-// in where each key is rounded to half precision.
-TEST_CASE("golden: rotated and unrotated f16 keys give nearly the same logits") {
+// Rotation leaves q·k as it is. In an f32 cache rotated keys give the
+// unrotated logits to float rounding; in an f16 cache each key is rounded to
+// half precision in another basis, so the logits move from the f32 ones by
+// about as much as the unrotated f16 cache's do (measured: stories260K, 776
+// rows, 0.083 unrotated, 0.063 rotated; tiny-f16 0.0011 both).
+TEST_CASE("golden: rotated keys give the unrotated logits, to the cache type's rounding") {
     for (const char* name : {"tiny-f16__long.json", "stories260K__long.json"}) {
         std::ifstream in(kvtest::shared("golden/") + name);
         const nlohmann::json g = nlohmann::json::parse(in);
@@ -240,22 +244,30 @@ TEST_CASE("golden: rotated and unrotated f16 keys give nearly the same logits") 
         const auto seq = g["prompt_tokens"].get<std::vector<int32_t>>();
         const int n = static_cast<int>(seq.size());
         auto be = gl::make_cpu_backend(2);
-        std::vector<float> logits[2];
-        for (int rotated = 0; rotated < 2; rotated++) {
-            KvCache kv(KvCacheConfig::for_model(hp, n, 4, gl::Type::F16, gl::Type::F16,
-                                                rotated ? gl::hadamard_block(hp.head_dim) : 0));
+        auto logits = [&](gl::Type t, bool rotated) {
+            KvCache kv(KvCacheConfig::for_model(hp, n, 4, t, t, rotated ? gl::hadamard_block(hp.head_dim) : 0));
             Forward fwd(lm.model, kv, *be, 16); // batches of 16: later ones read the cache
+            std::vector<float> out;
             for (int i = 0; i < n; i += 16) {
                 const int nb = std::min(16, n - i);
                 const float* rows = fwd.eval(seq.data() + i, nb, true);
-                logits[rotated].insert(logits[rotated].end(), rows, rows + static_cast<size_t>(nb) * hp.n_vocab);
+                out.insert(out.end(), rows, rows + static_cast<size_t>(nb) * hp.n_vocab);
             }
-        }
-        double worst = 0;
-        for (size_t i = 0; i < logits[0].size(); i++)
-            worst = std::max(worst, std::abs(static_cast<double>(logits[0][i]) - logits[1][i]));
-        MESSAGE(name, ": rotated vs unrotated f16 keys, max |diff| ", worst, " over ", n, " rows");
-        CHECK(worst < 5e-3);
+            return out;
+        };
+        auto worst = [](const std::vector<float>& a, const std::vector<float>& b) {
+            double w = 0;
+            for (size_t i = 0; i < a.size(); i++) w = std::max(w, std::abs(static_cast<double>(a[i]) - b[i]));
+            return w;
+        };
+        const std::vector<float> exact = logits(gl::Type::F32, false);
+        const double f32_rot = worst(logits(gl::Type::F32, true), exact);
+        const double f16 = worst(logits(gl::Type::F16, false), exact);
+        const double f16_rot = worst(logits(gl::Type::F16, true), exact);
+        MESSAGE(std::string(name), ": max |diff| from the f32 cache's logits: f32 rotated ", f32_rot,
+                ", f16 ", f16, ", f16 rotated ", f16_rot, " over ", n, " rows");
+        CHECK(f32_rot < 1e-4);
+        CHECK(f16_rot < 1.5 * f16 + 1e-3);
     }
 }
 
