@@ -35,7 +35,9 @@ constexpr int kHadamardMaxBlock = 256;
 // 32). A Walsh function would only permute H's rows; a hashed pattern spread
 // a constant over 32 elements with one of 3.5. The same pattern for every
 // block size (the CUDA kernel repeats it).
-constexpr bool hadamard_sign(int i) { return std::popcount(static_cast<unsigned>(i & (i >> 1) & 0x55)) & 1; }
+constexpr bool hadamard_sign(int i) {
+    return std::popcount(static_cast<unsigned>(i & (i >> 1) & 0x55)) & 1;
+}
 
 // `rows` rows of n floats, n a multiple of `block` (a power of two, at most
 // kHadamardMaxBlock): each run of `block` elements x becomes R x, in place.

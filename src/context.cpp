@@ -26,7 +26,9 @@ int parse_ctx(const std::string& s, long min, const char* what) {
 // The rotation block --k-rotate asks for on this model's heads.
 int rotation_for(const Hparams& hp) {
     const int b = gl::hadamard_block(hp.head_dim);
-    if (b < 2) fail(Exit::usage, "--k-rotate: the head size ({}) has no power-of-two block to rotate", hp.head_dim);
+    if (b < 2)
+        fail(Exit::usage, "--k-rotate: the head size ({}) has no power-of-two block to rotate",
+             hp.head_dim);
     return b;
 }
 
@@ -37,22 +39,29 @@ std::vector<CacheTypes> cache_type_ladder(const Hparams& hp, const ContextReques
     if (!req.auto_k && !req.auto_v) return {{req.type_k, req.type_v, rot}};
     using T = gl::Type;
     const int rot4 = gl::hadamard_block(hp.head_dim) > 1 ? gl::hadamard_block(hp.head_dim) : 0;
-    const CacheTypes steps[] = {{T::F16, T::F16, 0}, {T::Q8_0, T::Q8_0, 0}, {T::Q8_0, T::Q4_0, 0}, {T::Q4_0, T::Q4_0, rot4}};
+    const CacheTypes steps[] = {{T::F16, T::F16, 0},
+                                {T::Q8_0, T::Q8_0, 0},
+                                {T::Q8_0, T::Q4_0, 0},
+                                {T::Q4_0, T::Q4_0, rot4}};
     std::vector<CacheTypes> out;
     for (const CacheTypes& s : steps) {
-        const CacheTypes c{req.auto_k ? s.k : req.type_k, req.auto_v ? s.v : req.type_v, req.auto_k ? s.k_rotate : rot};
+        const CacheTypes c{req.auto_k ? s.k : req.type_k, req.auto_v ? s.v : req.type_v,
+                           req.auto_k ? s.k_rotate : rot};
         if (!gl::row_size_ok(c.k, hp.kv_dim()) || !gl::row_size_ok(c.v, hp.kv_dim())) continue;
-        if (std::none_of(out.begin(), out.end(),
-                         [&](const CacheTypes& o) { return o.k == c.k && o.v == c.v && o.k_rotate == c.k_rotate; }))
+        if (std::none_of(out.begin(), out.end(), [&](const CacheTypes& o) {
+                return o.k == c.k && o.v == c.v && o.k_rotate == c.k_rotate;
+            }))
             out.push_back(c);
     }
     return out;
 }
 
 std::string cache_types_text(gl::Type k, gl::Type v, int k_rotate) {
-    // Rotated keys always name both types: "q4_0, keys rotated" would read as if V were rotated too.
+    // Rotated keys always name both types: "q4_0, keys rotated" would read as if V were rotated
+    // too.
     if (k_rotate > 0) return fmt::format("{}/{}, keys rotated", gl::type_name(k), gl::type_name(v));
-    return k == v ? std::string(gl::type_name(k)) : fmt::format("{}/{}", gl::type_name(k), gl::type_name(v));
+    return k == v ? std::string(gl::type_name(k))
+                  : fmt::format("{}/{}", gl::type_name(k), gl::type_name(v));
 }
 
 int auto_context(int64_t n_prompt, int64_t n_predict, int64_t n_ctx_train) {
@@ -76,8 +85,8 @@ namespace {
 // The memory plan for n_ctx tokens with the first cache types of the ladder
 // that fit (the last one if none does); `types` is set to them. A choice
 // other than the first is told in one line.
-MemoryPlan plan_with_types(const LoadedModel& lm, const ContextRequest& req, int64_t n_ctx, CacheTypes& types,
-                           std::vector<ContextPlan::Note>& notes) {
+MemoryPlan plan_with_types(const LoadedModel& lm, const ContextRequest& req, int64_t n_ctx,
+                           CacheTypes& types, std::vector<ContextPlan::Note>& notes) {
     const std::vector<CacheTypes> ladder = cache_type_ladder(lm.model.hp, req);
     const auto plan_for = [&](const CacheTypes& t) {
         return plan_memory(lm.file, lm.model.hp, n_ctx, t.k, t.v, req.batch, req.threads);
@@ -88,12 +97,13 @@ MemoryPlan plan_with_types(const LoadedModel& lm, const ContextRequest& req, int
     while (!plan.fits() && i + 1 < ladder.size()) plan = plan_for(ladder[++i]);
     types = ladder[i];
     if (i > 0)
-        notes.push_back({fmt::format("{}: a {}-token {} cache needs {}, {} is free: using {} ({}{})",
-                                     req.auto_k ? "--ctk auto" : "--ctv auto", n_ctx,
-                                     cache_types_text(ladder[0].k, ladder[0].v, ladder[0].k_rotate),
-                                     human_bytes(first.kv), human_bytes(first.kv_free),
-                                     cache_types_text(types.k, types.v, types.k_rotate), human_bytes(plan.kv),
-                                     plan.fits() ? "" : ", the smallest, and it does not fit either")});
+        notes.push_back(
+            {fmt::format("{}: a {}-token {} cache needs {}, {} is free: using {} ({}{})",
+                         req.auto_k ? "--ctk auto" : "--ctv auto", n_ctx,
+                         cache_types_text(ladder[0].k, ladder[0].v, ladder[0].k_rotate),
+                         human_bytes(first.kv), human_bytes(first.kv_free),
+                         cache_types_text(types.k, types.v, types.k_rotate), human_bytes(plan.kv),
+                         plan.fits() ? "" : ", the smallest, and it does not fit either")});
     return plan;
 }
 } // namespace

@@ -65,7 +65,8 @@ KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg) {
                  gl::type_name(t), gl::type_info(t).block_size, kv_dim());
     }
     const int rot = cfg.k_rotate;
-    KV_ASSERT(rot == 0 || (rot <= gl::kHadamardMaxBlock && (rot & (rot - 1)) == 0 && cfg.head_dim % rot == 0));
+    KV_ASSERT(rot == 0 ||
+              (rot <= gl::kHadamardMaxBlock && (rot & (rot - 1)) == 0 && cfg.head_dim % rot == 0));
     row_k_ = gl::row_size(cfg.type_k, kv_dim());
     row_v_ = gl::row_size(cfg.type_v, kv_dim());
     // One block for every layer's K and V slots, each 64-byte aligned (SIMD
@@ -334,7 +335,8 @@ void KvCache::reseat_sinks(int layer, int64_t n_ctx_then, const Rope& rope) {
     // Stored rotated by -(n_ctx_then - 1 - j); wanted -(n_ctx - 1 - j).
     gl::ops::rope_angles(static_cast<double>(n_ctx_then - cfg_.n_ctx), half, rope.inv_freq, cs.data(), sn.data());
     float* dst = sink_k(layer);
-    for (int j = 0; j < cfg_.keep; j++) rope_stored(dst + static_cast<size_t>(j) * kv_dim(), rope, cs.data(), sn.data());
+    for (int j = 0; j < cfg_.keep; j++)
+        rope_stored(dst + static_cast<size_t>(j) * kv_dim(), rope, cs.data(), sn.data());
 }
 
 void KvCache::rope_stored(float* k, const Rope& rope, const float* cs, const float* sn) const {

@@ -49,9 +49,9 @@ struct KvCacheConfig {
     // no longer has to hold a head's outlier channels at their full size.
     int k_rotate = 0;
 
-    static KvCacheConfig for_model(const Hparams& hp, int n_ctx, int keep, gl::Type type_k, gl::Type type_v,
-                                   int k_rotate = 0) {
-        return {hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx,          keep,
+    static KvCacheConfig for_model(const Hparams& hp, int n_ctx, int keep, gl::Type type_k,
+                                   gl::Type type_v, int k_rotate = 0) {
+        return {hp.n_layer, hp.n_head_kv, hp.head_dim,   n_ctx,         keep,
                 type_k,     type_v,       hp.swa_window, hp.swa_layers, k_rotate};
     }
     bool is_swa(int layer) const { return !swa_layers.empty() && swa_layers[layer] != 0; }

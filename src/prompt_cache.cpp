@@ -26,7 +26,7 @@ struct Header {
     uint32_t keep;
     uint32_t n_ctx; // the context the sink copies were rotated for
     uint32_t swa_slots; // slots of a sliding-window layer's ring, 0 = none
-    uint32_t k_rotate; // KvCacheConfig::k_rotate (0: keys not rotated; before it, always 0)
+    uint32_t k_rotate;  // KvCacheConfig::k_rotate (0: keys not rotated; before it, always 0)
     uint64_t digest;
     uint64_t n_tokens;
 };

@@ -15,7 +15,9 @@ void hadamard_rows_reference(float* x, int64_t rows, int64_t n, int block) {
         for (int i = 0; i < block; i++) {
             double s = 0;
             for (int j = 0; j < block; j++)
-                s += ((std::popcount(static_cast<unsigned>(i & j)) & 1) != hadamard_sign(j) ? -1.0 : 1.0) * in[j];
+                s += ((std::popcount(static_cast<unsigned>(i & j)) & 1) != hadamard_sign(j) ? -1.0
+                                                                                            : 1.0) *
+                     in[j];
             v[i] = static_cast<float>(s * scale);
         }
     }

@@ -269,18 +269,17 @@ int run_chat(int argc, char** argv) {
     auto lm = LoadedModel::load(o.common.model, !offloads_every_layer(o.common));
     ChatTemplate tmpl = ChatTemplate::for_model(lm->file, lm->tokenizer, o.chat_template);
     const int threads = resolve_threads(o.common.threads);
-    const ContextPlan plan = plan_and_tell(
-        *lm,
-        {.use = ContextRequest::Use::chat,
-         .ctx = o.ctx,
-         .type_k = types.type_k,
-         .type_v = types.type_v,
-         .batch = o.batch,
-         .threads = threads,
-         .k_rotate = types.k_rotate,
-         .auto_k = types.auto_k,
-         .auto_v = types.auto_v},
-        o.common.verbose);
+    const ContextPlan plan = plan_and_tell(*lm,
+                                           {.use = ContextRequest::Use::chat,
+                                            .ctx = o.ctx,
+                                            .type_k = types.type_k,
+                                            .type_v = types.type_v,
+                                            .batch = o.batch,
+                                            .threads = threads,
+                                            .k_rotate = types.k_rotate,
+                                            .auto_k = types.auto_k,
+                                            .auto_v = types.auto_v},
+                                           o.common.verbose);
     const int n_ctx = plan.cache.n_ctx;
     const Backends backends = make_backends(o.common, threads, lm->model.hp);
     ChatConfig cfg;
@@ -300,8 +299,8 @@ int run_chat(int argc, char** argv) {
                    n_ctx, threads,
                    o.common.verbose ? fmt::format(", seed {}", o.sampling.seed) : std::string(),
                    tty ? "; /help for commands" : "");
-    ChatSession session(*lm, std::move(tmpl), n_ctx, plan.cache.type_k, plan.cache.type_v, backends.placement(),
-                        cfg);
+    ChatSession session(*lm, std::move(tmpl), n_ctx, plan.cache.type_k, plan.cache.type_v,
+                        backends.placement(), cfg);
     if (!o.system.empty()) session.set_system(o.system);
 
     ChatHooks hooks;

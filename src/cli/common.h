@@ -31,7 +31,7 @@ struct CommonOptions {
     std::string n_gpu_layers; // -ngl N | all; "" = all with --device cuda, none on the CPU
     int kv_gpu_window = 0;    // --kv-gpu-window W; 0 = each offloaded layer's whole ring on the GPU
     bool deterministic = false; // --deterministic: batch- and thread-invariant CPU arithmetic
-    bool k_rotate = false;      // --k-rotate: keys stored in Hadamard blocks (ContextRequest::k_rotate)
+    bool k_rotate = false; // --k-rotate: keys stored in Hadamard blocks (ContextRequest::k_rotate)
 };
 
 void add_model_option(CLI::App& app, CommonOptions& o);

@@ -55,7 +55,9 @@ struct RunOptions {
 // failed write stops the generation (stdout_failed) and main reports it.
 void emit(const std::string& s) { write_stdout(s); }
 
-std::string cache_types(const KvCacheConfig& c) { return cache_types_text(c.type_k, c.type_v, c.k_rotate); }
+std::string cache_types(const KvCacheConfig& c) {
+    return cache_types_text(c.type_k, c.type_v, c.k_rotate);
+}
 
 // What a run did, for the stats line or the --json object.
 struct RunFigures {

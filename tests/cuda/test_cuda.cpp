@@ -448,7 +448,8 @@ TEST_CASE("cuda matmul: every supported type, odd sizes, decode and prompt batch
     }
 }
 
-TEST_CASE("cuda ops: rmsnorm, rope, hadamard_rows, silu_mul, add, convert_rows against the CPU backend") {
+TEST_CASE(
+    "cuda ops: rmsnorm, rope, hadamard_rows, silu_mul, add, convert_rows against the CPU backend") {
     if (!gpu_or_skip()) return;
     auto be = gl::make_cuda_backend(0);
     auto cpu = gl::make_cpu_backend(1);

@@ -67,7 +67,8 @@ LoadedModel& model_cached(const std::string& path) {
 }
 
 void check_golden(const fs::path& file, gl::Type tk = gl::Type::F16, gl::Type tv = gl::Type::F16,
-                  double tol_override = 0, const std::string& model_file = "", bool rotate = false) {
+                  double tol_override = 0, const std::string& model_file = "",
+                  bool rotate = false) {
     std::ifstream in(file);
     const nlohmann::json g = nlohmann::json::parse(in);
     const std::string model = g["model"];
@@ -227,7 +228,8 @@ TEST_CASE("golden: rotated keys on the synthetic models, stories260K and qwen3")
     }
     for (const auto& f : goldens("golden-families"))
         if (f.filename().string().rfind("tiny-qwen3-", 0) == 0)
-            check_golden(f, gl::Type::F16, gl::Type::F16, 0, "", true); // per-head norms, heads of 64
+            check_golden(f, gl::Type::F16, gl::Type::F16, 0, "",
+                         true); // per-head norms, heads of 64
 }
 
 // Rotation leaves q·k as it is. In an f32 cache rotated keys give the
@@ -245,7 +247,8 @@ TEST_CASE("golden: rotated keys give the unrotated logits, to the cache type's r
         const int n = static_cast<int>(seq.size());
         auto be = gl::make_cpu_backend(2);
         auto logits = [&](gl::Type t, bool rotated) {
-            KvCache kv(KvCacheConfig::for_model(hp, n, 4, t, t, rotated ? gl::hadamard_block(hp.head_dim) : 0));
+            KvCache kv(KvCacheConfig::for_model(hp, n, 4, t, t,
+                                                rotated ? gl::hadamard_block(hp.head_dim) : 0));
             Forward fwd(lm.model, kv, *be, 16); // batches of 16: later ones read the cache
             std::vector<float> out;
             for (int i = 0; i < n; i += 16) {
@@ -257,15 +260,16 @@ TEST_CASE("golden: rotated keys give the unrotated logits, to the cache type's r
         };
         auto worst = [](const std::vector<float>& a, const std::vector<float>& b) {
             double w = 0;
-            for (size_t i = 0; i < a.size(); i++) w = std::max(w, std::abs(static_cast<double>(a[i]) - b[i]));
+            for (size_t i = 0; i < a.size(); i++)
+                w = std::max(w, std::abs(static_cast<double>(a[i]) - b[i]));
             return w;
         };
         const std::vector<float> exact = logits(gl::Type::F32, false);
         const double f32_rot = worst(logits(gl::Type::F32, true), exact);
         const double f16 = worst(logits(gl::Type::F16, false), exact);
         const double f16_rot = worst(logits(gl::Type::F16, true), exact);
-        MESSAGE(std::string(name), ": max |diff| from the f32 cache's logits: f32 rotated ", f32_rot,
-                ", f16 ", f16, ", f16 rotated ", f16_rot, " over ", n, " rows");
+        MESSAGE(std::string(name), ": max |diff| from the f32 cache's logits: f32 rotated ",
+                f32_rot, ", f16 ", f16, ", f16 rotated ", f16_rot, " over ", n, " rows");
         CHECK(f32_rot < 1e-4);
         CHECK(f16_rot < 1.5 * f16 + 1e-3);
     }

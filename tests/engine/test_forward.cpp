@@ -19,8 +19,8 @@ using kvtest::Shape;
 
 namespace {
 
-void compare_with_reference(const Shape& s, double tol, int keep = 4,
-                            int64_t longrope_orig_ctx = 0, int k_rotate = 0) {
+void compare_with_reference(const Shape& s, double tol, int keep = 4, int64_t longrope_orig_ctx = 0,
+                            int k_rotate = 0) {
     const std::vector<uint8_t> bytes = random_model(s, 1234, longrope_orig_ctx);
     GgufFile f = GgufFile::parse(bytes.data(), bytes.size(), "random");
     Model m = Model::load(f);
@@ -44,9 +44,10 @@ void compare_with_reference(const Shape& s, double tol, int keep = 4,
         }
         i += n;
     }
-    const std::string what = std::string(s.arch) + " heads " + std::to_string(s.n_head) + "/" +
-                             std::to_string(s.n_head_kv) + " " + gl::type_name(s.wtype) +
-                             (k_rotate ? " keys rotated in blocks of " + std::to_string(k_rotate) : "");
+    const std::string what =
+        std::string(s.arch) + " heads " + std::to_string(s.n_head) + "/" +
+        std::to_string(s.n_head_kv) + " " + gl::type_name(s.wtype) +
+        (k_rotate ? " keys rotated in blocks of " + std::to_string(k_rotate) : "");
     MESSAGE(what, ": max |diff| ", worst);
     CHECK(worst < tol);
 }
@@ -90,10 +91,11 @@ TEST_CASE("forward: random models of other head layouts match the reference") {
 // head or several, and blocks smaller than a head.
 TEST_CASE("forward: rotated keys match the reference through sliding rings and sinks") {
     compare_with_reference({"llama", 64, 4, 1, 96, 2, gl::Type::F32}, 1e-5, 4, 0, 16);
-    compare_with_reference({"llama", 96, 6, 2, 64, 2, gl::Type::F32}, 1e-5, 4, 0, 16); // heads of 16
+    compare_with_reference({"llama", 96, 6, 2, 64, 2, gl::Type::F32}, 1e-5, 4, 0,
+                           16); // heads of 16
     compare_with_reference({"qwen2", 64, 4, 2, 96, 2, gl::Type::F32}, 1e-5, 4, 0, 8);
     compare_with_reference({"phi3", 64, 4, 2, 96, 2, gl::Type::F32}, 1e-5, 4, 32, 16);
-    compare_with_reference({"llama", 64, 4, 2, 96, 2, gl::Type::F32}, 1e-5, 0, 0, 16); // no sinks
+    compare_with_reference({"llama", 64, 4, 2, 96, 2, gl::Type::F32}, 1e-5, 0, 0, 16);  // no sinks
     compare_with_reference({"gemma3", 64, 4, 2, 96, 6, gl::Type::F32}, 1e-5, 4, 0, 16); // two rings
 }
 

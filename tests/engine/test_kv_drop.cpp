@@ -151,7 +151,8 @@ TEST_CASE("kv drop: rotated keys: one-layer models after a drop equal a re-evalu
             MESSAGE(what, ": max |diff| / max |logit| ", rel);
             CHECK(rel < t.tol);
             // And the rotation changed what is stored (it is not a no-op here).
-            if (t.type == gl::Type::F32) CHECK(a.k0[0] != run(m, t.type, 64, all, 6, 21, next).k0[0]);
+            if (t.type == gl::Type::F32)
+                CHECK(a.k0[0] != run(m, t.type, 64, all, 6, 21, next).k0[0]);
         }
     }
 }

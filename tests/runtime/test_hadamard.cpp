@@ -20,12 +20,14 @@ std::vector<float> random_row(size_t n, unsigned seed) {
 
 double worst_diff(const std::vector<float>& a, const std::vector<float>& b) {
     double w = 0;
-    for (size_t i = 0; i < a.size(); i++) w = std::max(w, std::abs(static_cast<double>(a[i]) - b[i]));
+    for (size_t i = 0; i < a.size(); i++)
+        w = std::max(w, std::abs(static_cast<double>(a[i]) - b[i]));
     return w;
 }
 } // namespace
 
-TEST_CASE("hadamard: the butterflies equal the explicit matrix, odd row counts and every block size") {
+TEST_CASE(
+    "hadamard: the butterflies equal the explicit matrix, odd row counts and every block size") {
     for (int block = 1; block <= gl::kHadamardMaxBlock; block *= 2)
         for (int64_t rows : {1, 3, 7})
             for (int64_t per_row : {1, 3}) {
@@ -52,7 +54,8 @@ TEST_CASE("hadamard: the butterflies equal the explicit matrix, odd row counts a
             }
 }
 
-TEST_CASE("hadamard: a dot product of rotated rows equals the plain one; a shared offset is spread") {
+TEST_CASE(
+    "hadamard: a dot product of rotated rows equals the plain one; a shared offset is spread") {
     const int block = 32, n = 64;
     const std::vector<float> q = random_row(n, 1), k = random_row(n, 2);
     std::vector<float> qr = q, kr = k;
