@@ -43,6 +43,10 @@ class Backend {
     // Rotate `rows` rows of n_heads heads; row r uses cos/sin + r * rope_dims/2.
     virtual void rope(float* x, int64_t rows, int n_heads, int head_dim, int rope_dims, const float* cos,
                       const float* sin, bool neox) = 0;
+    // `rows` rows of n floats: each run of `block` elements (a power of two
+    // dividing n) rotated by the orthonormal Hadamard transform, in place
+    // (gl::hadamard_rows; rotated keys, KvCacheConfig::k_rotate).
+    virtual void hadamard_rows(float* x, int64_t rows, int64_t n, int block) = 0;
     virtual void silu_mul(float* gate, const float* up, int64_t n) = 0;
     // gate[i] = gelu(gate[i]) * up[i], GELU by its tanh approximation
     // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (Gemma's gated FFN).

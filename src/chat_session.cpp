@@ -57,8 +57,8 @@ ChatSession::ChatSession(const LoadedModel& lm, ChatTemplate tmpl, int n_ctx, gl
     : lm_(lm), tmpl_(std::move(tmpl)),
       // keep = 0: the session never wraps the ring (see the header), so the
       // pinned system prompt needs no sink copies.
-      s_(lm, KvCacheConfig::for_model(lm.model.hp, n_ctx, 0, type_k, type_v), std::move(placement),
-         std::min(cfg.batch, n_ctx)),
+      s_(lm, KvCacheConfig::for_model(lm.model.hp, n_ctx, 0, type_k, type_v, cfg.k_rotate),
+         std::move(placement), std::min(cfg.batch, n_ctx)),
       sampler_(cfg.sampling, lm.model.hp.n_vocab), cfg_(std::move(cfg)),
       end_(reply_end(tmpl_, lm.tokenizer)) {}
 

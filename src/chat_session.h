@@ -63,6 +63,7 @@ struct ChatConfig {
     // Speculative decoding (speculative.h): drafts verified in batches; the
     // answers stay those of plain decoding. Not owned.
     Speculator* speculate = nullptr;
+    int k_rotate = 0; // KvCacheConfig::k_rotate
 };
 
 struct TurnStats {

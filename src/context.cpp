@@ -5,6 +5,7 @@
 
 #include "error.h"
 #include "format.h"
+#include "ggml-like/hadamard.h"
 #include "memory_plan.h"
 
 namespace kvrun {
@@ -22,7 +23,46 @@ int parse_ctx(const std::string& s, long min, const char* what) {
     return static_cast<int>(v);
 }
 
+// The rotation block --k-rotate asks for on this model's heads.
+int rotation_for(const Hparams& hp) {
+    const int b = gl::hadamard_block(hp.head_dim);
+    if (b < 2)
+        fail(Exit::usage, "--k-rotate: the head size ({}) has no power-of-two block to rotate",
+             hp.head_dim);
+    return b;
+}
+
 } // namespace
+
+std::vector<CacheTypes> cache_type_ladder(const Hparams& hp, const ContextRequest& req) {
+    const int rot = req.k_rotate ? rotation_for(hp) : 0;
+    if (!req.auto_k && !req.auto_v) return {{req.type_k, req.type_v, rot}};
+    using T = gl::Type;
+    const int rot4 = gl::hadamard_block(hp.head_dim) > 1 ? gl::hadamard_block(hp.head_dim) : 0;
+    const CacheTypes steps[] = {{T::F16, T::F16, 0},
+                                {T::Q8_0, T::Q8_0, 0},
+                                {T::Q8_0, T::Q4_0, 0},
+                                {T::Q4_0, T::Q4_0, rot4}};
+    std::vector<CacheTypes> out;
+    for (const CacheTypes& s : steps) {
+        const CacheTypes c{req.auto_k ? s.k : req.type_k, req.auto_v ? s.v : req.type_v,
+                           req.auto_k ? s.k_rotate : rot};
+        if (!gl::row_size_ok(c.k, hp.kv_dim()) || !gl::row_size_ok(c.v, hp.kv_dim())) continue;
+        if (std::none_of(out.begin(), out.end(), [&](const CacheTypes& o) {
+                return o.k == c.k && o.v == c.v && o.k_rotate == c.k_rotate;
+            }))
+            out.push_back(c);
+    }
+    return out;
+}
+
+std::string cache_types_text(gl::Type k, gl::Type v, int k_rotate) {
+    // Rotated keys always name both types: "q4_0, keys rotated" would read as if V were rotated
+    // too.
+    if (k_rotate > 0) return fmt::format("{}/{}, keys rotated", gl::type_name(k), gl::type_name(v));
+    return k == v ? std::string(gl::type_name(k))
+                  : fmt::format("{}/{}", gl::type_name(k), gl::type_name(v));
+}
 
 int auto_context(int64_t n_prompt, int64_t n_predict, int64_t n_ctx_train) {
     if (n_prompt > n_ctx_train && n_ctx_train > 0)
@@ -41,11 +81,39 @@ void check_prompt_fits(int64_t n_prompt, int64_t n_ctx) {
              n_ctx, n_prompt);
 }
 
+namespace {
+// The memory plan for n_ctx tokens with the first cache types of the ladder
+// that fit (the last one if none does); `types` is set to them. A choice
+// other than the first is told in one line.
+MemoryPlan plan_with_types(const LoadedModel& lm, const ContextRequest& req, int64_t n_ctx,
+                           CacheTypes& types, std::vector<ContextPlan::Note>& notes) {
+    const std::vector<CacheTypes> ladder = cache_type_ladder(lm.model.hp, req);
+    const auto plan_for = [&](const CacheTypes& t) {
+        return plan_memory(lm.file, lm.model.hp, n_ctx, t.k, t.v, req.batch, req.threads);
+    };
+    const MemoryPlan first = plan_for(ladder.front());
+    MemoryPlan plan = first;
+    size_t i = 0;
+    while (!plan.fits() && i + 1 < ladder.size()) plan = plan_for(ladder[++i]);
+    types = ladder[i];
+    if (i > 0)
+        notes.push_back(
+            {fmt::format("{}: a {}-token {} cache needs {}, {} is free: using {} ({}{})",
+                         req.auto_k ? "--ctk auto" : "--ctv auto", n_ctx,
+                         cache_types_text(ladder[0].k, ladder[0].v, ladder[0].k_rotate),
+                         human_bytes(first.kv), human_bytes(first.kv_free),
+                         cache_types_text(types.k, types.v, types.k_rotate), human_bytes(plan.kv),
+                         plan.fits() ? "" : ", the smallest, and it does not fit either")});
+    return plan;
+}
+} // namespace
+
 ContextPlan plan_context(const LoadedModel& lm, const ContextRequest& req) {
     const Hparams& hp = lm.model.hp;
     ContextPlan p;
     p.automatic = req.ctx == "auto";
     int n_ctx = 0, keep = 0;
+    CacheTypes types = cache_type_ladder(hp, req).front();
     switch (req.use) {
     case Use::generate: {
         if (p.automatic) {
@@ -55,7 +123,7 @@ ContextPlan plan_context(const LoadedModel& lm, const ContextRequest& req) {
             if (hp.sliding_window == 0 || n_ctx < hp.sliding_window) check_prompt_fits(req.n_prompt, n_ctx);
         }
         // Never plan a cache that cannot fit: shrink -c auto, refuse a fixed -c.
-        const MemoryPlan plan = plan_memory(lm.file, hp, n_ctx, req.type_k, req.type_v, req.batch, req.threads);
+        const MemoryPlan plan = plan_with_types(lm, req, n_ctx, types, p.notes);
         if (!plan.fits()) {
             const int64_t fit = plan.max_ctx_that_fits;
             if (!p.automatic || fit <= req.n_prompt)
@@ -82,7 +150,7 @@ ContextPlan plan_context(const LoadedModel& lm, const ContextRequest& req) {
                             : parse_ctx(req.ctx, 16, "of tokens ");
         // The session never slides, so it must not attend past a declared window.
         if (hp.sliding_window > 0 && n_ctx > hp.sliding_window) n_ctx = static_cast<int>(hp.sliding_window);
-        const MemoryPlan plan = plan_memory(lm.file, hp, n_ctx, req.type_k, req.type_v, req.batch, req.threads);
+        const MemoryPlan plan = plan_with_types(lm, req, n_ctx, types, p.notes);
         if (!plan.fits()) {
             if (!p.automatic || plan.max_ctx_that_fits < 256)
                 fail(Exit::out_of_memory, "{}", memory_advice(plan, hp, 0));
@@ -115,7 +183,7 @@ ContextPlan plan_context(const LoadedModel& lm, const ContextRequest& req) {
         keep = 4;
         break;
     }
-    p.cache = KvCacheConfig::for_model(hp, n_ctx, keep, req.type_k, req.type_v);
+    p.cache = KvCacheConfig::for_model(hp, n_ctx, keep, types.k, types.v, types.k_rotate);
     p.batch = std::min(req.batch, n_ctx);
     return p;
 }

@@ -33,6 +33,11 @@ struct ContextRequest {
     int keep = 4;             // --keep (generate)
     gl::Type type_k = gl::Type::F16, type_v = gl::Type::F16;
     int batch = 512, threads = 1;
+    bool k_rotate = false; // --k-rotate: keys in Hadamard blocks (KvCacheConfig::k_rotate)
+    // --ctk auto / --ctv auto (generate and chat): that side's type is the
+    // first of f16, q8_0, q4_0 (keys rotated) whose cache holds the context
+    // in memory (cache_type_ladder); type_k / type_v are ignored for it.
+    bool auto_k = false, auto_v = false;
 };
 
 struct ContextPlan {
@@ -56,6 +61,18 @@ ContextPlan plan_context(const LoadedModel& lm, const ContextRequest& req);
 // to a multiple of 256, capped at the model's trained context. Throws
 // Error(context_overflow) when the prompt alone does not fit the model.
 int auto_context(int64_t n_prompt, int64_t n_predict, int64_t n_ctx_train);
+
+// The cache types --ctk auto / --ctv auto try, smallest last: f16/f16,
+// q8_0/q8_0, q8_0 K with q4_0 V, then q4_0/q4_0 with rotated keys (the
+// steps on a side that is not auto keep that side's type). Types whose blocks
+// do not divide the model's rows are left out.
+struct CacheTypes {
+    gl::Type k, v;
+    int k_rotate; // KvCacheConfig::k_rotate
+};
+std::vector<CacheTypes> cache_type_ladder(const Hparams& hp, const ContextRequest& req);
+// "q8_0/q4_0", "f16", "q4_0/q4_0, keys rotated": for messages and stats lines.
+std::string cache_types_text(gl::Type k, gl::Type v, int k_rotate);
 
 // A fixed -c must hold the prompt: throws Error(context_overflow) with the numbers.
 void check_prompt_fits(int64_t n_prompt, int64_t n_ctx);

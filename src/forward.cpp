@@ -292,6 +292,14 @@ void Forward::attention_block(int l, int n, int64_t pos0, Pass pass) {
     const float* sn = own_base ? sin_swa_.data() : sin_.data();
     be.rope(q_.data(), n, hp.n_head, hp.head_dim, hp.rope_dims, cs, sn, hp.rope_neox);
     be.rope(k_.data(), n, hp.n_head_kv, hp.head_dim, hp.rope_dims, cs, sn, hp.rope_neox);
+    // Rotated keys: keys (after RoPE, before their cache type) and queries
+    // through the same orthonormal Hadamard blocks, so every q·k is as it
+    // was (the sinks' copies are rotated in store_sinks; V is untouched).
+    if (const int rot = kv_.config().k_rotate; rot > 0) {
+        be.hadamard_rows(q_.data(), n, qd, rot);
+        be.hadamard_rows(k_.data(), n, kvd, rot);
+        if (any_slid) be.hadamard_rows(q_unrot_.data(), n, qd, rot);
+    }
     be.convert_rows(kv_.config().type_k, k_.data(), kvd, n, kc_.data());
     be.convert_rows(kv_.config().type_v, v_.data(), kvd, n, vc_.data());
     other.reset();

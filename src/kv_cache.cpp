@@ -6,6 +6,7 @@
 
 #include "error.h"
 #include "ggml-like/cpu/ops.h"
+#include "ggml-like/hadamard.h"
 #include "ggml-like/kernels.h"
 
 namespace kvrun {
@@ -63,6 +64,9 @@ KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg) {
             fail(Exit::usage, "KV cache type {} needs rows that are a multiple of {} elements; this model's are {}",
                  gl::type_name(t), gl::type_info(t).block_size, kv_dim());
     }
+    const int rot = cfg.k_rotate;
+    KV_ASSERT(rot == 0 ||
+              (rot <= gl::kHadamardMaxBlock && (rot & (rot - 1)) == 0 && cfg.head_dim % rot == 0));
     row_k_ = gl::row_size(cfg.type_k, kv_dim());
     row_v_ = gl::row_size(cfg.type_v, kv_dim());
     // One block for every layer's K and V slots, each 64-byte aligned (SIMD
@@ -296,8 +300,7 @@ bool KvCache::drop(int64_t from, int64_t to, const Model& m) {
             uint8_t* kr = ks.data() + i * row_k_;
             get_row(l, r.slot_of(lo + i + d), kr, vs.data() + i * row_v_);
             gl::cpu::dequantize_row(cfg_.type_k, kr, f.data(), kvd);
-            gl::ops::rope(f.data(), cfg_.n_head_kv, cfg_.head_dim, rope.dims, cs.data(), sn.data(),
-                          rope.neox);
+            rope_stored(f.data(), rope, cs.data(), sn.data());
             gl::cpu::quantize_row(cfg_.type_k, f.data(), kr, kvd);
         }
         for (int64_t i = 0; i < count; i++)
@@ -331,6 +334,7 @@ void KvCache::store_sinks(int layer, int64_t pos0, int n, const float* k_unrot, 
             }
         }
         gl::ops::rope(dst, cfg_.n_head_kv, cfg_.head_dim, rope.dims, cs.data(), sn.data(), rope.neox);
+        if (cfg_.k_rotate > 0) gl::hadamard_rows(dst, 1, kvd, cfg_.k_rotate);
     }
 }
 
@@ -341,8 +345,14 @@ void KvCache::reseat_sinks(int layer, int64_t n_ctx_then, const Rope& rope) {
     gl::ops::rope_angles(static_cast<double>(n_ctx_then - cfg_.n_ctx), half, rope.inv_freq, cs.data(), sn.data());
     float* dst = sink_k(layer);
     for (int j = 0; j < cfg_.keep; j++)
-        gl::ops::rope(dst + static_cast<size_t>(j) * kv_dim(), cfg_.n_head_kv, cfg_.head_dim, rope.dims, cs.data(),
-                      sn.data(), rope.neox);
+        rope_stored(dst + static_cast<size_t>(j) * kv_dim(), rope, cs.data(), sn.data());
+}
+
+void KvCache::rope_stored(float* k, const Rope& rope, const float* cs, const float* sn) const {
+    // Out of the Hadamard basis, RoPE, back in.
+    if (cfg_.k_rotate > 0) gl::hadamard_rows_inverse(k, 1, kv_dim(), cfg_.k_rotate);
+    gl::ops::rope(k, cfg_.n_head_kv, cfg_.head_dim, rope.dims, cs, sn, rope.neox);
+    if (cfg_.k_rotate > 0) gl::hadamard_rows(k, 1, kv_dim(), cfg_.k_rotate);
 }
 
 } // namespace kvrun

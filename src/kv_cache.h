@@ -41,9 +41,18 @@ struct KvCacheConfig {
     // for none, and the window they see.
     int swa_window = 0;
     std::vector<uint8_t> swa_layers = {};
+    // Rotated keys (--k-rotate): 0 for none, else the block of the orthonormal
+    // Hadamard transform (gl::hadamard_rows; a power of two dividing
+    // head_dim, gl::hadamard_block) applied to every key after RoPE and
+    // before it is stored, and to every query (the rotated and the unrotated
+    // one that meets the sinks) the same way. q·k is unchanged; a 4-bit block
+    // no longer has to hold a head's outlier channels at their full size.
+    int k_rotate = 0;
 
-    static KvCacheConfig for_model(const Hparams& hp, int n_ctx, int keep, gl::Type type_k, gl::Type type_v) {
-        return {hp.n_layer, hp.n_head_kv, hp.head_dim, n_ctx, keep, type_k, type_v, hp.swa_window, hp.swa_layers};
+    static KvCacheConfig for_model(const Hparams& hp, int n_ctx, int keep, gl::Type type_k,
+                                   gl::Type type_v, int k_rotate = 0) {
+        return {hp.n_layer, hp.n_head_kv, hp.head_dim,   n_ctx,         keep,
+                type_k,     type_v,       hp.swa_window, hp.swa_layers, k_rotate};
     }
     bool is_swa(int layer) const { return !swa_layers.empty() && swa_layers[layer] != 0; }
     int swa_count() const;
@@ -132,7 +141,8 @@ class KvCache {
     // -(n_ctx - 1 - j) from its unrotated form, so that dotted with an
     // unrotated query it scores as if it sat just before the oldest window
     // token (see the top of this file). Computed in double-precision angles,
-    // once per sink: nothing accumulates.
+    // once per sink: nothing accumulates. With k_rotate the copy is then
+    // Hadamard-rotated like every stored key (the query it meets is too).
     // store_sinks: from the unrotated keys of a batch at positions pos0 ..
     // pos0 + n - 1 (rows of kv_dim floats), those that are sinks.
     void store_sinks(int layer, int64_t pos0, int n, const float* k_unrot, const Rope& rope);
@@ -222,6 +232,10 @@ class KvCache {
     void put_row_with(int layer, int slot, const uint8_t* k_row, const uint8_t* v_row, Copy&& copy);
     // One slot's K and V out as rows (either layout).
     void get_row(int layer, int slot, uint8_t* k_row, uint8_t* v_row) const;
+    // RoPE by (cs, sn) of one stored key row of kv_dim floats (a window key
+    // being moved by drop, a sink copy being reseated), through the Hadamard
+    // basis when keys are rotated.
+    void rope_stored(float* k, const Rope& rope, const float* cs, const float* sn) const;
     // The position a ring's slots should hold after a drop of d positions at
     // `from`: p itself before the span, p + d after it.
     static int64_t held_before_drop(int64_t p, int64_t from, int64_t d) {

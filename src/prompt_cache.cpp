@@ -26,7 +26,7 @@ struct Header {
     uint32_t keep;
     uint32_t n_ctx; // the context the sink copies were rotated for
     uint32_t swa_slots; // slots of a sliding-window layer's ring, 0 = none
-    uint32_t reserved;
+    uint32_t k_rotate;  // KvCacheConfig::k_rotate (0: keys not rotated; before it, always 0)
     uint64_t digest;
     uint64_t n_tokens;
 };
@@ -84,6 +84,7 @@ void save_prompt_cache(const std::string& path, uint64_t digest, const KvCache& 
     h.keep = c.keep;
     h.n_ctx = c.n_ctx;
     h.swa_slots = c.swa_count() > 0 ? std::min(c.swa_window, c.n_ctx) : 0;
+    h.k_rotate = static_cast<uint32_t>(c.k_rotate);
     h.digest = digest;
     h.n_tokens = n;
     std::string out;
@@ -134,6 +135,11 @@ PromptCacheLoad load_prompt_cache(const std::string& path, uint64_t digest, KvCa
     if (h.digest != digest) return r.why = "made with a different model", r;
     if (h.type_k != static_cast<uint32_t>(c.type_k) || h.type_v != static_cast<uint32_t>(c.type_v))
         return r.why = "made with other cache types", r;
+    if (h.k_rotate != static_cast<uint32_t>(c.k_rotate))
+        return r.why = h.k_rotate == 0   ? "its keys are not rotated (this run has --k-rotate)"
+                       : c.k_rotate == 0 ? "its keys are rotated (--k-rotate)"
+                                         : "its keys are rotated in other blocks",
+               r;
     if (h.n_layer != static_cast<uint32_t>(c.n_layer) || h.n_head_kv != static_cast<uint32_t>(c.n_head_kv) ||
         h.head_dim != static_cast<uint32_t>(c.head_dim))
         return r.why = "cache dimensions differ", r;

@@ -4,6 +4,7 @@
 
 #include "ggml-like/backend.h"
 #include "ggml-like/cpu/ops.h"
+#include "ggml-like/hadamard.h"
 #include "ggml-like/kernels.h"
 #include "ggml-like/cpu/thread_pool.h"
 
@@ -47,6 +48,10 @@ class CpuBackend final : public Backend {
         for (int64_t r = 0; r < rows; r++)
             ops::rope(x + r * stride, n_heads, head_dim, rope_dims, cos + r * half, sin + r * half,
                       neox);
+    }
+
+    void hadamard_rows(float* x, int64_t rows, int64_t n, int block) override {
+        gl::hadamard_rows(x, rows, n, block);
     }
 
     void silu_mul(float* gate, const float* up, int64_t n) override {

@@ -147,6 +147,17 @@ void CudaBackend::rope(float* x, int64_t rows, int n_heads, int head_dim, int ro
     });
 }
 
+void CudaBackend::hadamard_rows(float* x, int64_t rows, int64_t n, int block) {
+    if (rows <= 0 || n <= 0 || block <= 1) return;
+    op([&] {
+        const size_t xb = sizeof(float) * static_cast<size_t>(rows * n);
+        const Out r = inout(x, xb, kX);
+        cuda::hadamard_rows(static_cast<float*>(r.dev), rows * n / block, block, s_);
+        GL_CUDA(cudaGetLastError());
+        finish({r});
+    });
+}
+
 void CudaBackend::convert_rows(Type t, const float* x, int64_t n, int64_t rows, void* dst) {
     if (!cuda::convert_supported(t))
         throw std::runtime_error(std::string("CUDA backend: cannot convert rows to ") +

@@ -61,6 +61,7 @@ class CudaBackend final : public Backend {
                  float* o) override;
     void rope(float* x, int64_t rows, int n_heads, int head_dim, int rope_dims, const float* cos,
               const float* sin, bool neox) override;
+    void hadamard_rows(float* x, int64_t rows, int64_t n, int block) override;
     void silu_mul(float* gate, const float* up, int64_t n) override { binary(gate, up, n, Binary::silu_mul); }
     void gelu_mul(float* gate, const float* up, int64_t n) override { binary(gate, up, n, Binary::gelu_mul); }
     void add(float* y, const float* x, int64_t n) override { binary(y, x, n, Binary::add); }

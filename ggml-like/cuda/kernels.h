@@ -28,6 +28,10 @@ void rmsnorm(const float* x, const float* w, int64_t n, int64_t rows, float eps,
              cudaStream_t s);
 void rope(float* x, int64_t rows, int n_heads, int head_dim, int rope_dims, const float* cos,
           const float* sin, bool neox, cudaStream_t s);
+// n_blocks runs of `block` floats (a power of two, at most
+// kHadamardMaxBlock), each rotated by the orthonormal Hadamard transform in
+// place (gl::hadamard_rows).
+void hadamard_rows(float* x, int64_t n_blocks, int block, cudaStream_t s);
 void silu_mul(float* gate, const float* up, int64_t n, cudaStream_t s);
 void gelu_mul(float* gate, const float* up, int64_t n, cudaStream_t s);
 void add(float* y, const float* x, int64_t n, cudaStream_t s);

@@ -55,6 +55,28 @@ __global__ void rope_kernel(float* x, int64_t rows, int n_heads, int head_dim, i
     v[b] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
 }
 
+// One thread block per Hadamard block, one thread per butterfly pair: the
+// block's elements in shared memory, scaled and sign-flipped, then log2(b)
+// passes with a barrier between them: the same operations in the same order
+// as gl::hadamard_rows.
+__global__ void hadamard_kernel(float* x, int block, float scale) {
+    extern __shared__ float v[];
+    float* g = x + static_cast<int64_t>(blockIdx.x) * block;
+    // D / sqrt(b) first, as one factor (gl::hadamard_sign, repeated here).
+    for (int i = threadIdx.x; i < block; i += blockDim.x)
+        v[i] = __fmul_rn(g[i], __popc(i & (i >> 1) & 0x55) & 1 ? -scale : scale);
+    __syncthreads();
+    for (int h = 1; h < block; h *= 2) {
+        const int p = threadIdx.x;             // pair p of block / 2
+        const int j = (p / h) * 2 * h + p % h; // its first element
+        const float a = v[j], c = v[j + h];
+        v[j] = __fadd_rn(a, c);
+        v[j + h] = __fsub_rn(a, c);
+        __syncthreads();
+    }
+    for (int i = threadIdx.x; i < block; i += blockDim.x) g[i] = v[i];
+}
+
 __global__ void silu_mul_kernel(float* gate, const float* __restrict__ up, int64_t n) {
     const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= n) return;
@@ -134,6 +156,13 @@ void rope(float* x, int64_t rows, int n_heads, int head_dim, int rope_dims, cons
     if (total <= 0) return;
     rope_kernel<<<blocks_for(total), kThreads, 0, s>>>(x, rows, n_heads, head_dim, half, cos, sin,
                                                        neox);
+}
+
+void hadamard_rows(float* x, int64_t n_blocks, int block, cudaStream_t s) {
+    if (n_blocks <= 0 || block <= 1) return;
+    const float scale = static_cast<float>(1.0 / sqrt(static_cast<double>(block)));
+    hadamard_kernel<<<static_cast<unsigned>(n_blocks), block / 2, sizeof(float) * block, s>>>(
+        x, block, scale);
 }
 
 void gelu_mul(float* gate, const float* up, int64_t n, cudaStream_t s) {

@@ -252,8 +252,8 @@ int run_chat(int argc, char** argv) {
     if (!o.system_file.empty())
         o.system = rtrim(read_regular_file(o.system_file, "system prompt file", Exit::usage));
     check_utf8(o.system, "the system prompt");
-    const gl::Type tk = parse_cache_type(o.common.cache_type_k, "--cache-type-k");
-    const gl::Type tv = parse_cache_type(o.common.cache_type_v, "--cache-type-v");
+    ContextRequest types; // the cache's fields, checked before the model loads
+    set_cache_types(o.common, types, true);
     const bool tty = ::isatty(0) == 1;
 
     // Without a terminal: one message, read before loading anything.
@@ -273,10 +273,17 @@ int run_chat(int argc, char** argv) {
     auto lm = LoadedModel::load(o.common.model, !offloads_every_layer(o.common));
     ChatTemplate tmpl = ChatTemplate::for_model(lm->file, lm->tokenizer, o.chat_template);
     const int threads = resolve_threads(o.common.threads);
-    const ContextPlan plan = plan_and_tell(
-        *lm,
-        {.use = ContextRequest::Use::chat, .ctx = o.ctx, .type_k = tk, .type_v = tv, .batch = o.batch, .threads = threads},
-        o.common.verbose);
+    const ContextPlan plan = plan_and_tell(*lm,
+                                           {.use = ContextRequest::Use::chat,
+                                            .ctx = o.ctx,
+                                            .type_k = types.type_k,
+                                            .type_v = types.type_v,
+                                            .batch = o.batch,
+                                            .threads = threads,
+                                            .k_rotate = types.k_rotate,
+                                            .auto_k = types.auto_k,
+                                            .auto_v = types.auto_v},
+                                           o.common.verbose);
     const int n_ctx = plan.cache.n_ctx;
     const Backends backends = make_backends(o.common, threads, lm->model.hp);
     ChatConfig cfg;
@@ -287,6 +294,7 @@ int run_chat(int argc, char** argv) {
     // Turns moved in place keep K/V computed with the dropped turns in view:
     // not what a fresh conversation would compute, which --deterministic promises.
     cfg.evict_in_place = !o.common.deterministic;
+    cfg.k_rotate = plan.cache.k_rotate;
     if (o.common.verbose || tty)
         fmt::print(stderr, "kvrun chat: template {} ({}), n_ctx {}, {} threads{}{}\n", tmpl.name(),
                    !o.chat_template.empty()             ? "--chat-template"
@@ -301,7 +309,8 @@ int run_chat(int argc, char** argv) {
     Speculation speculation = make_speculation(o.speculative, *lm, draft_shape, backends, threads,
                                                o.common.deterministic, o.batch, o.sampling);
     cfg.speculate = speculation.get();
-    ChatSession session(*lm, std::move(tmpl), n_ctx, tk, tv, backends.placement(), cfg);
+        ChatSession session(*lm, std::move(tmpl), n_ctx, plan.cache.type_k, plan.cache.type_v,
+                        backends.placement(), cfg);
     if (!o.system.empty()) session.set_system(o.system);
 
     ChatHooks hooks;

@@ -122,6 +122,9 @@ void add_runtime_options(CLI::App& app, CommonOptions& o) {
     app.add_option("-t,--threads", o.threads, "threads (default: physical cores)")->check(int_in(0, 1024));
     app.add_option("--cache-type-k,--ctk", o.cache_type_k, std::string("KV cache type for K: ") + kv_cache_type_names())->capture_default_str();
     app.add_option("--cache-type-v,--ctv", o.cache_type_v, std::string("KV cache type for V: ") + kv_cache_type_names())->capture_default_str();
+    app.add_flag("--k-rotate", o.k_rotate,
+                 "store keys rotated by an orthonormal Hadamard transform per head (queries too; "
+                 "scores unchanged): 4-bit keys keep their quality (--ctk q4_0 --k-rotate)");
     app.add_flag("-v,--verbose", o.verbose, "log model and cache details to stderr");
     app.add_option(
         "--device", o.device,
@@ -255,6 +258,16 @@ gl::Type parse_cache_type(const std::string& name, const char* flag) {
     if (!gl::type_from_name(name.c_str(), &t) || !kv_cache_type_ok(t))
         fail(Exit::usage, "{} {}: unsupported KV cache type (use {})", flag, name, kv_cache_type_names());
     return t;
+}
+
+void set_cache_types(const CommonOptions& o, ContextRequest& req, bool auto_ok) {
+    req.auto_k = auto_ok && o.cache_type_k == "auto";
+    req.auto_v = auto_ok && o.cache_type_v == "auto";
+    req.type_k = req.auto_k ? gl::Type::F16 : parse_cache_type(o.cache_type_k, "--cache-type-k");
+    req.type_v = req.auto_v ? gl::Type::F16 : parse_cache_type(o.cache_type_v, "--cache-type-v");
+    req.k_rotate = o.k_rotate;
+    if (req.auto_k && o.k_rotate)
+        fail(Exit::usage, "--ctk auto chooses whether keys are rotated: leave out --k-rotate");
 }
 
 std::vector<int32_t> parse_token_list(const std::string& s) {

@@ -31,6 +31,7 @@ struct CommonOptions {
     std::string n_gpu_layers; // -ngl N | all; "" = all with --device cuda, none on the CPU
     int kv_gpu_window = 0;    // --kv-gpu-window W; 0 = each offloaded layer's whole ring on the GPU
     bool deterministic = false; // --deterministic: batch- and thread-invariant CPU arithmetic
+    bool k_rotate = false; // --k-rotate: keys stored in Hadamard blocks (ContextRequest::k_rotate)
 };
 
 void add_model_option(CLI::App& app, CommonOptions& o);
@@ -71,6 +72,9 @@ int resolve_threads(int requested);
 // to ..."; the notes meant for -v only with `verbose`).
 ContextPlan plan_and_tell(const LoadedModel& lm, const ContextRequest& req, bool verbose);
 gl::Type parse_cache_type(const std::string& name, const char* flag);
+// The cache fields of a ContextRequest from --ctk, --ctv and --k-rotate;
+// "auto" accepted where `auto_ok` (run and chat: they have a memory plan).
+void set_cache_types(const CommonOptions& o, ContextRequest& req, bool auto_ok);
 
 // run and chat: --system with --system-file is an error; with -e, escapes in
 // the prompt, the system text and the stop strings are processed.

@@ -32,6 +32,7 @@ int run_info(int argc, char** argv) {
         ->capture_default_str();
     app.add_option("--cache-type-v,--ctv", c.cache_type_v, "KV cache type for V")
         ->capture_default_str();
+    app.add_flag("--k-rotate", c.k_rotate, "keys rotated in Hadamard blocks (as run's --k-rotate)");
     app.add_option("--device", c.device,
                    "plan for this device: cpu, cuda or cuda:N (default: cpu, or cuda with -ngl)");
     add_offload_options(app, c);
@@ -55,7 +56,10 @@ int run_info(int argc, char** argv) {
     std::map<std::string, int> type_counts;
     for (const auto& t : file.tensors()) type_counts[gl::type_name(t.type)]++;
     const size_t bytes_k = gl::row_size(tk, hp.kv_dim()), bytes_v = gl::row_size(tv, hp.kv_dim());
-    const KvCacheConfig kv_cfg = KvCacheConfig::for_model(hp, static_cast<int>(n_ctx), 0, tk, tv);
+    const int k_rotate =
+        c.k_rotate ? cache_type_ladder(hp, {.k_rotate = true}).front().k_rotate : 0;
+    const KvCacheConfig kv_cfg =
+        KvCacheConfig::for_model(hp, static_cast<int>(n_ctx), 0, tk, tv, k_rotate);
     const uint64_t per_token = KvCache::bytes_per_token(kv_cfg);
     const uint64_t kv_total = KvCache::ring_bytes_for(kv_cfg);
     const uint64_t kv_uniform = per_token * static_cast<uint64_t>(n_ctx); // every layer n_ctx slots
@@ -112,6 +116,7 @@ int run_info(int argc, char** argv) {
                              {{"n_ctx", n_ctx},
                               {"type_k", gl::type_name(tk)},
                               {"type_v", gl::type_name(tv)},
+                              {"k_rotate", k_rotate},
                               {"bytes_per_token", per_token},
                               {"bytes", kv_total},
                               {"uniform_bytes", kv_uniform}}},
@@ -173,8 +178,11 @@ int run_info(int argc, char** argv) {
     // Bytes per element, exact: a quantized block's scale shares the bytes
     // (q8_0: 34 bytes per 32 elements = 1.0625).
     const double el_k = static_cast<double>(bytes_k) / hp.kv_dim(), el_v = static_cast<double>(bytes_v) / hp.kv_dim();
-    fmt::print("KV per token: {} = {} layers × {} KV heads × {} dims × ({:g} + {:g} bytes)\n",
-               human_bytes(per_token), hp.n_layer, hp.n_head_kv, hp.head_dim, el_k, el_v);
+    fmt::print(
+        "KV per token: {} = {} layers × {} KV heads × {} dims × ({:g} + {:g} bytes) ({}{})\n",
+        human_bytes(per_token), hp.n_layer, hp.n_head_kv, hp.head_dim, el_k, el_v,
+        cache_types_text(tk, tv, k_rotate),
+        k_rotate > 0 ? fmt::format(" in Hadamard blocks of {}", k_rotate) : std::string());
     if (kinds.size() > 1) {
         std::string parts;
         for (const KvKind& k : kinds)

@@ -29,8 +29,9 @@ int run_logits(int argc, char** argv) {
     app.add_option("-c,--ctx-size", ctx, "context size (auto = the number of tokens)")->capture_default_str();
     if (const auto done = parse_command_line(app, argc, argv)) return *done;
     if (!*t_opt == !*p_opt) fail(Exit::usage, "give exactly one of --tokens IDS or -p TEXT");
-    const gl::Type tk = parse_cache_type(c.cache_type_k, "--cache-type-k");
-    const gl::Type tv = parse_cache_type(c.cache_type_v, "--cache-type-v");
+    ContextRequest req;
+    set_cache_types(c, req, false);
+    const gl::Type tk = req.type_k, tv = req.type_v;
 
     auto lm = LoadedModel::load(c.model, !offloads_every_layer(c));
     const Hparams& hp = lm->model.hp;
@@ -38,7 +39,6 @@ int run_logits(int argc, char** argv) {
     for (int32_t id : ids)
         if (id >= hp.n_vocab) fail(Exit::usage, "--tokens: id {} is outside the vocabulary (0..{})", id, hp.n_vocab - 1);
     const int64_t n = static_cast<int64_t>(ids.size());
-    ContextRequest req;
     req.use = ContextRequest::Use::logits;
     req.ctx = ctx;
     req.n_prompt = n;

@@ -40,8 +40,9 @@ int run_perplexity(int argc, char** argv) {
             "N >= 1 or -1"));
     app.add_flag("--json", json, "print a JSON object instead of a line");
     if (const auto done = parse_command_line(app, argc, argv)) return *done;
-    const gl::Type tk = parse_cache_type(c.cache_type_k, "--cache-type-k");
-    const gl::Type tv = parse_cache_type(c.cache_type_v, "--cache-type-v");
+    ContextRequest req;
+    set_cache_types(c, req, false);
+    const gl::Type tk = req.type_k, tv = req.type_v;
     const std::string text = read_prompt("", file, false);
     install_interrupt_handler();
     auto lm = LoadedModel::load(c.model, !offloads_every_layer(c));
@@ -50,8 +51,8 @@ int run_perplexity(int argc, char** argv) {
     int64_t n_chunks = static_cast<int64_t>(tokens.size()) / n_ctx;
     if (max_chunks >= 0) n_chunks = std::min(n_chunks, max_chunks);
     if (n_chunks < 1)
-        fail(Exit::usage, "the text has {} tokens, fewer than one chunk of {} (-c)", tokens.size(), n_ctx);
-    ContextRequest req;
+        fail(Exit::usage, "the text has {} tokens, fewer than one chunk of {} (-c)", tokens.size(),
+             n_ctx);
     req.use = ContextRequest::Use::score;
     req.ctx = std::to_string(n_ctx);
     req.type_k = tk;
@@ -98,12 +99,17 @@ int run_perplexity(int argc, char** argv) {
     const double err = count > 1 ? ppl * std::sqrt(std::max(var, 0.0) / (count - 1)) : 0.0;
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (json)
-        fmt::print("{{\"ppl\": {:.6f}, \"stderr\": {:.6f}, \"chunks\": {}, \"ctx\": {}, \"scored_tokens\": {}, "
-                   "\"cache_type_k\": \"{}\", \"cache_type_v\": \"{}\", \"seconds\": {:.3f}}}\n",
-                   ppl, err, n_chunks, n_ctx, count, gl::type_name(tk), gl::type_name(tv), secs);
+        fmt::print("{{\"ppl\": {:.6f}, \"stderr\": {:.6f}, \"chunks\": {}, \"ctx\": {}, "
+                   "\"scored_tokens\": {}, "
+                   "\"cache_type_k\": \"{}\", \"cache_type_v\": \"{}\", \"k_rotate\": {}, "
+                   "\"seconds\": {:.3f}}}\n",
+                   ppl, err, n_chunks, n_ctx, count, gl::type_name(tk), gl::type_name(tv),
+                   plan.cache.k_rotate, secs);
     else
-        fmt::print("PPL = {:.4f} +/- {:.4f} ({} chunks of {} tokens, {} scored, cache {}/{}, {:.1f} s)\n", ppl, err,
-                   n_chunks, n_ctx, count, gl::type_name(tk), gl::type_name(tv), secs);
+        fmt::print("PPL = {:.4f} +/- {:.4f} ({} chunks of {} tokens, {} scored, cache {}/{}{}, "
+                   "{:.1f} s)\n",
+                   ppl, err, n_chunks, n_ctx, count, gl::type_name(tk), gl::type_name(tv),
+                   plan.cache.k_rotate > 0 ? ", keys rotated" : "", secs);
     return 0;
 }
 

@@ -58,8 +58,7 @@ struct RunOptions {
 void emit(const std::string& s) { write_stdout(s); }
 
 std::string cache_types(const KvCacheConfig& c) {
-    return c.type_k == c.type_v ? gl::type_name(c.type_k)
-                                : fmt::format("{}/{}", gl::type_name(c.type_k), gl::type_name(c.type_v));
+    return cache_types_text(c.type_k, c.type_v, c.k_rotate);
 }
 
 // What a run did, for the stats line or the --json object.
@@ -109,6 +108,7 @@ nlohmann::json result_json(const RunFigures& f, const std::string& text, const S
                   {"keep", kv.keep()},
                   {"type_k", gl::type_name(kv.config().type_k)},
                   {"type_v", gl::type_name(kv.config().type_v)},
+                  {"k_rotate", kv.config().k_rotate},
                   {"bytes", kv.ring_bytes()},
                   {"used", used},
                   {"fill", static_cast<double>(used) / n_ctx},
@@ -203,8 +203,8 @@ int run_generate(int argc, char** argv) {
     if (o.no_kv_cache && !o.prompt_cache.empty()) fail(Exit::usage, "--no-kv-cache and --prompt-cache exclude each other");
     if (o.no_kv_cache && o.speculative.any())
         fail(Exit::usage, "--no-kv-cache recomputes every token: it does not verify drafts (--lookup, --draft-model)");
-    const gl::Type tk = parse_cache_type(o.common.cache_type_k, "--cache-type-k");
-    const gl::Type tv = parse_cache_type(o.common.cache_type_v, "--cache-type-v");
+    ContextRequest types; // the cache's fields, checked before the model loads
+    set_cache_types(o.common, types, true);
 
     if (!o.system_file.empty())
         o.system = read_regular_file(o.system_file, "system prompt file", Exit::usage);
@@ -251,10 +251,13 @@ int run_generate(int argc, char** argv) {
                                             .n_prompt = n_prompt,
                                             .n_predict = o.n_predict,
                                             .keep = o.keep,
-                                            .type_k = tk,
-                                            .type_v = tv,
+                                            .type_k = types.type_k,
+                                            .type_v = types.type_v,
                                             .batch = o.batch,
-                                            .threads = threads},
+                                            .threads = threads,
+                                            .k_rotate = types.k_rotate,
+                                            .auto_k = types.auto_k,
+                                            .auto_v = types.auto_v},
                                            o.common.verbose);
     const KvCacheConfig& kc = plan.cache;
     const int n_ctx = kc.n_ctx;

@@ -448,7 +448,8 @@ TEST_CASE("cuda matmul: every supported type, odd sizes, decode and prompt batch
     }
 }
 
-TEST_CASE("cuda ops: rmsnorm, rope, silu_mul, add, convert_rows against the CPU backend") {
+TEST_CASE(
+    "cuda ops: rmsnorm, rope, hadamard_rows, silu_mul, add, convert_rows against the CPU backend") {
     if (!gpu_or_skip()) return;
     auto be = gl::make_cuda_backend(0);
     auto cpu = gl::make_cpu_backend(1);
@@ -495,6 +496,16 @@ TEST_CASE("cuda ops: rmsnorm, rope, silu_mul, add, convert_rows against the CPU 
             be->rope(a.data(), rows, n_heads, head_dim, rope_dims, cs.data(), sn.data(), neox);
             cpu->rope(b.data(), rows, n_heads, head_dim, rope_dims, cs.data(), sn.data(), neox);
             compare(a, b, 1e-6, "rope");
+        }
+    // Rotated keys: the same sign flips and butterflies in the same order.
+    for (int block : {2, 8, 32, 256})
+        for (int64_t rows : {1, 5}) {
+            const int64_t n = 3 * block;
+            const auto base = random_floats(rows * n, 9, 3.0f);
+            auto a = base, b = base;
+            be->hadamard_rows(a.data(), rows, n, block);
+            cpu->hadamard_rows(b.data(), rows, n, block);
+            compare(a, b, 0, "hadamard_rows");
         }
     for (Type t : kKvTypes) {
         const int64_t n = 96, rows = 5;

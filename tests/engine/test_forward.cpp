@@ -19,8 +19,8 @@ using kvtest::Shape;
 
 namespace {
 
-void compare_with_reference(const Shape& s, double tol, int keep = 4,
-                            int64_t longrope_orig_ctx = 0) {
+void compare_with_reference(const Shape& s, double tol, int keep = 4, int64_t longrope_orig_ctx = 0,
+                            int k_rotate = 0) {
     const std::vector<uint8_t> bytes = random_model(s, 1234, longrope_orig_ctx);
     GgufFile f = GgufFile::parse(bytes.data(), bytes.size(), "random");
     Model m = Model::load(f);
@@ -31,7 +31,7 @@ void compare_with_reference(const Shape& s, double tol, int keep = 4,
     for (auto& t : toks) t = static_cast<int32_t>(rng() % 512);
     kvtest::ReferenceModel ref(m, n_ctx, keep);
     auto be = gl::make_cpu_backend(2);
-    KvCache kv(KvCacheConfig::for_model(m.hp, n_ctx, keep, gl::Type::F32, gl::Type::F32));
+    KvCache kv(KvCacheConfig::for_model(m.hp, n_ctx, keep, gl::Type::F32, gl::Type::F32, k_rotate));
     Forward fwd(m, kv, *be, 5);
     double worst = 0;
     for (int i = 0; i < n_tok;) {
@@ -44,8 +44,10 @@ void compare_with_reference(const Shape& s, double tol, int keep = 4,
         }
         i += n;
     }
-    const std::string what = std::string(s.arch) + " heads " + std::to_string(s.n_head) + "/" +
-                             std::to_string(s.n_head_kv) + " " + gl::type_name(s.wtype);
+    const std::string what =
+        std::string(s.arch) + " heads " + std::to_string(s.n_head) + "/" +
+        std::to_string(s.n_head_kv) + " " + gl::type_name(s.wtype) +
+        (k_rotate ? " keys rotated in blocks of " + std::to_string(k_rotate) : "");
     MESSAGE(what, ": max |diff| ", worst);
     CHECK(worst < tol);
 }
@@ -82,6 +84,21 @@ TEST_CASE("forward: random models of other head layouts match the reference") {
 // tokens (the small rings wrap 14 times, the large ones twice), against the
 // reference's explicit per-layer eviction. Also its norms after each block,
 // per-head Q/K norms, GELU gate, scaled embeddings and two RoPE bases.
+// Rotated keys (--k-rotate) in an F32 cache: the rotation leaves every q·k
+// as it was, so the logits still match the (unrotated) reference through a
+// ring that slides past its window, the sinks' pre-rotated copies met by the
+// rotated unrotated query, NeoX and partial RoPE, LongRoPE's factor, one KV
+// head or several, and blocks smaller than a head.
+TEST_CASE("forward: rotated keys match the reference through sliding rings and sinks") {
+    compare_with_reference({"llama", 64, 4, 1, 96, 2, gl::Type::F32}, 1e-5, 4, 0, 16);
+    compare_with_reference({"llama", 96, 6, 2, 64, 2, gl::Type::F32}, 1e-5, 4, 0,
+                           16); // heads of 16
+    compare_with_reference({"qwen2", 64, 4, 2, 96, 2, gl::Type::F32}, 1e-5, 4, 0, 8);
+    compare_with_reference({"phi3", 64, 4, 2, 96, 2, gl::Type::F32}, 1e-5, 4, 32, 16);
+    compare_with_reference({"llama", 64, 4, 2, 96, 2, gl::Type::F32}, 1e-5, 0, 0, 16);  // no sinks
+    compare_with_reference({"gemma3", 64, 4, 2, 96, 6, gl::Type::F32}, 1e-5, 4, 0, 16); // two rings
+}
+
 TEST_CASE("forward: gemma3 per-layer rings match explicit per-layer eviction") {
     const std::vector<uint8_t> bytes = random_model({"gemma3", 64, 4, 2, 96, 6, gl::Type::F32}, 99);
     GgufFile f = GgufFile::parse(bytes.data(), bytes.size(), "gemma3");

@@ -124,6 +124,67 @@ TEST_CASE("memory: -c auto shrinks to what fits, and says so; info --json shows 
     CHECK(fit <= at_least_0(601.5 - drift));
 }
 
+TEST_CASE(
+    "memory: --ctk auto takes a smaller cache type when the context does not fit, and says so") {
+    const ResidentFile resident(kvtest::shared(kTiny));
+    // The plan's buffers at -c 1024 (attention scratch grows with the context).
+    auto probe =
+        with_memory("1000000000", {"info", "-m", kvtest::shared(kTiny), "-c", "1024", "--json"});
+    REQUIRE(probe.status == 0);
+    const auto pj = nlohmann::json::parse(probe.out);
+    const uint64_t f16_token = pj["kv"]["bytes_per_token"].get<uint64_t>(); // 2048
+    const uint64_t other =
+        1000000000u - pj["memory"]["max_ctx_that_fits"].get<uint64_t>() * f16_token;
+    // Room for `tokens` tokens of an f16 cache; -c 1024 asked for. Per token:
+    // f16 2048 bytes, q8_0/q8_0 1088, q8_0/q4_0 832, q4_0/q4_0 576; smaller
+    // types also need smaller batch buffers, so each fits from (in f16
+    // tokens of room): f16 1024, q8_0/q8_0 424, q8_0/q4_0 264, q4_0/q4_0 104.
+    auto run = [&](uint64_t tokens, std::vector<std::string> extra) {
+        std::vector<std::string> args = {
+            "-m",    kvtest::shared(kTiny), "-p", "Hello", "-n", "4", "-c", "1024", "--temp", "0",
+            "--json"};
+        args.insert(args.end(), extra.begin(), extra.end());
+        return with_memory(std::to_string(other + tokens * f16_token), args);
+    };
+    struct Case {
+        uint64_t room; // f16 tokens
+        const char *k, *v;
+        int k_rotate;
+    };
+    for (const Case c : {Case{2000, "f16", "f16", 0}, Case{700, "q8_0", "q8_0", 0},
+                         Case{350, "q8_0", "q4_0", 0}, Case{180, "q4_0", "q4_0", 32}}) {
+        CAPTURE(c.room);
+        const auto r = run(c.room, {"--ctk", "auto", "--ctv", "auto"});
+        REQUIRE(r.status == 0);
+        const auto j = nlohmann::json::parse(r.out);
+        CHECK(j["cache"]["type_k"] == std::string(c.k));
+        CHECK(j["cache"]["type_v"] == std::string(c.v));
+        CHECK(j["cache"]["k_rotate"] == c.k_rotate);
+        CHECK(j["cache"]["n_ctx"] == 1024);
+        // One line when it had to choose, none when f16 fit.
+        const bool chose = c.room < 2000;
+        CHECK((r.err.find("--ctk auto: a 1024-token f16 cache needs 2.00 MiB") !=
+               std::string::npos) == chose);
+        CHECK(kvtest::lines(r.err).size() == (chose ? 1u : 0u));
+    }
+    // Only --ctv auto: the keys stay f16, the values go to q8_0 (fits from
+    // 724), then q4_0 (from 564).
+    const auto v = run(900, {"--ctv", "auto"});
+    REQUIRE(v.status == 0);
+    CHECK(nlohmann::json::parse(v.out)["cache"]["type_k"] == "f16");
+    CHECK(nlohmann::json::parse(v.out)["cache"]["type_v"] == "q8_0");
+    CHECK(v.err.find("--ctv auto") != std::string::npos);
+    // Without auto the same room is an error with advice (exit 5); with too
+    // little room for any type, auto fails the same way.
+    CHECK(run(180, {}).status == 5);
+    CHECK(run(50, {"--ctk", "auto", "--ctv", "auto"}).status == 5);
+    // Elsewhere auto is no cache type.
+    const auto p =
+        kvtest::run_kvrun({"perplexity", "-m", kvtest::shared(kTiny), "-f", "-", "--ctk", "auto"});
+    CHECK(p.status != 0);
+    CHECK(p.err.find("unsupported KV cache type") != std::string::npos);
+}
+
 TEST_CASE("--no-kv-cache gives the same greedy tokens as the cache") {
     const std::vector<std::string> base = {"-m",     kvtest::shared("models/stories260K.gguf"),
                                            "-p",     "Once upon a time",

@@ -83,6 +83,22 @@ TEST_CASE("prompt cache: mismatches and damage fall back cleanly") {
         CHECK(rejected(r));
         CHECK(r.out == plain.out);
     }
+    SUBCASE("rotated keys (--k-rotate) on one side only, then on both") {
+        auto plain = gen("tiny-Q8_0.gguf", kLonger, {"--k-rotate"});
+        auto r = gen("tiny-Q8_0.gguf", kLonger, {"--prompt-cache", pc, "--k-rotate"});
+        CHECK(rejected(r));
+        CHECK(r.err.find("not rotated") != std::string::npos);
+        CHECK(r.out == plain.out);
+        // r saved a rotated file: an unrotated run refuses it, a rotated one reuses it.
+        auto u = gen("tiny-Q8_0.gguf", kLonger, {"--prompt-cache", pc});
+        CHECK(rejected(u));
+        CHECK(u.err.find("keys are rotated") != std::string::npos);
+        CHECK(u.out == plain_q8.out);
+        REQUIRE(gen("tiny-Q8_0.gguf", kPrompt, {"--prompt-cache", pc, "--k-rotate"}).status == 0);
+        auto again = gen("tiny-Q8_0.gguf", kLonger, {"--prompt-cache", pc, "--k-rotate"});
+        CHECK(reused(again));
+        CHECK(again.out == plain.out);
+    }
     SUBCASE("truncated file") {
         restore(good.substr(0, good.size() / 2));
         auto r = gen("tiny-Q8_0.gguf", kLonger, {"--prompt-cache", pc});

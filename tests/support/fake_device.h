@@ -87,6 +87,9 @@ class FakeDeviceBackend final : public ForwardingBackend {
         inner().rope(inout(x, 4 * rows * n_heads * head_dim), rows, n_heads, head_dim, rope_dims, c,
                      s, neox);
     }
+    void hadamard_rows(float* x, int64_t rows, int64_t n, int block) override {
+        inner().hadamard_rows(inout(x, 4 * rows * n), rows, n, block);
+    }
     void silu_mul(float* gate, const float* up, int64_t n) override {
         const float* u = in(up, 4 * n);
         inner().silu_mul(inout(gate, 4 * n), u, n);

@@ -42,6 +42,9 @@ class ForwardingBackend : public gl::Backend {
               const float* sin, bool neox) override {
         inner_->rope(x, rows, n_heads, head_dim, rope_dims, cos, sin, neox);
     }
+    void hadamard_rows(float* x, int64_t rows, int64_t n, int block) override {
+        inner_->hadamard_rows(x, rows, n, block);
+    }
     void silu_mul(float* gate, const float* up, int64_t n) override {
         inner_->silu_mul(gate, up, n);
     }
