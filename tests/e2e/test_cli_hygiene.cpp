@@ -155,9 +155,11 @@ TEST_CASE("cli args: llama.cpp's multi-letter flags are aliases, not clusters of
     const json none = run_json({"-m", kStories, "-p", "Hi", "-n", "1", "--chat"});
     CHECK(sys["tokens"]["prompt"] == system["tokens"]["prompt"]);
     CHECK(sys["tokens"]["prompt"] != none["tokens"]["prompt"]);
+    // -md is --draft-model: the file it names is opened as a model.
+    const auto md = run({"-m", kStories, "-p", kPrompt, "-md", "draft.gguf"});
+    CHECK(md.status == 3);
+    CHECK(contains(md.err, "cannot open model 'draft.gguf'"));
     // Not supported: said so.
-    CHECK(contains(usage_line(run({"-m", kStories, "-p", kPrompt, "-md", "draft.gguf"})),
-                   "not supported"));
     CHECK(contains(usage_line(run({"-m", kStories, "-p", kPrompt, "-nkvo"})), "-nkvo"));
     // Unknown words: named, with the long option when there is one.
     CHECK(contains(usage_line(run({"-m", kStories, "-p", kPrompt, "-verbose"})),
@@ -257,8 +259,8 @@ TEST_CASE("cli output: the stats line and -v name both cache types when they dif
     CHECK(contains(r.err, "(q8_0/q4_0)"));
     CHECK(contains(r.err, "per token, q8_0/q4_0)"));
     // Rotated keys are named with both types, in -v and the stats line.
-    const auto rot = run({"-m", kStories, "-p", kPrompt, "-n", "2", "--ctk", "q4_0", "--ctv", "q4_0",
-                          "--k-rotate", "-v"});
+    const auto rot = run({"-m", kStories, "-p", kPrompt, "-n", "2", "--ctk", "q4_0", "--ctv",
+                          "q4_0", "--k-rotate", "-v"});
     CHECK(rot.status == 0);
     CHECK(contains(rot.err, "per token, q4_0/q4_0, keys rotated)"));
     CHECK(contains(rot.err, "(q4_0/q4_0, keys rotated)"));
@@ -279,7 +281,8 @@ TEST_CASE("cli output: info gives quantized KV types' bytes per element with the
         r.out, "KV per token: 260 B = 5 layers × 4 KV heads × 8 dims × (1.0625 + 0.5625 bytes)"));
     // --k-rotate: the same bytes, and the block of the rotation (the heads are 8 wide).
     const auto rot = run({"info", "-m", kStories, "--ctk", "q4_0", "--ctv", "q4_0", "--k-rotate"});
-    CHECK(contains(rot.out, "(0.5625 + 0.5625 bytes) (q4_0/q4_0, keys rotated in Hadamard blocks of 8)"));
+    CHECK(contains(rot.out,
+                   "(0.5625 + 0.5625 bytes) (q4_0/q4_0, keys rotated in Hadamard blocks of 8)"));
 }
 
 TEST_CASE(

@@ -3,6 +3,10 @@
 // refuse what they cannot do with one line.
 #include <doctest/doctest.h>
 
+#include <cstdio>
+#include <fstream>
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
@@ -90,7 +94,14 @@ TEST_CASE("cli speculative: a chat answer with --lookup is plain decoding's") {
 }
 
 TEST_CASE("cli speculative: bench measures tg with --lookup beside plain tg, after a real prompt") {
-    const std::string prompt = kvtest::shared("text/stories260K-samples.txt");
+    // A story that repeats itself: lookup finds matches in it.
+    const std::string prompt = "/tmp/kvrun-bench-prompt-" + std::to_string(::getpid()) + ".txt";
+    {
+        std::ofstream f(prompt);
+        for (int i = 0; i < 3; i++)
+            f << "Once upon a time, there was a little girl named Lily. She loved to play in the "
+                 "park. ";
+    }
     const kvtest::RunResult r = ok({"bench", "-m", kStories, "-p", "0", "-n", "64", "-r", "2", "-t",
                                     "1", "-f", prompt, "--lookup", "8", "--json"});
     const json j = json::parse(r.out);
