@@ -28,12 +28,19 @@ int DraftLength::next(int limit) {
     return n >= min_ ? n : 0;
 }
 
+void DraftLength::after_empty_draft(double seconds) {
+    if (timed_ && step_s_ > 0) judge(1, seconds + step_s_);
+}
+
 void DraftLength::after_round(int drafted, int accepted, double seconds) {
     length_ = accepted == drafted ? std::min(length_ + 2, max_) : std::max(length_ - 1, min_);
-    if (!timed_) return;
+    if (timed_) judge(accepted + 1, seconds);
+}
+
+void DraftLength::judge(int tokens, double seconds) {
     rounds_since_step_++;
     const bool first = round_s_ == 0;
-    round_tokens_ = first ? accepted + 1 : kKeep * round_tokens_ + (1 - kKeep) * (accepted + 1);
+    round_tokens_ = first ? tokens : kKeep * round_tokens_ + (1 - kKeep) * tokens;
     round_s_ = first ? seconds : kKeep * round_s_ + (1 - kKeep) * seconds;
     if (step_s_ <= 0) return;
     if (round_tokens_ / round_s_ < 1 / step_s_) {

@@ -25,12 +25,18 @@ class DraftLength {
     // A round that drafted `drafted` tokens, kept `accepted` and took
     // `seconds` (drafting, verifying, sampling).
     void after_round(int drafted, int accepted, double seconds);
+    // Drafting that proposed too little (`seconds` spent, a plain step
+    // follows): a round that gained nothing and cost the drafting.
+    void after_empty_draft(double seconds);
     // A plain step (one token) that took `seconds`.
     void after_plain_step(double seconds);
     int length() const { return length_; }
     bool paused() const { return pause_left_ > 0; }
 
   private:
+    // A round (or an empty draft and its plain step) gave `tokens` in `seconds`.
+    void judge(int tokens, double seconds);
+
     int min_, max_;
     bool timed_;
     int length_;

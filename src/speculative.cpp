@@ -9,6 +9,12 @@
 
 namespace kvrun {
 
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+} // namespace
+
 void LookupDrafter::propose(std::span<const int32_t> context, int max, Draft& out) {
     out.q.clear();
     lookup_.draft(context, max, out.tokens);
@@ -75,7 +81,10 @@ bool Speculator::round(Session& target, Sampler& sampler, int32_t pending, int l
     context_.push_back(pending);
     drafter_->propose(context_, want, draft_);
     const int k = static_cast<int>(std::min<size_t>(draft_.tokens.size(), want));
-    if (k < p_.draft_min) return false;
+    if (k < p_.draft_min) {
+        length_->after_empty_draft(seconds_since(t0));
+        return false;
+    }
 
     const int64_t pos0 = static_cast<int64_t>(held.size());
     batch_.assign(1, pending);

@@ -67,11 +67,13 @@ TEST_CASE("cli speculative: --lookup and --draft-model print plain decoding's an
     INFO(j.dump());
     const json& s = j["speculative"];
     CHECK(s["drafter"] == "lookup");
+    // How many rounds run depends on the clock (drafting pauses while it
+    // loses to plain steps, draft_length.h); some always do.
     CHECK(s["rounds"].get<int>() > 0);
-    CHECK(s["accepted"].get<int>() > 0);
     CHECK(s["accepted"].get<int>() <= s["drafted"].get<int>());
-    CHECK(s["acceptance"].get<double>() ==
-          doctest::Approx(s["accepted"].get<double>() / s["drafted"].get<double>()));
+    if (s["drafted"].get<int>() > 0)
+        CHECK(s["acceptance"].get<double>() ==
+              doctest::Approx(s["accepted"].get<double>() / s["drafted"].get<double>()));
     CHECK(j["tokens"]["generated"] == 300);
     // The stats line says it too.
     std::vector<std::string> line = base;
