@@ -63,7 +63,9 @@ std::string rtrim(std::string s) {
     return s;
 }
 
-void out(std::string_view s) { write_stdout(s); }
+void out(std::string_view s) {
+    write_stdout(s);
+}
 
 // Ctrl-C at the prompt, whether the terminal turns it into SIGINT (read
 // interrupted) or hands it over as a byte (libedit's raw mode), ends the
@@ -221,7 +223,8 @@ int run_chat(int argc, char** argv) {
         std::string(kHelp) +
         "With stdin not a terminal: answer one message (-p, or stdin without -p) and exit.\n"
         "Templates are detected from tokenizer.chat_template; without one, from the vocabulary's\n"
-        "turn markers (<start_of_turn>, <|im_start|>, ...), and failing those the plain fallback is\n"
+        "turn markers (<start_of_turn>, <|im_start|>, ...), and failing those the plain fallback "
+        "is\n"
         "\"{system}\\n\\n\" then \"User: {message}\\nAssistant: {reply}\\n\" per turn.\n"
         "Exit status: 0 ok, 1 other error, 2 bad usage, 3 bad or unsupported model,\n"
         "4 message longer than the context, 5 out of memory, 6 chat template error, 130 "
@@ -244,7 +247,8 @@ int run_chat(int argc, char** argv) {
                    std::string("template family instead of the model's (") + ChatTemplate::names() +
                        ")");
     app.add_option("--stop", o.stop, "also end an answer at STRING (repeatable)");
-    app.add_flag("-e,--escape", o.escape, "process \\n \\t \\\\ \\\" \\' in -p, --system and --stop");
+    app.add_flag("-e,--escape", o.escape,
+                 "process \\n \\t \\\\ \\\" \\' in -p, --system and --stop");
     add_sampling_options(app, o.sampling);
     add_speculative_options(app, o.speculative);
     if (const auto done = parse_command_line(app, argc, argv)) return *done;
@@ -273,17 +277,12 @@ int run_chat(int argc, char** argv) {
     auto lm = LoadedModel::load(o.common.model, !offloads_every_layer(o.common));
     ChatTemplate tmpl = ChatTemplate::for_model(lm->file, lm->tokenizer, o.chat_template);
     const int threads = resolve_threads(o.common.threads);
-    const ContextPlan plan = plan_and_tell(*lm,
-                                           {.use = ContextRequest::Use::chat,
-                                            .ctx = o.ctx,
-                                            .type_k = types.type_k,
-                                            .type_v = types.type_v,
-                                            .batch = o.batch,
-                                            .threads = threads,
-                                            .k_rotate = types.k_rotate,
-                                            .auto_k = types.auto_k,
-                                            .auto_v = types.auto_v},
-                                           o.common.verbose);
+    ContextRequest req = types;
+    req.use = ContextRequest::Use::chat;
+    req.ctx = o.ctx;
+    req.batch = o.batch;
+    req.threads = threads;
+    const ContextPlan plan = plan_and_tell(*lm, req, o.common.verbose);
     const int n_ctx = plan.cache.n_ctx;
     const Backends backends = make_backends(o.common, threads, lm->model.hp);
     ChatConfig cfg;
@@ -297,8 +296,9 @@ int run_chat(int argc, char** argv) {
     cfg.k_rotate = plan.cache.k_rotate;
     if (o.common.verbose || tty)
         fmt::print(stderr, "kvrun chat: template {} ({}), n_ctx {}, {} threads{}{}\n", tmpl.name(),
-                   !o.chat_template.empty()             ? "--chat-template"
-                   : tmpl.inferred() ? "the model has none: inferred from its vocabulary" : tmpl.family() == ChatFamily::plain ? "the model has none: plain fallback"
+                   !o.chat_template.empty() ? "--chat-template"
+                   : tmpl.inferred()        ? "the model has none: inferred from its vocabulary"
+                   : tmpl.family() == ChatFamily::plain ? "the model has none: plain fallback"
                                                         : "from the model",
                    n_ctx, threads,
                    o.common.verbose ? fmt::format(", seed {}", o.sampling.seed) : std::string(),
@@ -309,7 +309,7 @@ int run_chat(int argc, char** argv) {
     Speculation speculation = make_speculation(o.speculative, *lm, draft_shape, backends, threads,
                                                o.common.deterministic, o.batch, o.sampling);
     cfg.speculate = speculation.get();
-        ChatSession session(*lm, std::move(tmpl), n_ctx, plan.cache.type_k, plan.cache.type_v,
+    ChatSession session(*lm, std::move(tmpl), n_ctx, plan.cache.type_k, plan.cache.type_v,
                         backends.placement(), cfg);
     if (!o.system.empty()) session.set_system(o.system);
 

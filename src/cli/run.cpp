@@ -37,7 +37,9 @@ namespace kvrun::cli {
 
 namespace {
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double seconds_since(Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 struct RunOptions {
     CommonOptions common;
@@ -55,7 +57,9 @@ struct RunOptions {
 
 // Print on stdout now: a pipe reader sees each token as it is sampled. A
 // failed write stops the generation (stdout_failed) and main reports it.
-void emit(const std::string& s) { write_stdout(s); }
+void emit(const std::string& s) {
+    write_stdout(s);
+}
 
 std::string cache_types(const KvCacheConfig& c) {
     return cache_types_text(c.type_k, c.type_v, c.k_rotate);
@@ -64,15 +68,17 @@ std::string cache_types(const KvCacheConfig& c) {
 // What a run did, for the stats line or the --json object.
 struct RunFigures {
     int64_t n_prompt = 0, reused = 0, n_gen = 0;
-    bool prompt_done = false;                   // the prompt was evaluated (not interrupted)
+    bool prompt_done = false;                  // the prompt was evaluated (not interrupted)
     double prompt_s = 0, gen_s = 0, ttft = -1; // seconds; ttft -1 when nothing was sampled
     uint64_t seed = 0;
-    std::string stop, matched;                  // stop reason; the stop string, if one ended it
+    std::string stop, matched; // stop reason; the stop string, if one ended it
 };
 
 // GPU memory as the run left it: weights copied, the KV mirror (the hot
 // part with --kv-gpu-window; the host ring holds every slot), buffers.
-gl::MemoryUse gpu_use(const Backends& be) { return be.gpu ? be.gpu->memory_use() : gl::MemoryUse{}; }
+gl::MemoryUse gpu_use(const Backends& be) {
+    return be.gpu ? be.gpu->memory_use() : gl::MemoryUse{};
+}
 
 // Tokens per second, or nothing (JSON null, left out of the text) when the
 // figure would mean nothing: no tokens, or no time measured.
@@ -80,10 +86,13 @@ std::optional<double> rate(int64_t tokens, double seconds) {
     if (tokens <= 0 || seconds <= 0) return std::nullopt;
     return tokens / seconds;
 }
-nlohmann::json or_null(std::optional<double> v) { return v ? nlohmann::json(*v) : nlohmann::json(nullptr); }
+nlohmann::json or_null(std::optional<double> v) {
+    return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
+}
 
-nlohmann::json result_json(const RunFigures& f, const std::string& text, const Session& s, const ContextPlan& plan,
-                           const Backends& backends, const Speculator* spec, const std::string* echoed) {
+nlohmann::json result_json(const RunFigures& f, const std::string& text, const Session& s,
+                           const ContextPlan& plan, const Backends& backends,
+                           const Speculator* spec, const std::string* echoed) {
     const KvCache& kv = s.cache();
     const int n_ctx = kv.n_ctx();
     const int64_t used = std::min<int64_t>(kv.n_past(), n_ctx);
@@ -98,11 +107,13 @@ nlohmann::json result_json(const RunFigures& f, const std::string& text, const S
                    {"evaluated", f.n_prompt - f.reused},
                    {"forward", s.forward_tokens()}};
     j["seed"] = f.seed;
-    j["timings"] = {{"prompt_s", f.prompt_s},
-                    {"generation_s", f.gen_s},
-                    {"prompt_tok_s", or_null(f.prompt_done ? rate(f.n_prompt - f.reused, f.prompt_s) : std::nullopt)},
-                    {"generation_tok_s", or_null(rate(f.n_gen, f.gen_s))},
-                    {"first_token_ms", f.ttft >= 0 ? nlohmann::json(f.ttft * 1000) : nlohmann::json(nullptr)}};
+    j["timings"] = {
+        {"prompt_s", f.prompt_s},
+        {"generation_s", f.gen_s},
+        {"prompt_tok_s",
+         or_null(f.prompt_done ? rate(f.n_prompt - f.reused, f.prompt_s) : std::nullopt)},
+        {"generation_tok_s", or_null(rate(f.n_gen, f.gen_s))},
+        {"first_token_ms", f.ttft >= 0 ? nlohmann::json(f.ttft * 1000) : nlohmann::json(nullptr)}};
     j["cache"] = {{"n_ctx", n_ctx},
                   {"auto", plan.automatic},
                   {"keep", kv.keep()},
@@ -113,7 +124,8 @@ nlohmann::json result_json(const RunFigures& f, const std::string& text, const S
                   {"used", used},
                   {"fill", static_cast<double>(used) / n_ctx},
                   {"prompt_cache_reused", f.reused}};
-    if (spec) j["speculative"] = speculation_json(*spec); // absent without --lookup or --draft-model
+    if (spec)
+        j["speculative"] = speculation_json(*spec); // absent without --lookup or --draft-model
     const gl::MemoryUse gpu = gpu_use(backends);
     if (gpu.device) // absent on the CPU
         j["gpu"] = {{"layers", backends.n_gpu_layers},
@@ -129,22 +141,25 @@ nlohmann::json result_json(const RunFigures& f, const std::string& text, const S
     return j;
 }
 
-std::string stats_line(const RunFigures& f, const Session& s, const ContextPlan& plan, const Backends& backends,
-                       const Speculator* spec) {
+std::string stats_line(const RunFigures& f, const Session& s, const ContextPlan& plan,
+                       const Backends& backends, const Speculator* spec) {
     const KvCache& kv = s.cache();
     const gl::MemoryUse gpu = gpu_use(backends);
-    const std::optional<double> prompt_rate = f.prompt_done ? rate(f.n_prompt - f.reused, f.prompt_s) : std::nullopt;
+    const std::optional<double> prompt_rate =
+        f.prompt_done ? rate(f.n_prompt - f.reused, f.prompt_s) : std::nullopt;
     const std::optional<double> gen_rate = rate(f.n_gen, f.gen_s);
-    return fmt::format(
-        "[kvrun] prompt {} tok{} | generated {} tok{}{}{} | "
-        "n_ctx {}{} | KV {} ({}){} | peak RSS {} | stop: {}",
-        f.n_prompt, prompt_rate ? fmt::format(", {:.1f} tok/s", *prompt_rate) : "", f.n_gen,
-        gen_rate ? fmt::format(", {:.1f} tok/s", *gen_rate) : "", spec ? speculation_summary(*spec) : "",
-        f.ttft >= 0 ? fmt::format(" | first token {:.0f} ms", f.ttft * 1000) : "", kv.n_ctx(),
-        plan.automatic ? " (auto)" : "", human_bytes(kv.ring_bytes()), cache_types(kv.config()),
-        !gpu.device ? std::string()
-                    : " | " + gpu_memory_summary(gpu, backends.n_gpu_layers, backends.n_layer, kv.ring_bytes()),
-        human_bytes(peak_rss_bytes()), f.stop);
+    return fmt::format("[kvrun] prompt {} tok{} | generated {} tok{}{}{} | "
+                       "n_ctx {}{} | KV {} ({}){} | peak RSS {} | stop: {}",
+                       f.n_prompt, prompt_rate ? fmt::format(", {:.1f} tok/s", *prompt_rate) : "",
+                       f.n_gen, gen_rate ? fmt::format(", {:.1f} tok/s", *gen_rate) : "",
+                       spec ? speculation_summary(*spec) : "",
+                       f.ttft >= 0 ? fmt::format(" | first token {:.0f} ms", f.ttft * 1000) : "",
+                       kv.n_ctx(), plan.automatic ? " (auto)" : "", human_bytes(kv.ring_bytes()),
+                       cache_types(kv.config()),
+                       !gpu.device ? std::string()
+                                   : " | " + gpu_memory_summary(gpu, backends.n_gpu_layers,
+                                                                backends.n_layer, kv.ring_bytes()),
+                       human_bytes(peak_rss_bytes()), f.stop);
 }
 } // namespace
 
@@ -162,47 +177,68 @@ int run_generate(int argc, char** argv) {
     RunOptions o;
     CLI::App app{"kvrun: run a GGUF language model and stream its continuation to stdout", "kvrun"};
     app.footer(
-        "Subcommands (kvrun SUBCOMMAND --help): chat, tokenize, logits, info, perplexity, bench, quantize, synth.\n"
-        "-i (--interactive) starts the chat REPL (kvrun chat). stdin is read with -f -, or as the whole\n"
+        "Subcommands (kvrun SUBCOMMAND --help): chat, tokenize, logits, info, perplexity, bench, "
+        "quantize, synth.\n"
+        "-i (--interactive) starts the chat REPL (kvrun chat). stdin is read with -f -, or as the "
+        "whole\n"
         "prompt when neither -p nor -f is given and it is not a terminal.\n"
         "-n -1 (the default) stops when the context is full; -n N slides the window past it.\n"
         "Exit status: 0 ok, 1 other error, 2 bad usage, 3 bad or unsupported model,\n"
-        "4 prompt longer than the context, 5 out of memory, 6 chat template error, 130 interrupted.");
+        "4 prompt longer than the context, 5 out of memory, 6 chat template error, 130 "
+        "interrupted.");
     add_model_option(app, o.common);
     add_runtime_options(app, o.common);
     auto* p_opt = app.add_option("-p,--prompt", o.prompt, "prompt text");
-    app.add_option("-f,--file", o.prompt_file, "read the prompt from FILE (- for stdin); appended after -p");
-    app.add_flag("-e,--escape", o.escape, "process \\n \\t \\\\ \\\" \\' in -p, --system and --stop");
-    app.add_option("-n,--n-predict", o.n_predict, "tokens to generate (-1 = until end of text or a full context; N may slide the window past -c)")->check(int_in(-1, int64_t{1} << 40));
-    app.add_option("-c,--ctx-size", o.ctx, "context size in tokens, or auto (sized from the prompt and -n)")->capture_default_str();
-    app.add_option("--keep", o.keep, "tokens kept at the start when the window slides (attention sinks)")->capture_default_str()->check(int_in(0, 1 << 20));
-    app.add_option("-b,--batch-size", o.batch, "prompt tokens evaluated per batch")->capture_default_str()->check(int_in(1, 1 << 16));
+    app.add_option("-f,--file", o.prompt_file,
+                   "read the prompt from FILE (- for stdin); appended after -p");
+    app.add_flag("-e,--escape", o.escape,
+                 "process \\n \\t \\\\ \\\" \\' in -p, --system and --stop");
+    app.add_option("-n,--n-predict", o.n_predict,
+                   "tokens to generate (-1 = until end of text or a full context; N may slide the "
+                   "window past -c)")
+        ->check(int_in(-1, int64_t{1} << 40));
+    app.add_option("-c,--ctx-size", o.ctx,
+                   "context size in tokens, or auto (sized from the prompt and -n)")
+        ->capture_default_str();
+    app.add_option("--keep", o.keep,
+                   "tokens kept at the start when the window slides (attention sinks)")
+        ->capture_default_str()
+        ->check(int_in(0, 1 << 20));
+    app.add_option("-b,--batch-size", o.batch, "prompt tokens evaluated per batch")
+        ->capture_default_str()
+        ->check(int_in(1, 1 << 16));
     add_sampling_options(app, o.sampling);
     add_speculative_options(app, o.speculative);
-    app.add_option("--prompt-cache", o.prompt_cache,
-                   "save the evaluated prompt's K/V to FILE; reuse its common prefix with a later prompt");
+    app.add_option(
+        "--prompt-cache", o.prompt_cache,
+        "save the evaluated prompt's K/V to FILE; reuse its common prefix with a later prompt");
     app.add_flag("--no-kv-cache", o.no_kv_cache,
-                 "recompute the whole sequence for every new token (the textbook O(n^2) decoder; for teaching and "
+                 "recompute the whole sequence for every new token (the textbook O(n^2) decoder; "
+                 "for teaching and "
                  "for measuring what the cache buys)");
     app.add_flag("--ignore-eos", o.ignore_eos, "keep generating past the end-of-text token");
     app.add_flag("--quiet", o.quiet, "no stats on stderr");
     app.add_flag("--echo", o.echo, "print the prompt before the continuation");
     app.add_flag("--json", o.json,
-                 "print one JSON object at the end (text, tokens, stop reason, timings, cache) instead of streaming");
+                 "print one JSON object at the end (text, tokens, stop reason, timings, cache) "
+                 "instead of streaming");
     app.add_option("--stop", o.stop, "stop when the model writes STRING (repeatable; not printed)");
     app.add_flag("--chat", o.chat, "apply the model's chat template to the -p message (one turn)");
     app.add_option("--system", o.system, "--chat: system prompt");
     app.add_option("--system-file", o.system_file, "--chat: read the system prompt from FILE");
     app.add_option("--chat-template", o.chat_template,
-                   std::string("--chat: template family instead of the model's (") + ChatTemplate::names() + ")");
+                   std::string("--chat: template family instead of the model's (") +
+                       ChatTemplate::names() + ")");
     if (const auto done = parse_command_line(app, argc, argv)) return *done;
     const bool piped = o.prompt_file.empty() && !*p_opt && stdin_has_data();
     if (o.prompt_file.empty() && !*p_opt && !piped)
         fail(Exit::usage, "give a prompt with -p TEXT, -f FILE or on stdin (a pipe)");
     check_text_options(app, o.escape, o.prompt, o.system, o.stop);
-    if (o.no_kv_cache && !o.prompt_cache.empty()) fail(Exit::usage, "--no-kv-cache and --prompt-cache exclude each other");
+    if (o.no_kv_cache && !o.prompt_cache.empty())
+        fail(Exit::usage, "--no-kv-cache and --prompt-cache exclude each other");
     if (o.no_kv_cache && o.speculative.any())
-        fail(Exit::usage, "--no-kv-cache recomputes every token: it does not verify drafts (--lookup, --draft-model)");
+        fail(Exit::usage, "--no-kv-cache recomputes every token: it does not verify drafts "
+                          "(--lookup, --draft-model)");
     ContextRequest types; // the cache's fields, checked before the model loads
     set_cache_types(o.common, types, true);
 
@@ -237,67 +273,74 @@ int run_generate(int argc, char** argv) {
         reply_stop = reply_end(tmpl, tok);
         if (o.common.verbose)
             fmt::print(stderr, "kvrun: chat template {} ({})\n", tmpl.name(),
-                       !o.chat_template.empty() ? "--chat-template" : tmpl.inferred() ? "the model has none: inferred from its vocabulary" : tmpl.family() == ChatFamily::plain ? "the model has none: plain fallback" : "from the model");
+                       !o.chat_template.empty() ? "--chat-template"
+                       : tmpl.inferred()        ? "the model has none: inferred from its vocabulary"
+                       : tmpl.family() == ChatFamily::plain ? "the model has none: plain fallback"
+                                                            : "from the model");
     } else {
         tokens = tok.encode(prompt, true, true);
     }
-    if (tokens.empty()) fail(Exit::usage, "the prompt is empty and the model adds no BOS token: nothing to continue");
+    if (tokens.empty())
+        fail(Exit::usage,
+             "the prompt is empty and the model adds no BOS token: nothing to continue");
 
     const int threads = resolve_threads(o.common.threads);
     const int64_t n_prompt = static_cast<int64_t>(tokens.size());
-    const ContextPlan plan = plan_and_tell(*lm,
-                                           {.use = ContextRequest::Use::generate,
-                                            .ctx = o.ctx,
-                                            .n_prompt = n_prompt,
-                                            .n_predict = o.n_predict,
-                                            .keep = o.keep,
-                                            .type_k = types.type_k,
-                                            .type_v = types.type_v,
-                                            .batch = o.batch,
-                                            .threads = threads,
-                                            .k_rotate = types.k_rotate,
-                                            .auto_k = types.auto_k,
-                                            .auto_v = types.auto_v},
-                                           o.common.verbose);
+    ContextRequest req = types;
+    req.use = ContextRequest::Use::generate;
+    req.ctx = o.ctx;
+    req.n_prompt = n_prompt;
+    req.n_predict = o.n_predict;
+    req.keep = o.keep;
+    req.batch = o.batch;
+    req.threads = threads;
+    const ContextPlan plan = plan_and_tell(*lm, req, o.common.verbose);
     const KvCacheConfig& kc = plan.cache;
     const int n_ctx = kc.n_ctx;
     const bool ctx_auto = plan.automatic;
     if (app.count("--keep") && o.keep >= n_ctx)
-        fail(Exit::usage, "--keep {} must be less than the context of {} tokens (-c): nothing would be left to slide",
+        fail(Exit::usage,
+             "--keep {} must be less than the context of {} tokens (-c): nothing would be left to "
+             "slide",
              o.keep, n_ctx);
     if (app.count("--keep") && kc.keep > n_ctx / 2)
         fmt::print(stderr,
-                   "kvrun: warning: --keep {} pins more than half of the {}-token context: once the window "
+                   "kvrun: warning: --keep {} pins more than half of the {}-token context: once "
+                   "the window "
                    "slides, only {} recent tokens are seen\n",
                    kc.keep, n_ctx, n_ctx - kc.keep);
     const Backends backends = make_backends(o.common, threads, hp);
     Session session(*lm, kc, backends.placement(), plan.batch);
     KvCache& kv = session.cache();
     Sampler sampler(o.sampling, hp.n_vocab);
-    Speculation speculation = make_speculation(o.speculative, *lm, kc, backends, threads, o.common.deterministic,
-                                               plan.batch, o.sampling);
+    Speculation speculation = make_speculation(o.speculative, *lm, kc, backends, threads,
+                                               o.common.deterministic, plan.batch, o.sampling);
     if (o.common.verbose) {
         fmt::print(stderr,
                    "kvrun: {} ({} layers, width {}, {}/{} heads of {}, vocab {}), backend {}, {} "
                    "threads\n",
                    hp.arch, hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_vocab,
                    backends.describe(), threads);
-        fmt::print(stderr, "kvrun: n_ctx {} ({}), keep {}, KV cache {} ({} per token, {}), seed {}\n", n_ctx,
-                   ctx_auto ? "auto" : "fixed", kc.keep, human_bytes(kv.ring_bytes()),
-                   human_bytes(KvCache::bytes_per_token(kv.config())), cache_types(kv.config()), o.sampling.seed);
+        fmt::print(stderr,
+                   "kvrun: n_ctx {} ({}), keep {}, KV cache {} ({} per token, {}), seed {}\n",
+                   n_ctx, ctx_auto ? "auto" : "fixed", kc.keep, human_bytes(kv.ring_bytes()),
+                   human_bytes(KvCache::bytes_per_token(kv.config())), cache_types(kv.config()),
+                   o.sampling.seed);
         fmt::print(stderr, "kvrun: weights {} ({}), prompt {} token{}, loaded in {:.2f} s\n",
                    human_bytes(lm->file.file_size() - lm->file.data_offset()),
-                   lm->file.data_moved() ? "moved onto huge pages" : "in the file mapping", tokens.size(),
-                   tokens.size() == 1 ? "" : "s", seconds_since(t_load));
+                   lm->file.data_moved() ? "moved onto huge pages" : "in the file mapping",
+                   tokens.size(), tokens.size() == 1 ? "" : "s", seconds_since(t_load));
         if (speculation.get())
-            fmt::print(stderr, "kvrun: speculative decoding: {}{}\n", speculation.get()->drafter().name(),
-                       speculation.draft ? fmt::format(" on {}, its KV cache {}", speculation.draft_cpu
-                                                                                      ? speculation.draft_cpu->name()
-                                                                                      : backends.cpu->name(),
-                                                       human_bytes(KvCache::ring_bytes_for(KvCacheConfig::for_model(
-                                                           speculation.draft->model.hp, kc.n_ctx, kc.keep,
-                                                           kc.type_k, kc.type_v))))
-                                         : "");
+            fmt::print(
+                stderr, "kvrun: speculative decoding: {}{}\n", speculation.get()->drafter().name(),
+                speculation.draft
+                    ? fmt::format(" on {}, its KV cache {}",
+                                  speculation.draft_cpu ? speculation.draft_cpu->name()
+                                                        : backends.cpu->name(),
+                                  human_bytes(KvCache::ring_bytes_for(KvCacheConfig::for_model(
+                                      speculation.draft->model.hp, kc.n_ctx, kc.keep, kc.type_k,
+                                      kc.type_v))))
+                    : "");
     }
 
     if (o.echo && !o.json) emit(model_reads);
@@ -312,10 +355,11 @@ int run_generate(int argc, char** argv) {
         const PromptCacheLoad pc = session.load_prompt_cache(o.prompt_cache, digest, tokens);
         if (pc.ok) {
             reused = pc.reused;
-            fmt::print(stderr, "kvrun: prompt cache: reused {} of {} prompt tokens from {}\n", reused, tokens.size(),
-                       o.prompt_cache);
+            fmt::print(stderr, "kvrun: prompt cache: reused {} of {} prompt tokens from {}\n",
+                       reused, tokens.size(), o.prompt_cache);
         } else {
-            fmt::print(stderr, "kvrun: prompt cache {} not used ({}): evaluating the whole prompt\n",
+            fmt::print(stderr,
+                       "kvrun: prompt cache {} not used ({}): evaluating the whole prompt\n",
                        o.prompt_cache, pc.why);
         }
     }
@@ -325,7 +369,8 @@ int run_generate(int argc, char** argv) {
     if (to_eval > session.forward().max_batch())
         prompt_hooks.on_progress = [](int64_t done, int64_t total) { show_progress(done, total); };
     const bool prompt_done =
-        session.eval(std::span<const int32_t>(tokens).subspan(static_cast<size_t>(reused)), prompt_hooks) &&
+        session.eval(std::span<const int32_t>(tokens).subspan(static_cast<size_t>(reused)),
+                     prompt_hooks) &&
         to_eval > 0;
     clear_progress();
     const double prompt_s = seconds_since(t_prompt);
@@ -347,7 +392,8 @@ int run_generate(int argc, char** argv) {
     gp.end_ids = reply_stop.ids;
     gp.stop = o.stop;
     gp.stop.insert(gp.stop.end(), reply_stop.strings.begin(), reply_stop.strings.end());
-    gp.strip_leading_space = tokens.size() == 1 && tokens[0] == tok.bos() && tok.vocab().add_space_prefix;
+    gp.strip_leading_space =
+        tokens.size() == 1 && tokens[0] == tok.bos() && tok.vocab().add_space_prefix;
     gp.no_kv_cache = o.no_kv_cache;
     gp.speculate = speculation.get();
     std::string answer; // --json: the whole text, printed at the end
@@ -357,11 +403,14 @@ int run_generate(int argc, char** argv) {
     // Text goes through the stop matcher, then to stdout (or the JSON text).
     gh.on_text = [&](std::string text) {
         // A chat reply begins after "Assistant:" or [/INST]: drop the space the model writes there.
-        if (o.chat && !reply_started) text.erase(0, std::min(text.size(), text.find_first_not_of(" \t\n")));
+        if (o.chat && !reply_started)
+            text.erase(0, std::min(text.size(), text.find_first_not_of(" \t\n")));
         if (text.empty()) return;
         reply_started = true;
-        if (o.json) answer += text;
-        else emit(text);
+        if (o.json)
+            answer += text;
+        else
+            emit(text);
         last_char = text.back();
     };
     gh.should_stop = [] { return interrupted() || stdout_failed(); };
@@ -372,19 +421,25 @@ int run_generate(int argc, char** argv) {
     const auto t_gen = Clock::now();
     GenerateResult gen;
     if (prompt_done) {
-        speculation.prepare(session.tokens()); // the draft model reads the prompt too (timed as generation)
+        speculation.prepare(
+            session.tokens()); // the draft model reads the prompt too (timed as generation)
         gen = session.generate(gp, sampler, gh);
     }
-    const double ttft = gen.sampled_any ? std::chrono::duration<double>(gen.first_token - t_prompt).count() : -1;
+    const double ttft =
+        gen.sampled_any ? std::chrono::duration<double>(gen.first_token - t_prompt).count() : -1;
     const double gen_s = seconds_since(t_gen);
     std::string stop = gen.stop;
     if (interrupted()) stop = "interrupted";
 
     if (stdout_failed()) return static_cast<int>(Exit::error); // main says why
 
-    const RunFigures f{n_prompt, reused,   gen.generated, prompt_done, prompt_s,
-                       gen_s,    ttft,     o.sampling.seed, stop,      gen.matched};
-    if (o.json) emit(result_json(f, answer, session, plan, backends, speculation.get(), o.echo ? &model_reads : nullptr).dump() + "\n");
+    const RunFigures f{n_prompt, reused, gen.generated,   prompt_done, prompt_s,
+                       gen_s,    ttft,   o.sampling.seed, stop,        gen.matched};
+    if (o.json)
+        emit(result_json(f, answer, session, plan, backends, speculation.get(),
+                         o.echo ? &model_reads : nullptr)
+                 .dump() +
+             "\n");
     // On a terminal the stats line starts on a line of its own; in a pipe or
     // a file the answer stays exactly what the model wrote.
     const bool same_terminal = ::isatty(1) && ::isatty(2);
@@ -392,9 +447,11 @@ int run_generate(int argc, char** argv) {
         fmt::print(stderr, "{}{}\n", same_terminal && last_char != '\n' ? "\n" : "",
                    stats_line(f, session, plan, backends, speculation.get()));
     if (stop == kContextFull && !o.quiet)
-        fmt::print(stderr, "kvrun: stopped at a full context ({} tokens, -c); -n N keeps generating past it by "
-                           "sliding the window\n",
-                   n_ctx);
+        fmt::print(
+            stderr,
+            "kvrun: stopped at a full context ({} tokens, -c); -n N keeps generating past it by "
+            "sliding the window\n",
+            n_ctx);
     return interrupted() ? static_cast<int>(Exit::interrupted) : 0;
 }
 
