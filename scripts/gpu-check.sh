@@ -132,7 +132,7 @@ fi
 if [[ "${GPU_CHECK_SANITIZE:-0}" == 1 ]]; then
     say "compute-sanitizer memcheck"
     timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/kvrun_tests" \
-        -tc='cuda attention*,cuda ops*' || die "compute-sanitizer"
+        -tc='cuda attention*,cuda ops*' || check_failed "compute-sanitizer"
 fi
 
 say "benchmark: tinyllama-1.1b shapes (synthetic weights), kvrun bench pp256 / tg64"

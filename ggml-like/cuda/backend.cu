@@ -2,6 +2,7 @@
 // Forward's step begin/end, and the entry points of cuda_backend.h. The class
 // is declared in backend_impl.h and implemented over several files by concern;
 // docs/cuda.md ("Design") describes where the data lives and why.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <initializer_list>
@@ -239,6 +240,10 @@ bool CudaBackend::end_step() {
         pending_.clear();
         stage_.used = 0;
         coh_->forget_device();
+        // The KV mirrors' tags say which rows were uploaded, but the uploads
+        // were in the lost recording: every row (and its position tag) is
+        // unknown until the step, redone, uploads it again.
+        for (auto& [host, m] : mirrors_) std::fill(m.pos.begin(), m.pos.end(), kRowUnknown);
         step_lost_ = false;
         return false;
     }

@@ -198,11 +198,14 @@ class CudaBackend final : public Backend {
         void* k = nullptr;
         void* v = nullptr;
         int64_t* dpos = nullptr;      // [rows] on the device: pos, uploaded where it changes
-        std::vector<int64_t> pos;     // [rows] position each device row holds, -1 = nothing valid
+        std::vector<int64_t> pos;     // [rows] position each device row holds, -1 = nothing valid,
+                                      // kRowUnknown = not known (after a lost step)
         std::vector<uint64_t> sample; // row_sample() of the host rows uploaded there
         uint64_t last_use = 0;
     };
 
+    // Neither a position nor -1: the row and its device tag are uploaded anew.
+    static constexpr int64_t kRowUnknown = -2;
     static void free_mirror(KvMirror& m);
     KvMirror& mirror(const AttentionArgs& a, int window, int64_t cut);
     void sync_mirror(KvMirror& m, const AttentionArgs& a, int64_t cut);

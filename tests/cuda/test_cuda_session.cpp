@@ -44,8 +44,7 @@ std::unique_ptr<LoadedModel> gpu_test_model(const char* name) {
         MESSAGE("CUDA tests skipped: ", why);
         return nullptr;
     }
-    const char* dir = std::getenv("KVRUN_SHARED_DIR");
-    const fs::path mp = fs::path(dir ? dir : kvtest::shared("")) / "models" / name;
+    const fs::path mp = kvtest::shared(std::string("models/") + name);
     if (!fs::exists(mp)) {
         MESSAGE("skipped: no ", mp.string());
         return nullptr;

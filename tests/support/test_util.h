@@ -9,7 +9,8 @@
 
 namespace kvtest {
 
-// The ../shared folder next to the repository (CI has it there too).
+// The ../shared folder next to the repository (CI has it there too), or
+// $KVRUN_SHARED_DIR when set.
 std::string shared(const std::string& rel);
 
 // A real model fetched by scripts/fetch-real-models.sh (which `make test`
