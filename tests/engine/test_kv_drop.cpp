@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <vector>
@@ -86,6 +87,39 @@ constexpr TypeTol kTypes[] = {{gl::Type::F32, 2e-6},
                               {gl::Type::Q8_0, 2e-2},
                               {gl::Type::Q4_0, 1.5e-1}};
 
+struct DropCase {
+    kvtest::Shape s;
+    int64_t longrope_orig_ctx;
+};
+
+// Each case's one-layer model holds 40 tokens and drops [6, 21) in place,
+// keys rotated in blocks of `rotate` (0: plain); its logits for 3 more
+// tokens equal those of a cache that evaluated only the 25 kept ones.
+void check_drop_equals_reevaluation(std::initializer_list<DropCase> cases, int rotate) {
+    const std::vector<int32_t> all = random_tokens(40, 11), next = random_tokens(3, 12);
+    for (const auto& [s, longrope] : cases) {
+        const std::vector<uint8_t> bytes = kvtest::random_model(s, 21, longrope);
+        GgufFile f = GgufFile::parse(bytes.data(), bytes.size(), s.arch);
+        const Model m = Model::load(f);
+        std::vector<int32_t> kept(all.begin(), all.begin() + 6);
+        kept.insert(kept.end(), all.begin() + 21, all.end());
+        for (const TypeTol& t : kTypes) {
+            const std::string what = std::string(s.arch) + (longrope ? " longrope" : "") +
+                                     (rotate ? " rotated " : " ") + gl::type_name(t.type);
+            CAPTURE(what);
+            const Run a = run(m, t.type, 64, all, 6, 21, next, rotate);
+            REQUIRE(a.dropped);
+            const Run b = run(m, t.type, 64, kept, 0, 0, next, rotate);
+            const double rel = max_diff(a.logits, b.logits) / max_abs(b.logits);
+            MESSAGE(what, ": max |diff| / max |logit| ", rel);
+            CHECK(rel < t.tol);
+            // The rotation changed what is stored (it is not a no-op here).
+            if (rotate && t.type == gl::Type::F32)
+                CHECK(a.k0[0] != run(m, t.type, 64, all, 6, 21, next).k0[0]);
+        }
+    }
+}
+
 } // namespace
 
 TEST_CASE(
@@ -94,67 +128,22 @@ TEST_CASE(
     // 3/4 of each head), gemma3 (one sliding-window layer with its own base:
     // an 8-slot ring that has wrapped), phi3 with LongRoPE (long factors
     // past a trained context of 32, keys scaled by the attention factor).
-    const struct {
-        kvtest::Shape s;
-        int64_t longrope_orig_ctx;
-    } cases[] = {{{"llama", 64, 4, 2, 96, 1, gl::Type::F32}, 0},
-                 {{"qwen2", 64, 4, 2, 96, 1, gl::Type::F32}, 0},
-                 {{"phi3", 64, 4, 2, 96, 1, gl::Type::F32}, 0},
-                 {{"gemma3", 64, 4, 2, 96, 1, gl::Type::F32}, 0},
-                 {{"phi3", 64, 4, 2, 96, 1, gl::Type::F32}, 32}};
-    const std::vector<int32_t> all = random_tokens(40, 11), next = random_tokens(3, 12);
-    for (const auto& [s, longrope] : cases) {
-        const std::vector<uint8_t> bytes = kvtest::random_model(s, 21, longrope);
-        GgufFile f = GgufFile::parse(bytes.data(), bytes.size(), s.arch);
-        const Model m = Model::load(f);
-        // Drop [6, 21) of 40: the kept ones are 0..5 and 21..39.
-        std::vector<int32_t> kept(all.begin(), all.begin() + 6);
-        kept.insert(kept.end(), all.begin() + 21, all.end());
-        for (const TypeTol& t : kTypes) {
-            const std::string what =
-                std::string(s.arch) + (longrope ? " longrope " : " ") + gl::type_name(t.type);
-            CAPTURE(what);
-            const Run a = run(m, t.type, 64, all, 6, 21, next);
-            REQUIRE(a.dropped);
-            const Run b = run(m, t.type, 64, kept, 0, 0, next);
-            const double rel = max_diff(a.logits, b.logits) / max_abs(b.logits);
-            MESSAGE(what, ": max |diff| / max |logit| ", rel);
-            CHECK(rel < t.tol);
-        }
-    }
+    check_drop_equals_reevaluation({{{"llama", 64, 4, 2, 96, 1, gl::Type::F32}, 0},
+                                    {{"qwen2", 64, 4, 2, 96, 1, gl::Type::F32}, 0},
+                                    {{"phi3", 64, 4, 2, 96, 1, gl::Type::F32}, 0},
+                                    {{"gemma3", 64, 4, 2, 96, 1, gl::Type::F32}, 0},
+                                    {{"phi3", 64, 4, 2, 96, 1, gl::Type::F32}, 32}},
+                                   0);
 }
 
 // Rotated keys (--k-rotate): drop takes each moved key out of the Hadamard
 // basis, rotates it by RoPE and puts it back, so the same holds.
 TEST_CASE("kv drop: rotated keys: one-layer models after a drop equal a re-evaluation") {
-    const struct {
-        kvtest::Shape s;
-        int64_t longrope_orig_ctx;
-    } cases[] = {{{"llama", 64, 4, 2, 96, 1, gl::Type::F32}, 0},
-                 {{"qwen2", 64, 4, 2, 96, 1, gl::Type::F32}, 0},
-                 {{"gemma3", 64, 4, 2, 96, 1, gl::Type::F32}, 0},
-                 {{"phi3", 64, 4, 2, 96, 1, gl::Type::F32}, 32}};
-    const std::vector<int32_t> all = random_tokens(40, 11), next = random_tokens(3, 12);
-    for (const auto& [s, longrope] : cases) {
-        const std::vector<uint8_t> bytes = kvtest::random_model(s, 21, longrope);
-        GgufFile f = GgufFile::parse(bytes.data(), bytes.size(), s.arch);
-        const Model m = Model::load(f);
-        std::vector<int32_t> kept(all.begin(), all.begin() + 6);
-        kept.insert(kept.end(), all.begin() + 21, all.end());
-        for (const TypeTol& t : kTypes) {
-            const std::string what = std::string(s.arch) + " rotated " + gl::type_name(t.type);
-            CAPTURE(what);
-            const Run a = run(m, t.type, 64, all, 6, 21, next, 16);
-            REQUIRE(a.dropped);
-            const Run b = run(m, t.type, 64, kept, 0, 0, next, 16);
-            const double rel = max_diff(a.logits, b.logits) / max_abs(b.logits);
-            MESSAGE(what, ": max |diff| / max |logit| ", rel);
-            CHECK(rel < t.tol);
-            // And the rotation changed what is stored (it is not a no-op here).
-            if (t.type == gl::Type::F32)
-                CHECK(a.k0[0] != run(m, t.type, 64, all, 6, 21, next).k0[0]);
-        }
-    }
+    check_drop_equals_reevaluation({{{"llama", 64, 4, 2, 96, 1, gl::Type::F32}, 0},
+                                    {{"qwen2", 64, 4, 2, 96, 1, gl::Type::F32}, 0},
+                                    {{"gemma3", 64, 4, 2, 96, 1, gl::Type::F32}, 0},
+                                    {{"phi3", 64, 4, 2, 96, 1, gl::Type::F32}, 32}},
+                                   16);
 }
 
 TEST_CASE("kv drop: deeper layers: layer 0 as a fresh evaluation, the rest moved unchanged") {
