@@ -3,6 +3,9 @@
 // part 2):
 // - rotated keys (--k-rotate): the Hadamard kernel against gl::hadamard_rows
 //   bit for bit, and a rotated 4-bit ring that wraps, CUDA against CPU;
+// - chat eviction in place (KvCache::drop moves and re-rotates rows on the
+//   host): the device mirror picks the moved rows up, and the logits after
+//   the drop match the CPU's, plain and with rotated keys;
 // - speculative decoding: drafts verified in one batch on the GPU (the batch
 //   attends at once there, Forward::eval_verify) give the greedy answer that
 //   plain GPU decoding gives, through a ring that wraps, for the lookup
@@ -158,6 +161,44 @@ TEST_CASE("cuda rotated keys: a rotated 4-bit ring that wraps matches the CPU ba
             CHECK(worst_diff(g0, g1) > 0);
         }
     }
+}
+
+TEST_CASE("cuda kv drop: rows moved in place on the host reach the device mirror") {
+    auto lm = gpu_test_model("stories260K.gguf");
+    if (!lm) return;
+    const Hparams& hp = lm->model.hp;
+    std::mt19937 rng(23);
+    std::vector<int32_t> held(60), next(4);
+    for (auto& t : held) t = static_cast<int32_t>(rng() % hp.n_vocab);
+    for (auto& t : next) t = static_cast<int32_t>(rng() % hp.n_vocab);
+    // 60 tokens on a 96-slot ring, drop [10, 35), then 4 more: logits of
+    // all 4 rows, with the drop and (to show the drop mattered) without.
+    auto after_drop = [&](gl::Backend& be, gl::Type t, int rotate, bool drop) {
+        KvCache kv(KvCacheConfig::for_model(hp, 96, 4, t, t, rotate));
+        Forward f(lm->model, kv, Placement::all(be, hp.n_layer), 16);
+        for (size_t i = 0; i < held.size(); i += 16) {
+            const int n = static_cast<int>(std::min<size_t>(16, held.size() - i));
+            f.eval(held.data() + i, n, false);
+        }
+        if (drop) REQUIRE(kv.drop(10, 35, lm->model));
+        const float* r = f.eval(next.data(), static_cast<int>(next.size()), true);
+        return std::vector<float>(r, r + next.size() * hp.n_vocab);
+    };
+    auto cuda = gl::make_cuda_backend(0);
+    auto cpu = gl::make_cpu_backend(2);
+    const int rot = gl::hadamard_block(hp.head_dim);
+    for (gl::Type t : {gl::Type::F16, gl::Type::Q8_0})
+        for (int rotate : {0, rot}) {
+            const auto g = after_drop(*cuda, t, rotate, true),
+                       c = after_drop(*cpu, t, rotate, true);
+            const double worst = worst_diff(g, c);
+            MESSAGE(gl::type_name(t), rotate ? " rotated" : "", ": max |cuda - cpu| after a drop ",
+                    worst);
+            CHECK(worst < 0.05);
+            // A mirror that kept the rows from before the drop would be
+            // this far off: the no-drop logits differ from the dropped ones.
+            CHECK(worst_diff(after_drop(*cuda, t, rotate, false), g) > 10 * worst);
+        }
 }
 
 TEST_CASE("cuda speculative: drafts verified on the GPU give plain GPU decoding's greedy answer") {
