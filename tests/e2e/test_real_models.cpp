@@ -105,7 +105,10 @@ TEST_CASE("real: Gemma 3 generates far past its sliding window without recomputi
     INFO("last 2000 characters: ", tail);
     CHECK(n > 200);
     CHECK(alpha >= 0.9 * n);
-    CHECK(distinct.size() >= 20);
+    // Not one token over and over. A 270M base model may settle into a loop
+    // of a sentence, and where depends on the CPU's rounding (an AMD EPYC
+    // gave "It is not used to being bad days." over and over: 12 words).
+    CHECK(distinct.size() >= 5);
 }
 
 // Per layer kind against the formula: 2 (K and V) x layers x slots x 1 KV
