@@ -225,7 +225,8 @@ using AttnData = kvtest::AttentionProblem;
 // Attention of problem d on `be` against the CPU backend: max |diff|.
 double backend_vs_cpu(gl::Backend& cpu, gl::Backend& be, AttnData& d) {
     const AttnCase& c = d.c;
-    cpu.reserve(0, gl::attention_scratch_floats(1, c.n_ctx, c.n_tok, c.n_head_kv * c.head_dim, c.head_dim));
+    cpu.reserve(
+        0, gl::attention_scratch_floats(1, c.n_ctx, c.n_tok, c.n_head_kv * c.head_dim, c.head_dim));
     cpu.attention(d.a);
     const std::vector<float> want = d.out;
     std::fill(d.out.begin(), d.out.end(), NAN);
@@ -267,7 +268,7 @@ TEST_CASE("cuda dequant.h: dequant8 matches the reference bit for bit, every typ
     for (Type t : kMatmulTypes) {
         const int64_t bs = gl::type_info(t).block_size;
         for (int64_t n : {bs == 1 ? int64_t{37} : bs, bs == 1 ? int64_t{256} : 4 * bs}) {
-            INFO("type ", gl::type_name(t), " n ", n);
+            INFO("type ", std::string(gl::type_name(t)), " n ", n);
             const auto x =
                 random_floats(static_cast<size_t>(n) * 3, 7u + static_cast<uint32_t>(n), 0.7f);
             const auto q = quantize(t, x, n, 3);
@@ -294,7 +295,7 @@ TEST_CASE("cuda dequant.h: dequant8 matches the reference bit for bit, every typ
 TEST_CASE("cuda dequant.h: KV element access, conversions and quantizers match the reference") {
     const int64_t n = 96;
     for (Type t : kKvTypes) {
-        INFO("type ", gl::type_name(t));
+        INFO("type ", std::string(gl::type_name(t)));
         const auto x = random_floats(n, 3, 2.0f);
         const auto q = quantize(t, x, n, 1);
         std::vector<float> want(n);
@@ -317,7 +318,7 @@ TEST_CASE("cuda dequant.h: KV element access, conversions and quantizers match t
             else
                 gc::quantize_block_q4_0(x.data() + 32 * b, got.data() + bb * b);
         }
-        CHECK_MESSAGE(got == want, gl::type_name(t));
+        CHECK_MESSAGE(got == want, std::string(gl::type_name(t)));
     }
     // Half and bfloat16 conversions, including specials and subnormals.
     std::mt19937 rng(9);
@@ -351,8 +352,8 @@ TEST_CASE(
              gl::type_name(c.tv));
         AttnData d(c, seed++);
         const size_t qd = static_cast<size_t>(c.n_tok) * c.n_head * c.head_dim;
-        cpu->reserve(0,
-                     gl::attention_scratch_floats(1, c.n_ctx, c.n_tok, c.n_head_kv * c.head_dim, c.head_dim));
+        cpu->reserve(0, gl::attention_scratch_floats(1, c.n_ctx, c.n_tok, c.n_head_kv * c.head_dim,
+                                                     c.head_dim));
         cpu->attention(d.a);
         std::vector<float> got(qd);
         emulate_attention(d.a, got.data());
@@ -411,8 +412,8 @@ TEST_CASE("cuda matmul: every supported type, odd sizes, decode and prompt batch
         for (int64_t n_in : {bs == 1 ? int64_t{37} : bs * 3, bs == 1 ? int64_t{200} : 8 * bs})
             for (int64_t n_out : {1, 33, 67})
                 for (int64_t n_tok : {1, 3, 8, 9, 70}) {
-                    INFO("type ", gl::type_name(t), " n_in ", n_in, " n_out ", n_out, " n_tok ",
-                         n_tok);
+                    INFO("type ", std::string(gl::type_name(t)), " n_in ", n_in, " n_out ", n_out,
+                         " n_tok ", n_tok);
                     const auto wf = random_floats(static_cast<size_t>(n_in * n_out), seed++, 0.5f);
                     const auto wq = quantize(t, wf, n_in, n_out);
                     const auto x = random_floats(static_cast<size_t>(n_in * n_tok), seed++);
@@ -513,7 +514,7 @@ TEST_CASE(
         const auto want = quantize(t, x, n, rows);
         std::vector<uint8_t> got(want.size());
         be->convert_rows(t, x.data(), n, rows, got.data());
-        CHECK_MESSAGE(got == want, "convert_rows ", gl::type_name(t));
+        CHECK_MESSAGE(got == want, "convert_rows ", std::string(gl::type_name(t)));
     }
 }
 
@@ -660,7 +661,7 @@ TEST_CASE("cuda forward: a wrapping ring with sinks matches the CPU backend") {
             for (int i = 0; i < hp.n_vocab; i++)
                 worst = std::max(worst, static_cast<double>(std::abs(a[i] - b[i])));
         }
-        MESSAGE("ring wrap, cache ", gl::type_name(t), ": max |cuda - cpu| ", worst);
+        MESSAGE("ring wrap, cache ", std::string(gl::type_name(t)), ": max |cuda - cpu| ", worst);
         CHECK(worst < 0.05);
     }
 }
@@ -737,8 +738,8 @@ TEST_CASE("cuda hot/cold forward: --kv-gpu-window logits equal all-GPU logits") 
             const auto got =
                 wrap_logits(*lm, kvrun::Placement::all(*hc, hp.n_layer), Type::F16, 200);
             const double worst = worst_diff(got, want);
-            MESSAGE(name, " --kv-gpu-window ", w, ": max |hot/cold - all-GPU| ", worst, " over ",
-                    got.size(), " steps; device KV ", hc->memory_use().kv, " bytes");
+            MESSAGE(std::string(name), " --kv-gpu-window ", w, ": max |hot/cold - all-GPU| ", worst,
+                    " over ", got.size(), " steps; device KV ", hc->memory_use().kv, " bytes");
             CHECK(worst <= 0.02); // the F16 golden tolerance
             CHECK(hc->memory_use().kv == static_cast<uint64_t>(hp.n_layer) * (4 + w) * row);
         }
@@ -812,12 +813,12 @@ TEST_CASE("cuda graphs: recorded decode steps equal eager ones bit for bit, and 
         CHECK(graphs->name().find(", graphs") != std::string::npos);
         const auto got = wrap_logits(*lm, kvrun::Placement::all(*graphs, n_layer), Type::F16, 200);
         CHECK(graphs->name().find(", graphs") != std::string::npos); // never fell back
-        MESSAGE(name, ": max |graphs - eager| ", worst_diff(got, want));
+        MESSAGE(std::string(name), ": max |graphs - eager| ", worst_diff(got, want));
         CHECK(worst_diff(got, want) == 0.0);
         // Both against the CPU, as the other forward tests.
         auto cpu = gl::make_cpu_backend(2);
         const auto ref = wrap_logits(*lm, kvrun::Placement::all(*cpu, n_layer), Type::F16, 200);
-        MESSAGE(name, ": max |graphs - cpu| ", worst_diff(got, ref));
+        MESSAGE(std::string(name), ": max |graphs - cpu| ", worst_diff(got, ref));
         CHECK(worst_diff(got, ref) < 0.05);
 
         // The 5th recorded step fails: it is redone eagerly, graphs stay off,
@@ -833,7 +834,8 @@ TEST_CASE("cuda graphs: recorded decode steps equal eager ones bit for bit, and 
             auto part = cuda_with_graphs(nullptr);
             const auto split =
                 wrap_logits(*lm, kvrun::Placement::split(*part, *cpu, k, n_layer), Type::F16, 200);
-            MESSAGE(name, " -ngl ", k, ": max |split with graphs - cpu| ", worst_diff(split, ref));
+            MESSAGE(std::string(name), " -ngl ", k, ": max |split with graphs - cpu| ",
+                    worst_diff(split, ref));
             CHECK(worst_diff(split, ref) < 0.05);
         }
     }

@@ -150,8 +150,9 @@ TEST_CASE("cuda rotated keys: a rotated 4-bit ring that wraps matches the CPU ba
             const auto g1 = ring_logits(*lm, *cuda, t, rot, 60),
                        c1 = ring_logits(*lm, *cpu, t, rot, 60);
             const double plain = worst_diff(g0, c0), rotated = worst_diff(g1, c1);
-            MESSAGE(name, " ", gl::type_name(t), " keys: max |cuda - cpu| ", plain, " plain, ",
-                    rotated, " rotated in blocks of ", rot);
+            MESSAGE(std::string(name), " ", std::string(gl::type_name(t)),
+                    " keys: max |cuda - cpu| ", plain, " plain, ", rotated,
+                    " rotated in blocks of ", rot);
             // The rotated ring is as close to the CPU as the plain one: the
             // kernel rotates exactly as the host does, so what differs is
             // only what the plain ring has too (sums in other orders, a
@@ -192,8 +193,8 @@ TEST_CASE("cuda kv drop: rows moved in place on the host reach the device mirror
             const auto g = after_drop(*cuda, t, rotate, true),
                        c = after_drop(*cpu, t, rotate, true);
             const double worst = worst_diff(g, c);
-            MESSAGE(gl::type_name(t), rotate ? " rotated" : "", ": max |cuda - cpu| after a drop ",
-                    worst);
+            MESSAGE(std::string(gl::type_name(t)), rotate ? " rotated" : "",
+                    ": max |cuda - cpu| after a drop ", worst);
             CHECK(worst < 0.05);
             // A mirror that kept the rows from before the drop would be
             // this far off: the no-drop logits differ from the dropped ones.

@@ -210,7 +210,7 @@ TEST_CASE("real: --lookup and --draft-model answers are plain decoding's") {
         "Here is a Python function:\n\n" + code + "\nThe same function, copied exactly:\n\n";
     for (const char* model : {kSmol, kGemma}) {
         if (!kvtest::have_real_model(model)) continue;
-        CAPTURE(model);
+        INFO(std::string(model));
         std::vector<std::string> base = {
             "-m",          kvtest::real_model(model), "-p", prompt, "-n", "120", "--temp", "0",
             "--ignore-eos"};

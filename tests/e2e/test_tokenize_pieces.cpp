@@ -7,7 +7,7 @@
 
 TEST_CASE("tokenize --pieces: partial UTF-8 pieces print as <0xNN>, one line per token") {
     for (const char* model : {"models/stories260K.gguf", "models/synthetic/tiny-qwen2-Q8_0.gguf"}) {
-        CAPTURE(model);
+        INFO(std::string(model));
         const std::string m = kvtest::shared(model);
         const auto ids =
             kvtest::run_kvrun({"tokenize", "-m", m, "-p", "I like \xF0\x9F\x98\x80 caf\xC3\xA9"});

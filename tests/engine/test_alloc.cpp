@@ -77,7 +77,7 @@ TEST_CASE("decode: zero heap allocations per generated token") {
             logits = fwd.eval(&tok, 1, false);
         }
         g_counting = false;
-        INFO(model);
+        INFO(std::string(model));
         CHECK(g_allocations.load() == 0);
         CHECK(kv.n_past() > 48); // the ring wrapped during the counted loop
     }

@@ -262,7 +262,7 @@ TEST_CASE("speculative rollback: after every round the cache equals one that eva
     };
     for (const Case& c : cases) {
         CAPTURE(c.shape.arch);
-        CAPTURE(gl::type_name(c.kv));
+        CAPTURE(std::string(gl::type_name(c.kv)));
         CAPTURE(c.deterministic);
         ModelFile mf(c.shape);
         const LoadedModel& lm = *mf.lm;
@@ -439,7 +439,8 @@ TEST_CASE("draft length: longer while drafts are kept, paused while rounds lose 
     untimed.after_round(7, 2, 1.0);
     CHECK(untimed.next(99) == 6);
     CHECK(untimed.next(3) == 3); // the caller's limit
-    for (int i = 0; i < 20; i++) untimed.after_round(6, 0, 100.0); // slow rounds do not matter untimed
+    for (int i = 0; i < 20; i++)
+        untimed.after_round(6, 0, 100.0); // slow rounds do not matter untimed
     CHECK(untimed.next(99) == 1);
 
     DraftLength timed(1, 10, true);

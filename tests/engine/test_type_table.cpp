@@ -75,7 +75,7 @@ std::string kv_names_from_list() {
 
 TEST_CASE("type table: the compute list, the supported flag and the block structs agree") {
     for (Type t : gl::kComputeTypes) {
-        INFO("type ", gl::type_name(t));
+        INFO("type ", std::string(gl::type_name(t)));
         const gl::TypeInfo& ti = gl::type_info(t);
         REQUIRE(ti.name != nullptr);
         CHECK(ti.supported);
@@ -108,7 +108,7 @@ TEST_CASE("type table: every compute type round-trips through the reference kern
     // gl::ref (which would abort otherwise), and its activation type a
     // quantizer: quantize a row, dot it with a quantized all-ones row.
     for (Type t : gl::kComputeTypes) {
-        INFO("type ", gl::type_name(t));
+        INFO("type ", std::string(gl::type_name(t)));
         const int64_t n = 256; // a multiple of every block size in the table
         std::vector<float> x(n), back(n), ones(n, 1.0f);
         for (int64_t i = 0; i < n; i++) x[i] = static_cast<float>(i % 7) - 3.0f;
@@ -124,7 +124,7 @@ TEST_CASE("type table: every compute type round-trips through the reference kern
 
 TEST_CASE("type table: KV types are compute types, and the CLI accepts exactly them") {
     for (Type t : gl::kKvTypes) {
-        INFO("type ", gl::type_name(t));
+        INFO("type ", std::string(gl::type_name(t)));
         CHECK(listed(gl::kComputeTypes, t));
         CHECK(kvrun::kv_cache_type_ok(t));
     }
@@ -158,6 +158,8 @@ TEST_CASE("type table: KV types are compute types, and the CLI accepts exactly t
     CLI::App app;
     kvrun::cli::CommonOptions o;
     kvrun::cli::add_runtime_options(app, o);
-    CHECK(app.get_option("--ctk")->get_description() == "KV cache type for K: " + kv_names_from_list());
-    CHECK(app.get_option("--ctv")->get_description() == "KV cache type for V: " + kv_names_from_list());
+    CHECK(app.get_option("--ctk")->get_description() ==
+          "KV cache type for K: " + kv_names_from_list());
+    CHECK(app.get_option("--ctv")->get_description() ==
+          "KV cache type for V: " + kv_names_from_list());
 }

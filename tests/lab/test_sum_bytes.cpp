@@ -31,7 +31,7 @@ TEST_CASE("sum_bytes: every variant gives the scalar sum, at any length and alig
                 const uint64_t want = kvrun::lab::sum_bytes_scalar(p, n);
                 if (ones) CHECK(want == 255u * static_cast<uint64_t>(n));
                 for (const kvrun::lab::SumBytesVariant& v : variants) {
-                    INFO(v.isa);
+                    INFO(std::string(v.isa));
                     CHECK(v.fn(p, n) == want);
                 }
                 CHECK(kvrun::lab::sum_bytes(p, n) == want);

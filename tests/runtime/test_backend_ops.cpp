@@ -313,11 +313,14 @@ void run_gelu_mul(BackendUnderTest& b, const OpCase&, Worst& worst) {
         const auto g0 = random_floats(static_cast<size_t>(n), seed++, 4.0f);
         const auto up = random_floats(static_cast<size_t>(n), seed++);
         std::vector<float> g = g0;
-        run_on(b, {inout(g), in(up)}, [&](gl::Backend& be) { be.gelu_mul(g.data(), up.data(), n); });
+        run_on(b, {inout(g), in(up)},
+               [&](gl::Backend& be) { be.gelu_mul(g.data(), up.data(), n); });
         double e = 0;
         for (int64_t i = 0; i < n; i++) {
             const double x = g0[i];
-            const double want = 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x))) * up[i];
+            const double want =
+                0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x))) *
+                up[i];
             e = std::max(e, rel_err(g[i], want, std::abs(want) + std::abs(up[i]) * 1e-3));
         }
         worst.add(e, "n " + str(n));
@@ -529,7 +532,8 @@ const OpCase kOps[] = {
      "2.3e-7)"},
     {"gelu_mul", run_gelu_mul, Type::F32, false, 1e-6,
      "exp of a cubic, a division and a product in float, computed as x / (1 + exp(-2u)) to avoid "
-     "1 + tanh(u)'s cancellation (which measured 7e-5); relative to |want| plus a 1e-3 floor of |up|"},
+     "1 + tanh(u)'s cancellation (which measured 7e-5); relative to |want| plus a 1e-3 floor of "
+     "|up|"},
     {"add", run_add, Type::F32, false, 1e-7, "one float rounding: 2^-24 of |y| + |x|"},
     {"convert_rows f32", run_convert_rows, Type::F32, false, 0, kKvExact},
     {"convert_rows f16", run_convert_rows, Type::F16, false, 0, kKvExact},
@@ -555,10 +559,11 @@ TEST_CASE("backend ops: the table covers every weight type and every KV cache ty
     for (uint32_t id = 0; id < gl::kTypeIdLimit; id++) {
         const Type t = static_cast<Type>(id);
         if (gl::type_info(id).supported)
-            CHECK_MESSAGE(has_row(run_matmul, t), "matmul ", gl::type_name(t));
+            CHECK_MESSAGE(has_row(run_matmul, t), "matmul ", std::string(gl::type_name(t)));
         if (kvrun::kv_cache_type_ok(t)) {
-            CHECK_MESSAGE(has_row(run_convert_rows, t), "convert_rows ", gl::type_name(t));
-            CHECK_MESSAGE(has_row(run_attention, t), "attention ", gl::type_name(t));
+            CHECK_MESSAGE(has_row(run_convert_rows, t), "convert_rows ",
+                          std::string(gl::type_name(t)));
+            CHECK_MESSAGE(has_row(run_attention, t), "attention ", std::string(gl::type_name(t)));
         }
     }
 }

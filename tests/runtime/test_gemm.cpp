@@ -54,8 +54,8 @@ double worst_over_shapes(const std::vector<Type>& types, gl::gemm::Path path) {
         for (int64_t n_in : {bs * 3, bs * 5})
             for (int64_t n_out : {1, 31, 33, 67, 130})
                 for (int64_t n_tok : {16, 17, 33, 70}) {
-                    INFO("type ", gl::type_name(t), " n_in ", n_in, " n_out ", n_out, " n_tok ",
-                         n_tok);
+                    INFO("type ", std::string(gl::type_name(t)), " n_in ", n_in, " n_out ", n_out,
+                         " n_tok ", n_tok);
                     REQUIRE(gl::gemm::path_for(t, n_in, n_tok) == path);
                     const auto wf = random_floats(static_cast<size_t>(n_in * n_out), seed++, 0.5f);
                     const size_t rb = gl::row_size(t, n_in);

@@ -467,7 +467,7 @@ TEST_CASE("vec_dot: exact-arithmetic rows give identical results in every table"
             quant ? std::vector<int64_t>(std::begin(kQuantSizes), std::end(kQuantSizes))
                   : std::vector<int64_t>(std::begin(kFloatSizes), std::end(kFloatSizes));
         for (int64_t n : sizes) {
-            INFO("type ", gl::type_name(w), " n ", n);
+            INFO("type ", std::string(gl::type_name(w)), " n ", n);
             const auto wb = exact_weights(w, n, seed++);
             const auto ab = exact_activations(w, n, seed++);
             const float want = gl::ref::vec_dot(w, n, wb.data(), ab.data());
@@ -492,7 +492,7 @@ TEST_CASE("vec_dot: random rows agree with ref within the float rounding bound")
             quant ? std::vector<int64_t>(std::begin(kQuantSizes), std::end(kQuantSizes))
                   : std::vector<int64_t>(std::begin(kFloatSizes), std::end(kFloatSizes));
         for (int64_t n : sizes) {
-            INFO("type ", gl::type_name(w), " n ", n);
+            INFO("type ", std::string(gl::type_name(w)), " n ", n);
             const auto wv = random_weights(w, n, seed++);
             const auto av = random_activations(w, n, seed++);
             // Copy to misaligned places (rows of a mapped file are only
@@ -528,7 +528,8 @@ TEST_CASE("matvec: row groups of every table give each row's ref vec_dot") {
                                : std::vector<int64_t>{1, 17, 33, 1001}) {
             for (int64_t rows : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13}) {
                 for (bool exact : {true, false}) {
-                    INFO("type ", gl::type_name(w), " n ", n, " rows ", rows, " exact ", exact);
+                    INFO("type ", std::string(gl::type_name(w)), " n ", n, " rows ", rows,
+                         " exact ", exact);
                     const size_t rb = gl::row_size(w, n), stride = rb + 6;
                     Buffer wb(stride * static_cast<size_t>(rows), 2);
                     std::vector<double> tol(static_cast<size_t>(rows));
@@ -577,7 +578,7 @@ TEST_CASE("dequantize_row: every table is bit-identical to ref") {
             quant ? std::vector<int64_t>(std::begin(kQuantSizes), std::end(kQuantSizes))
                   : std::vector<int64_t>(std::begin(kFloatSizes), std::end(kFloatSizes));
         for (int64_t n : sizes) {
-            INFO("type ", gl::type_name(t), " n ", n);
+            INFO("type ", std::string(gl::type_name(t)), " n ", n);
             const auto src = random_weights(t, n, seed++);
             std::vector<float> want(static_cast<size_t>(n) + 1, -1.0f), got(want.size(), -1.0f);
             gl::ref::dequantize_row(t, src.data(), want.data(), n);
@@ -663,7 +664,7 @@ TEST_CASE("quantize_row F16/BF16: every table is bit-identical to ref, specials 
         gl::ref::quantize_row(t, x.data(), want.data(), n);
         for_each_table([&](const gl::KernelTable& k) {
             for (int64_t len : {int64_t{1}, int64_t{7}, int64_t{17}, n}) {
-                INFO("type ", gl::type_name(t), " n ", len);
+                INFO("type ", std::string(gl::type_name(t)), " n ", len);
                 std::fill(got.begin(), got.end(), uint16_t{0xeeee});
                 t_quantize(k, t, x.data(), got.data(), len);
                 CHECK(first_diff(got.data(), want.data(), static_cast<size_t>(len) * 2) == -1);
@@ -730,7 +731,7 @@ TEST_CASE("axpy: every table matches ref within one rounding") {
     uint32_t seed = 600;
     for (Type t : kFloatTypes) {
         for (int64_t n : kFloatSizes) {
-            INFO("type ", gl::type_name(t), " n ", n);
+            INFO("type ", std::string(gl::type_name(t)), " n ", n);
             const auto xb = random_weights(t, n, seed++);
             const auto y0 = random_floats(n, seed++);
             std::vector<float> xf(static_cast<size_t>(n));
@@ -777,7 +778,7 @@ TEST_CASE("attention rows: dot_rows, axpy_rows and exp_sum of every table match 
         // with and without 64-element slices, and 8-wide tails after them.
         for (int64_t hd : {1, 7, 16, 33, 63, 64, 72, 80, 127, 128, 200})
             for (int64_t n : {1, 5, 17}) { // 17: groups of 8 and 16 rows, and the rest
-                INFO("type ", gl::type_name(t), " head_dim ", hd, " rows ", n);
+                INFO("type ", std::string(gl::type_name(t)), " head_dim ", hd, " rows ", n);
                 const HeadRows rows(t, hd, n, seed++);
                 const size_t stride = rows.stride;
                 const uint8_t* head0 = rows.head0();
@@ -904,7 +905,7 @@ TEST_CASE("attention tiles: rows_to_f32 is exact and axpy_heads matches ref in e
     for (Type t : kFloatTypes) {
         for (int64_t hd : {1, 7, 16, 33, 63, 64, 80, 127, 128, 200})
             for (int64_t n : {1, 5, 17}) {
-                INFO("rows_to_f32 ", gl::type_name(t), " head_dim ", hd, " rows ", n);
+                INFO("rows_to_f32 ", std::string(gl::type_name(t)), " head_dim ", hd, " rows ", n);
                 const HeadRows rows(t, hd, n, seed++);
                 const size_t stride = rows.stride;
                 const uint8_t* head0 = rows.head0();
@@ -935,8 +936,8 @@ TEST_CASE("attention tiles: rows_to_f32 is exact and axpy_heads matches ref in e
         for (int nh : {1, 2, 3, 4, 5, 7, 8, 9})
             for (int64_t hd : {7, 33, 64, 80, 128, 200})
                 for (int64_t n : {1, 13, 64}) {
-                    INFO("axpy_heads ", gl::type_name(t), " heads ", nh, " head_dim ", hd, " rows ",
-                         n);
+                    INFO("axpy_heads ", std::string(gl::type_name(t)), " heads ", nh, " head_dim ",
+                         hd, " rows ", n);
                     const int64_t row_elems = hd + 5;
                     // The rows as stored (t) and as the floats they hold.
                     const auto floats = random_floats(row_elems * n, seed++);
@@ -1015,8 +1016,9 @@ TEST_CASE("attention key tiles: dot_tile matches the row dot products in every t
                         const int width = gl::key_tile_width(t0, n_keys);
                         for (auto [lo, hi] : {std::pair{0, width}, std::pair{width / 3, width},
                                               std::pair{1, std::max(1, width - 2)}}) {
-                            INFO("dot_tile ", gl::type_name(t), " head_dim ", hd, " keys ", n_keys,
-                                 " tile ", t0, " heads ", nh, " lanes ", lo, "..", hi);
+                            INFO("dot_tile ", std::string(gl::type_name(t)), " head_dim ", hd,
+                                 " keys ", n_keys, " tile ", t0, " heads ", nh, " lanes ", lo, "..",
+                                 hi);
                             const size_t os = 19; // > kKeyTile: room to see stray writes
                             const uint8_t* tile = tiles.data() + t0 * hd * e;
                             std::vector<float> want(os * nh, -7.0f);
