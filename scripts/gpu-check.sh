@@ -32,6 +32,11 @@
 #      Any failure stops the script with a non-zero status and a FAILED line
 #      (GPU_CHECK_KEEP_GOING=1: once built, every check runs and the failed
 #      ones are listed at the end).
+#      GPU_CHECK_TESTS_ONLY=1 stops after b (and the sanitizer run): a
+#      short device run for a change to the CUDA code or its tests.
+#      GPU_CHECK_PROFILE=1 skips the tests and profiles decode instead: the
+#      1.1B Q4_0 shape's tg64 with `kvrun bench --profile`, KVRUN_CUDA_DEBUG
+#      transfer counts, and Nsight Systems' summaries where nsys exists.
 #      GPU_CHECK_SANITIZE=1 also runs the attention/matmul tests under
 #      compute-sanitizer memcheck (slow; not available on every machine).
 set -euo pipefail
@@ -119,6 +124,47 @@ if grep -q "warning" "$BUILD.build.log"; then
 fi
 echo "built in $(($(date +%s) - t_start)) s"
 
+if [[ "${GPU_CHECK_PROFILE:-0}" == 1 ]]; then
+    say "decode profile: tinyllama-1.1b shape, Q4_0"
+    vocab=$DATA_DIR/vocab/ggml-vocab-llama-spm.gguf
+    m=/tmp/kvrun-tinyllama-q4_0.gguf
+    [[ -f "$m" ]] || timeout 180 ./kvrun synth --preset tinyllama-1.1b --type q4_0 --vocab "$vocab" -o "$m" \
+        -t "$(nproc)" >/dev/null || die "kvrun synth"
+    # Host and GPU time of a decode step (KVRUN_CUDA_DEBUG=1: with graphs, the
+    # recording on the host and the graph on the GPU; =2, eager: each kind
+    # of op waited for), and stories260K (where fixed costs show).
+    for model in "$m" "$DATA_DIR/models/stories260K.gguf"; do
+        for dbg in "1 1" "0 2"; do
+            read -r g d <<<"$dbg"
+            echo "--- $(basename "$model") KVRUN_CUDA_GRAPHS=$g KVRUN_CUDA_DEBUG=$d"
+            KVRUN_CUDA_GRAPHS=$g KVRUN_CUDA_DEBUG=$d timeout 60 ./kvrun -m "$model" -p "the cat" -n 64 \
+                -c 1024 --temp 0 --ignore-eos --device cuda </dev/null 2>&1 >/dev/null |
+                grep -E "kvrun: CUDA|\[kvrun\]" | sed -E 's/ \| (first token|n_ctx|KV|peak|stop)[^|]*//g' || true
+        done
+    done
+    q8=/tmp/kvrun-tinyllama-q8_0.gguf
+    [[ -f "$q8" ]] || timeout 180 ./kvrun synth --preset tinyllama-1.1b --type q8_0 --vocab "$vocab" -o "$q8" \
+        -t "$(nproc)" >/dev/null || die "kvrun synth"
+    for model in "$m" "$q8"; do
+        timeout 120 ./kvrun bench -m "$model" -p 256 -n 64 -r 3 --device cuda </dev/null 2>/dev/null | grep -E "pp|tg" || true
+    done
+    nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1 || true)
+    if [[ -n "$nsys" ]]; then
+        for g in 1 0; do
+            echo "--- nsys, KVRUN_CUDA_GRAPHS=$g"
+            KVRUN_CUDA_GRAPHS=$g timeout 150 "$nsys" profile -o /tmp/kvrun-prof-$g --force-overwrite true \
+                --cuda-graph-trace=node ./kvrun -m "$m" -p "the cat" -n 64 -c 1024 --temp 0 --ignore-eos \
+                --device cuda </dev/null >/dev/null 2>&1 || echo "nsys profile failed"
+            timeout 120 "$nsys" stats -q --report cuda_gpu_kern_sum,cuda_api_sum,cuda_gpu_mem_time_sum \
+                --format csv /tmp/kvrun-prof-$g.nsys-rep 2>/dev/null | cut -c1-220 | head -70 || true
+        done
+    else
+        echo "no nsys here"
+    fi
+    echo "profile done in $(($(date +%s) - t_start)) s"
+    exit 0
+fi
+
 say "CUDA tests"
 export KVRUN_SHARED_DIR=$DATA_DIR
 rc=0
@@ -133,6 +179,12 @@ if [[ "${GPU_CHECK_SANITIZE:-0}" == 1 ]]; then
     say "compute-sanitizer memcheck"
     timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/kvrun_tests" \
         -tc='cuda attention*,cuda ops*' || check_failed "compute-sanitizer"
+fi
+
+if [[ "${GPU_CHECK_TESTS_ONLY:-0}" == 1 ]]; then
+    ((${#failures[@]} == 0)) || die "${#failures[@]} failed: ${failures[*]}"
+    echo "tests only: done in $(($(date +%s) - t_start)) s"
+    exit 0
 fi
 
 say "benchmark: tinyllama-1.1b shapes (synthetic weights), kvrun bench pp256 / tg64"

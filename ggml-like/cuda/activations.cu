@@ -33,7 +33,7 @@ void CudaBackend::host_read(const void* p, size_t bytes) {
 
 void CudaBackend::copy_to_host(const void* src, void* dst, size_t bytes) {
     if (bytes == 0) return;
-    op([&] {
+    op(OpKind::copy, [&] {
         if (coh_->device_dirty(src, bytes)) {
             // On the device only: into the pinned staging buffer now, on
             // to dst at the next sync().

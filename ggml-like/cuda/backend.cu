@@ -50,7 +50,12 @@ CudaBackend::CudaBackend(int device, const CudaOptions& opt)
     // Graphs record whole decode steps; the hot/cold split waits for the
     // GPU in the middle of each layer, so it keeps eager launches.
     graphs_ = graphs_enabled(std::getenv("KVRUN_CUDA_GRAPHS")) && window_ == 0;
-    if (const char* d = std::getenv("KVRUN_CUDA_DEBUG")) debug_ = d[0] == '1';
+    if (const char* d = std::getenv("KVRUN_CUDA_DEBUG"))
+        debug_ = d[0] == '1' ? 1 : d[0] == '2' ? 2 : 0;
+    if (debug_) {
+        GL_CUDA(cudaEventCreate(&ev_launch_));
+        GL_CUDA(cudaEventCreate(&ev_done_));
+    }
     // Tests: treat the N-th recorded graph as failed (the fallback path).
     if (const char* f = std::getenv("KVRUN_CUDA_GRAPHS_TEST_FAIL"))
         fail_at_ = std::strtoull(f, nullptr, 10);
@@ -74,6 +79,26 @@ CudaBackend::~CudaBackend() {
                      prop_.name, ull(st_.steps), ull(st_.eager_decode), ull(st_.launches),
                      ull(st_.updates), ull(st_.instantiations), ull(st_.partial), ull(st_.uploads),
                      st_.up_bytes / 1048576.0, ull(st_.downloads), st_.down_bytes / 1048576.0);
+    if (debug_ && st_.eager_decode > 0)
+        std::fprintf(stderr, "kvrun: CUDA: an eager decode step takes %.0f us on the host\n",
+                     st_.eager_ns / 1e3 / static_cast<double>(st_.eager_decode));
+    if (debug_ && st_.graph_steps_timed > 0) {
+        const double n = static_cast<double>(st_.graph_steps_timed);
+        std::fprintf(stderr,
+                     "kvrun: CUDA: a graph decode step: %.0f us recording on the host, %.0f us "
+                     "running on the GPU\n",
+                     st_.record_ns / 1e3 / n, st_.graph_gpu_ms * 1e3 / n);
+    }
+    if (debug_ >= 2) {
+        const char* kinds[] = {"matmul", "attention", "copy to host", "other"};
+        std::fprintf(stderr, "kvrun: CUDA: ops waited for one by one, per decode step:");
+        const double n = static_cast<double>(std::max<uint64_t>(1, st_.eager_decode));
+        for (int k = 0; k < static_cast<int>(OpKind::count); k++)
+            std::fprintf(stderr, " %s %.0f us%s", kinds[k], st_.op_ns[k] / 1e3 / n,
+                         k + 1 < static_cast<int>(OpKind::count) ? "," : "\n");
+    }
+    if (ev_launch_) cudaEventDestroy(ev_launch_);
+    if (ev_done_) cudaEventDestroy(ev_done_);
     destroying_ = true;
     coh_.reset(); // frees the twins (Twins::free) while the stream exists
     if (exec_) cudaGraphExecDestroy(exec_);
@@ -100,7 +125,7 @@ void CudaBackend::matmul(const Tensor& w, const float* x, int64_t n_tok, float* 
             std::string("CUDA backend: no matmul kernel for weight type ") + type_name(w.type) +
             " (supported: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl q2_K..q6_K)");
     if (n_tok <= 0 || w.ne1 <= 0) return;
-    op([&] {
+    op(OpKind::matmul, [&] {
         const size_t xb = sizeof(float) * static_cast<size_t>(n_tok * w.ne0);
         const size_t yb = sizeof(float) * static_cast<size_t>(n_tok * w.ne1);
         const size_t wbytes =
@@ -118,7 +143,7 @@ void CudaBackend::matmul(const Tensor& w, const float* x, int64_t n_tok, float* 
 void CudaBackend::rmsnorm(const float* x, const float* w, int64_t n, int64_t rows, float eps,
                           float* o) {
     if (n <= 0 || rows <= 0) return;
-    op([&] {
+    op(OpKind::other, [&] {
         const size_t xb = sizeof(float) * static_cast<size_t>(n * rows),
                      wb = sizeof(float) * static_cast<size_t>(n);
         // In a Forward step the norm weight is model data: cached like a
@@ -135,7 +160,7 @@ void CudaBackend::rmsnorm(const float* x, const float* w, int64_t n, int64_t row
 void CudaBackend::rope(float* x, int64_t rows, int n_heads, int head_dim, int rope_dims,
                        const float* cos, const float* sin, bool neox) {
     if (rows <= 0 || n_heads <= 0 || rope_dims < 2) return;
-    op([&] {
+    op(OpKind::other, [&] {
         const size_t xb = sizeof(float) * static_cast<size_t>(rows * n_heads * head_dim);
         const size_t cb = sizeof(float) * static_cast<size_t>(rows * (rope_dims / 2));
         const auto* dc = static_cast<const float*>(in(cos, cb, kW));
@@ -150,7 +175,7 @@ void CudaBackend::rope(float* x, int64_t rows, int n_heads, int head_dim, int ro
 
 void CudaBackend::hadamard_rows(float* x, int64_t rows, int64_t n, int block) {
     if (rows <= 0 || n <= 0 || block <= 1) return;
-    op([&] {
+    op(OpKind::other, [&] {
         const size_t xb = sizeof(float) * static_cast<size_t>(rows * n);
         const Out r = inout(x, xb, kX);
         cuda::hadamard_rows(static_cast<float*>(r.dev), rows * n / block, block, s_);
@@ -164,7 +189,7 @@ void CudaBackend::convert_rows(Type t, const float* x, int64_t n, int64_t rows, 
         throw std::runtime_error(std::string("CUDA backend: cannot convert rows to ") +
                                  type_name(t) + " (supported: f32 f16 bf16 q8_0 q4_0)");
     if (n <= 0 || rows <= 0) return;
-    op([&] {
+    op(OpKind::other, [&] {
         const size_t xb = sizeof(float) * static_cast<size_t>(n * rows);
         const size_t db = row_size(t, n) * static_cast<size_t>(rows);
         const auto* dx = static_cast<const float*>(in(x, xb, kX));
@@ -178,16 +203,15 @@ void CudaBackend::convert_rows(Type t, const float* x, int64_t n, int64_t rows, 
 void CudaBackend::attention(const AttentionArgs& a) {
     for (Type t : {a.k_type, a.v_type})
         if (!cuda::kv_type_ok(t))
-            throw std::runtime_error(
-                std::string("CUDA backend: attention over a ") + type_name(t) +
-                " KV cache is not supported (use " + kv_type_names() + ")");
+            throw std::runtime_error(std::string("CUDA backend: attention over a ") + type_name(t) +
+                                     " KV cache is not supported (use " + kv_type_names() + ")");
     if (a.k_head_bytes || a.v_slot_bytes)
         throw std::runtime_error("CUDA backend: head-major KV slots are not supported (the "
                                  "cache must use the row layout)");
     if (a.n_tok <= 0) return;
     if (a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0 || a.head_dim <= 0)
         throw std::runtime_error("CUDA backend: attention needs n_head a multiple of n_head_kv");
-    op([&] { attend(a); });
+    op(OpKind::attention, [&] { attend(a); });
 }
 
 MemoryUse CudaBackend::memory_use() const {
@@ -209,7 +233,9 @@ void CudaBackend::begin_step(int n_tok) {
     in_step_ = true;
     step_tokens_ = n_tok;
     step_graph_ = false;
+    graph_timed_ = false;
     st_.steps++;
+    if (debug_) step_t0_ = std::chrono::steady_clock::now();
     if (!graphs_ || n_tok != 1 || warm_ < 1) return;
     GL_CUDA(cudaSetDevice(dev_));
     if (!stage_.p && !grow_staging(kStagingStart)) {
@@ -255,21 +281,41 @@ bool CudaBackend::end_step() {
     if (step_tokens_ == 1 && !step_graph_) {
         warm_++;
         st_.eager_decode++;
+        if (debug_)
+            st_.eager_ns +=
+                static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                          std::chrono::steady_clock::now() - step_t0_)
+                                          .count());
+    }
+    if (graph_timed_) {
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, ev_launch_, ev_done_) == cudaSuccess) {
+            st_.graph_gpu_ms += ms;
+            st_.graph_steps_timed++;
+        }
+        cudaGetLastError();
+        graph_timed_ = false;
     }
     return true;
 }
 
 void CudaBackend::binary(float* y, const float* x, int64_t n, Binary which) {
     if (n <= 0) return;
-    op([&] {
+    op(OpKind::other, [&] {
         const size_t nb = sizeof(float) * static_cast<size_t>(n);
         const auto* dx = static_cast<const float*>(in(x, nb, kX));
         const Out r = inout(y, nb, kY);
         auto* dy = static_cast<float*>(r.dev);
         switch (which) {
-        case Binary::silu_mul: cuda::silu_mul(dy, dx, n, s_); break;
-        case Binary::gelu_mul: cuda::gelu_mul(dy, dx, n, s_); break;
-        case Binary::add: cuda::add(dy, dx, n, s_); break;
+        case Binary::silu_mul:
+            cuda::silu_mul(dy, dx, n, s_);
+            break;
+        case Binary::gelu_mul:
+            cuda::gelu_mul(dy, dx, n, s_);
+            break;
+        case Binary::add:
+            cuda::add(dy, dx, n, s_);
+            break;
         }
         GL_CUDA(cudaGetLastError());
         finish({r});

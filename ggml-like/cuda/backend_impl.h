@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <initializer_list>
 #include <map>
@@ -62,8 +63,12 @@ class CudaBackend final : public Backend {
     void rope(float* x, int64_t rows, int n_heads, int head_dim, int rope_dims, const float* cos,
               const float* sin, bool neox) override;
     void hadamard_rows(float* x, int64_t rows, int64_t n, int block) override;
-    void silu_mul(float* gate, const float* up, int64_t n) override { binary(gate, up, n, Binary::silu_mul); }
-    void gelu_mul(float* gate, const float* up, int64_t n) override { binary(gate, up, n, Binary::gelu_mul); }
+    void silu_mul(float* gate, const float* up, int64_t n) override {
+        binary(gate, up, n, Binary::silu_mul);
+    }
+    void gelu_mul(float* gate, const float* up, int64_t n) override {
+        binary(gate, up, n, Binary::gelu_mul);
+    }
     void add(float* y, const float* x, int64_t n) override { binary(y, x, n, Binary::add); }
     void convert_rows(Type t, const float* x, int64_t n, int64_t rows, void* dst) override;
     void attention(const AttentionArgs& a) override;
@@ -89,11 +94,24 @@ class CudaBackend final : public Backend {
     // Runs an op's body. While recording, an exception means the recording
     // is unusable: it is abandoned and the step reported lost (end_step), so
     // Forward does it again eagerly.
-    template <class F> void op(F&& body) {
+    // What an op is, for KVRUN_CUDA_DEBUG=2's time per kind.
+    enum class OpKind { matmul, attention, copy, other, count };
+    template <class F> void op(OpKind kind, F&& body) {
         if (step_lost_) return;
         begin_op();
         if (!capturing_) {
+            if (debug_ < 2) {
+                body();
+                return;
+            }
+            // Each op waited for: host time and the GPU's, per kind.
+            const auto t0 = std::chrono::steady_clock::now();
             body();
+            GL_CUDA(cudaStreamSynchronize(s_));
+            st_.op_ns[static_cast<int>(kind)] +=
+                static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                          std::chrono::steady_clock::now() - t0)
+                                          .count());
             return;
         }
         try {
@@ -229,6 +247,12 @@ class CudaBackend final : public Backend {
         uint64_t steps = 0, captures = 0, eager_decode = 0, launches = 0, updates = 0,
                  instantiations = 0, partial = 0, uploads = 0, downloads = 0, up_bytes = 0,
                  down_bytes = 0;
+        // KVRUN_CUDA_DEBUG: host time of whole decode steps (eager, and
+        // graph steps up to their launch) and the GPU time of the launched
+        // graphs; =2: time of each kind of op, each waited for.
+        uint64_t eager_ns = 0, record_ns = 0, graph_steps_timed = 0;
+        double graph_gpu_ms = 0;
+        uint64_t op_ns[static_cast<int>(OpKind::count)] = {};
     };
 
     int dev_;
@@ -257,9 +281,15 @@ class CudaBackend final : public Backend {
     // capture from the second one on (the first allocates what the shapes
     // need), its graph updated in place and launched at the first host_read.
     bool in_step_ = false, step_lost_ = false, step_graph_ = false;
+    // KVRUN_CUDA_DEBUG step timing: the step's start, and events around a
+    // graph's launch (graph_timed_: both recorded this step).
+    std::chrono::steady_clock::time_point step_t0_{};
+    cudaEvent_t ev_launch_ = nullptr, ev_done_ = nullptr;
+    bool graph_timed_ = false;
     int step_tokens_ = 0;
     uint64_t warm_ = 0; // decode steps run eagerly so far
-    bool graphs_ = false, graphs_off_later_ = false, capturing_ = false, debug_ = false;
+    bool graphs_ = false, graphs_off_later_ = false, capturing_ = false;
+    int debug_ = 0; // KVRUN_CUDA_DEBUG: 1 counts and step times, 2 also per-op times
     cudaGraphExec_t exec_ = nullptr;
     uint64_t fail_at_ = 0;
     Stats st_;

@@ -197,6 +197,27 @@ template <uint32_t T> GL_HD_CONSTEXPR bool is_float_type() {
     return TypeTraits<T>::block == 1;
 }
 
+// Eight bytes at p, which is 2-byte aligned (every block size and every
+// offset of an 8-byte group in a block is even), as one little-endian word.
+// On the device that is four 16-bit loads instead of eight byte loads: the
+// decode matvec is bound by load instructions, not by DRAM.
+GL_HD uint64_t ld8_a2(const uint8_t* p) {
+#if defined(__CUDA_ARCH__)
+    const auto* h = reinterpret_cast<const uint16_t*>(p);
+    return static_cast<uint64_t>(h[0]) | (static_cast<uint64_t>(h[1]) << 16) |
+           (static_cast<uint64_t>(h[2]) << 32) | (static_cast<uint64_t>(h[3]) << 48);
+#else
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v |= static_cast<uint64_t>(p[i]) << (8 * i);
+    return v;
+#endif
+}
+
+// Byte i of a word from ld8_a2.
+GL_HD int byte_of(uint64_t v, int i) {
+    return static_cast<int>((v >> (8 * i)) & 0xffu);
+}
+
 // Scale j and min j (0..7) of the 12-byte 6-bit packing of Q4_K/Q5_K.
 GL_HD void scale_min_k4(const uint8_t* s, int j, int* sc, int* m) {
     if (j < 4) {
@@ -231,14 +252,16 @@ template <uint32_t T> GL_HD void dequant8(const uint8_t* row, int64_t k0, float*
         const int j = static_cast<int>(k0 % BS); // first element within the block
         if constexpr (T == tid(Type::Q8_0)) {
             const float d = half_to_f32(ld_u16(b));
+            const uint64_t v = ld8_a2(b + 2 + j);
             for (int i = 0; i < 8; i++)
-                o[i] = static_cast<float>(static_cast<int8_t>(b[2 + j + i])) * d;
+                o[i] = static_cast<float>(static_cast<int8_t>(byte_of(v, i))) * d;
         } else if constexpr (T == tid(Type::Q4_0) || T == tid(Type::IQ4_NL)) {
             const float d = half_to_f32(ld_u16(b));
             const uint8_t* qs = b + 2;
             const int sh = j < 16 ? 0 : 4, o0 = j & 15;
+            const uint64_t v = ld8_a2(qs + o0);
             for (int i = 0; i < 8; i++) {
-                const int q = (qs[o0 + i] >> sh) & 0x0f;
+                const int q = (byte_of(v, i) >> sh) & 0x0f;
                 if constexpr (T == tid(Type::Q4_0))
                     o[i] = static_cast<float>(q - 8) * d;
                 else
@@ -248,8 +271,9 @@ template <uint32_t T> GL_HD void dequant8(const uint8_t* row, int64_t k0, float*
             const float d = half_to_f32(ld_u16(b)), m = half_to_f32(ld_u16(b + 2));
             const uint8_t* qs = b + 4;
             const int sh = j < 16 ? 0 : 4, o0 = j & 15;
+            const uint64_t v = ld8_a2(qs + o0);
             for (int i = 0; i < 8; i++)
-                o[i] = fma_f(d, static_cast<float>((qs[o0 + i] >> sh) & 0x0f), m);
+                o[i] = fma_f(d, static_cast<float>((byte_of(v, i) >> sh) & 0x0f), m);
         } else if constexpr (T == tid(Type::Q5_0) || T == tid(Type::Q5_1)) {
             constexpr bool has_min = T == tid(Type::Q5_1);
             const float d = half_to_f32(ld_u16(b));
@@ -257,8 +281,10 @@ template <uint32_t T> GL_HD void dequant8(const uint8_t* row, int64_t k0, float*
             const uint32_t qh = ld_u32_bytes(b + (has_min ? 4 : 2));
             const uint8_t* qs = b + (has_min ? 8 : 6);
             const int sh = j < 16 ? 0 : 4, o0 = j & 15;
+            const uint64_t v = ld8_a2(qs + o0);
             for (int i = 0; i < 8; i++) {
-                int q = ((qs[o0 + i] >> sh) & 0x0f) | (static_cast<int>((qh >> (j + i)) & 1u) << 4);
+                int q =
+                    ((byte_of(v, i) >> sh) & 0x0f) | (static_cast<int>((qh >> (j + i)) & 1u) << 4);
                 if constexpr (!has_min) q -= 16;
                 o[i] = fma_f(d, static_cast<float>(q), m);
             }
@@ -272,9 +298,11 @@ template <uint32_t T> GL_HD void dequant8(const uint8_t* row, int64_t k0, float*
             int sc, m;
             scale_min_k4(scales, sub, &sc, &m);
             const float dl = d * static_cast<float>(sc), ml = dmin * static_cast<float>(m);
+            const uint64_t v = ld8_a2(qs + 32 * c + l);
+            const uint64_t vh = five ? ld8_a2(qh + l) : 0;
             for (int i = 0; i < 8; i++) {
-                int q = (qs[32 * c + l + i] >> sh) & 0x0f;
-                if constexpr (five) q |= ((qh[l + i] >> sub) & 1) << 4;
+                int q = (byte_of(v, i) >> sh) & 0x0f;
+                if constexpr (five) q |= ((byte_of(vh, i) >> sub) & 1) << 4;
                 o[i] = fma_f(dl, static_cast<float>(q), -ml);
             }
         } else if constexpr (T == tid(Type::Q6_K)) {
@@ -284,9 +312,11 @@ template <uint32_t T> GL_HD void dequant8(const uint8_t* row, int64_t k0, float*
             const float d = half_to_f32(ld_u16(b + 208));
             const int h = j / 128, k = (j % 128) / 32, l = j % 32;
             const float dl = d * static_cast<float>(scales[8 * h + 2 * k + l / 16]);
+            const uint64_t vl = ld8_a2(ql + 64 * h + l + 32 * (k & 1)),
+                           vh = ld8_a2(qh + 32 * h + l);
             for (int i = 0; i < 8; i++) {
-                const int low = (ql[64 * h + l + i + 32 * (k & 1)] >> (4 * (k >> 1))) & 0x0f;
-                const int high = (qh[32 * h + l + i] >> (2 * k)) & 3;
+                const int low = (byte_of(vl, i) >> (4 * (k >> 1))) & 0x0f;
+                const int high = (byte_of(vh, i) >> (2 * k)) & 3;
                 o[i] = fma_f(dl, static_cast<float>((low | (high << 4)) - 32), -0.0f);
             }
         } else if constexpr (T == tid(Type::Q2_K)) {
@@ -296,17 +326,19 @@ template <uint32_t T> GL_HD void dequant8(const uint8_t* row, int64_t k0, float*
             const int s = b[j / 16];
             const float dl = d * static_cast<float>(s & 0x0f),
                         ml = dmin * static_cast<float>(s >> 4);
+            const uint64_t v = ld8_a2(qs + 32 * h + l);
             for (int i = 0; i < 8; i++)
-                o[i] = fma_f(dl, static_cast<float>((qs[32 * h + l + i] >> (2 * k)) & 3), -ml);
+                o[i] = fma_f(dl, static_cast<float>((byte_of(v, i) >> (2 * k)) & 3), -ml);
         } else if constexpr (T == tid(Type::Q3_K)) {
             const uint8_t* hmask = b;
             const uint8_t* qs = b + 32;
             const float d = half_to_f32(ld_u16(b + 108));
             const int h = j / 128, k = (j % 128) / 32, l = j % 32;
             const float dl = d * static_cast<float>(scale_k3(b + 96, j / 16) - 32);
+            const uint64_t v = ld8_a2(qs + 32 * h + l), vm = ld8_a2(hmask + l);
             for (int i = 0; i < 8; i++) {
-                const int lo = (qs[32 * h + l + i] >> (2 * k)) & 3;
-                const int hi = (hmask[l + i] >> (j / 32)) & 1;
+                const int lo = (byte_of(v, i) >> (2 * k)) & 3;
+                const int hi = (byte_of(vm, i) >> (j / 32)) & 1;
                 o[i] = fma_f(dl, static_cast<float>((lo | (hi << 2)) - 4), -0.0f);
             }
         } else {

@@ -117,11 +117,19 @@ void CudaBackend::end_capture(bool partial) {
         st_.instantiations++;
     }
     cudaGraphDestroy(g);
+    const bool timed = debug_ && !partial && ev_launch_ && ev_done_;
+    if (timed) {
+        st_.record_ns += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                   std::chrono::steady_clock::now() - step_t0_)
+                                                   .count());
+        cudaEventRecord(ev_launch_, s_);
+    }
     e = cudaGraphLaunch(exec_, s_);
     if (e != cudaSuccess) {
         lose(std::string("cudaGraphLaunch: ") + cudaGetErrorString(e));
         return;
     }
+    if (timed) graph_timed_ = cudaEventRecord(ev_done_, s_) == cudaSuccess;
     st_.launches++;
     if (graphs_off_later_) graphs_off("the decode step keeps breaking out of its graph");
 }

@@ -16,6 +16,7 @@
 // its 4 x 4 outputs. (First stage: FP32 SIMT. The later stage should move to
 // tensor cores: mma.sync on sm_80+/sm_87, wgmma on sm_90, with weights
 // dequantized to F16/BF16 tiles.)
+#include <cstdint>
 #include <cstdio>
 
 #include "ggml-like/cuda/dequant.h"
@@ -37,7 +38,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 template <uint32_t T, int NT>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     matvec_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t n_in, int64_t n_out,
-                  const float* __restrict__ x, int n_tok, float* __restrict__ y) {
+                  const float* __restrict__ x, int n_tok, bool x_vec4, float* __restrict__ y) {
     const int lane = threadIdx.x % kWarp;
     const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
     if (row >= n_out) return; // whole warps leave together
@@ -53,9 +54,19 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
         for (int t = 0; t < NT; t++) {
             if (t < n_tok) {
                 const float* xt = x + t * n_in + c * 8;
+                float xv[8];
+                if (x_vec4) { // two 16-byte loads, not eight 4-byte ones
+                    const float4 a = reinterpret_cast<const float4*>(xt)[0];
+                    const float4 b = reinterpret_cast<const float4*>(xt)[1];
+                    xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w;
+                    xv[4] = b.x, xv[5] = b.y, xv[6] = b.z, xv[7] = b.w;
+                } else {
+#pragma unroll
+                    for (int i = 0; i < 8; i++) xv[i] = xt[i];
+                }
                 float s = acc[t];
 #pragma unroll
-                for (int i = 0; i < 8; i++) s = fmaf(wv[i], xt[i], s);
+                for (int i = 0; i < 8; i++) s = fmaf(wv[i], xv[i], s);
                 acc[t] = s;
             }
         }
@@ -144,11 +155,14 @@ void launch(const void* w, size_t row_bytes, int64_t n_in, int64_t n_out, const 
     if (n_tok <= kMaxVecTok) {
         const dim3 grid(static_cast<unsigned>((n_out + kRowsPerBlock - 1) / kRowsPerBlock));
         const dim3 block(kRowsPerBlock * kWarp);
+        // Every token's 8-element chunks are 16-byte aligned when x is and
+        // rows are a multiple of 4 floats long.
+        const bool x_vec4 = reinterpret_cast<uintptr_t>(x) % 16 == 0 && n_in % 4 == 0;
         if (n_tok == 1)
-            matvec_kernel<T, 1><<<grid, block, 0, s>>>(wb, row_bytes, n_in, n_out, x, 1, y);
+            matvec_kernel<T, 1><<<grid, block, 0, s>>>(wb, row_bytes, n_in, n_out, x, 1, x_vec4, y);
         else
-            matvec_kernel<T, kMaxVecTok>
-                <<<grid, block, 0, s>>>(wb, row_bytes, n_in, n_out, x, static_cast<int>(n_tok), y);
+            matvec_kernel<T, kMaxVecTok><<<grid, block, 0, s>>>(wb, row_bytes, n_in, n_out, x,
+                                                                static_cast<int>(n_tok), x_vec4, y);
         return;
     }
     // grid.y is limited to 65535 tiles of 64 tokens: more than any batch.

@@ -112,7 +112,9 @@ const void* CudaBackend::weight(const void* host, size_t bytes) {
     e.bytes = bytes;
     e.fp = fp;
     e.last_use = tick_;
-    if (zero_copy_ && map_host(host, bytes)) {
+    // The kernels read blocks with 16-bit loads (dequant.h): a tensor at an
+    // odd file offset (a GGUF may declare general.alignment 1) is copied.
+    if (zero_copy_ && reinterpret_cast<uintptr_t>(host) % 16 == 0 && map_host(host, bytes)) {
         e.dev = const_cast<void*>(
             host); // canUseHostPointerForRegisteredMem: same address on the device
         e.mapped = true;
