@@ -35,8 +35,9 @@
 #      GPU_CHECK_TESTS_ONLY=1 stops after b (and the sanitizer run): a
 #      short device run for a change to the CUDA code or its tests.
 #      GPU_CHECK_PROFILE=1 skips the tests and profiles decode instead: the
-#      1.1B Q4_0 shape's tg64 with `kvrun bench --profile`, KVRUN_CUDA_DEBUG
-#      transfer counts, and Nsight Systems' summaries where nsys exists.
+#      1.1B Q4_0 shape's and stories260K's steps timed and their transfers
+#      counted (KVRUN_CUDA_DEBUG=1 with graphs, =2 eager), and kvrun bench
+#      pp256/tg64 for Q4_0 and Q8_0.
 #      GPU_CHECK_SANITIZE=1 also runs the attention/matmul tests under
 #      compute-sanitizer memcheck (slow; not available on every machine).
 set -euo pipefail
@@ -124,12 +125,32 @@ if grep -q "warning" "$BUILD.build.log"; then
 fi
 echo "built in $(($(date +%s) - t_start)) s"
 
+# Synthetic TinyLlama-1.1B shapes for the profile and the benchmarks.
+vocab=$DATA_DIR/vocab/ggml-vocab-llama-spm.gguf
+[[ -f "$vocab" ]] || die "no $vocab"
+nt=$(nproc)
+# Q4_0 and Q8_0 straight from synth; Q4_K_M through the quantize recipe
+# (Q4_K with Q6_K for the output, attn_v and ffn_down where the recipe says).
+model_for() {
+    local type=$1 m=/tmp/kvrun-tinyllama-$1.gguf
+    if [[ ! -f "$m" ]]; then
+        if [[ $type == q4_k_m ]]; then
+            local f16=/tmp/kvrun-tinyllama-f16.gguf
+            [[ -f "$f16" ]] || timeout 180 ./kvrun synth --preset tinyllama-1.1b --type f16 --vocab "$vocab" \
+                -o "$f16" -t "$nt" >/dev/null || die "kvrun synth f16"
+            timeout 180 ./kvrun quantize "$f16" "$m" Q4_K_M -t "$nt" >/dev/null || die "kvrun quantize Q4_K_M"
+            rm -f "$f16"
+        else
+            timeout 180 ./kvrun synth --preset tinyllama-1.1b --type "$type" --vocab "$vocab" -o "$m" \
+                -t "$nt" >/dev/null || die "kvrun synth $type"
+        fi
+    fi
+    echo "$m"
+}
+
 if [[ "${GPU_CHECK_PROFILE:-0}" == 1 ]]; then
     say "decode profile: tinyllama-1.1b shape, Q4_0"
-    vocab=$DATA_DIR/vocab/ggml-vocab-llama-spm.gguf
-    m=/tmp/kvrun-tinyllama-q4_0.gguf
-    [[ -f "$m" ]] || timeout 180 ./kvrun synth --preset tinyllama-1.1b --type q4_0 --vocab "$vocab" -o "$m" \
-        -t "$(nproc)" >/dev/null || die "kvrun synth"
+    m=$(model_for q4_0)
     # Host and GPU time of a decode step (KVRUN_CUDA_DEBUG=1: with graphs, the
     # recording on the host and the graph on the GPU; =2, eager: each kind
     # of op waited for), and stories260K (where fixed costs show).
@@ -142,25 +163,10 @@ if [[ "${GPU_CHECK_PROFILE:-0}" == 1 ]]; then
                 grep -E "kvrun: CUDA|\[kvrun\]" | sed -E 's/ \| (first token|n_ctx|KV|peak|stop)[^|]*//g' || true
         done
     done
-    q8=/tmp/kvrun-tinyllama-q8_0.gguf
-    [[ -f "$q8" ]] || timeout 180 ./kvrun synth --preset tinyllama-1.1b --type q8_0 --vocab "$vocab" -o "$q8" \
-        -t "$(nproc)" >/dev/null || die "kvrun synth"
+    q8=$(model_for q8_0)
     for model in "$m" "$q8"; do
         timeout 120 ./kvrun bench -m "$model" -p 256 -n 64 -r 3 --device cuda </dev/null 2>/dev/null | grep -E "pp|tg" || true
     done
-    nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1 || true)
-    if [[ -n "$nsys" ]]; then
-        for g in 1 0; do
-            echo "--- nsys, KVRUN_CUDA_GRAPHS=$g"
-            KVRUN_CUDA_GRAPHS=$g timeout 150 "$nsys" profile -o /tmp/kvrun-prof-$g --force-overwrite true \
-                --cuda-graph-trace=node ./kvrun -m "$m" -p "the cat" -n 64 -c 1024 --temp 0 --ignore-eos \
-                --device cuda </dev/null >/dev/null 2>&1 || echo "nsys profile failed"
-            timeout 120 "$nsys" stats -q --report cuda_gpu_kern_sum,cuda_api_sum,cuda_gpu_mem_time_sum \
-                --format csv /tmp/kvrun-prof-$g.nsys-rep 2>/dev/null | cut -c1-220 | head -70 || true
-        done
-    else
-        echo "no nsys here"
-    fi
     echo "profile done in $(($(date +%s) - t_start)) s"
     exit 0
 fi
@@ -188,27 +194,6 @@ if [[ "${GPU_CHECK_TESTS_ONLY:-0}" == 1 ]]; then
 fi
 
 say "benchmark: tinyllama-1.1b shapes (synthetic weights), kvrun bench pp256 / tg64"
-vocab=$DATA_DIR/vocab/ggml-vocab-llama-spm.gguf
-[[ -f "$vocab" ]] || die "no $vocab"
-nt=$(nproc)
-# Q4_0 and Q8_0 straight from synth; Q4_K_M through the quantize recipe
-# (Q4_K with Q6_K for the output, attn_v and ffn_down where the recipe says).
-model_for() {
-    local type=$1 m=/tmp/kvrun-tinyllama-$1.gguf
-    if [[ ! -f "$m" ]]; then
-        if [[ $type == q4_k_m ]]; then
-            local f16=/tmp/kvrun-tinyllama-f16.gguf
-            [[ -f "$f16" ]] || timeout 180 ./kvrun synth --preset tinyllama-1.1b --type f16 --vocab "$vocab" \
-                -o "$f16" -t "$nt" >/dev/null || die "kvrun synth f16"
-            timeout 180 ./kvrun quantize "$f16" "$m" Q4_K_M -t "$nt" >/dev/null || die "kvrun quantize Q4_K_M"
-            rm -f "$f16"
-        else
-            timeout 180 ./kvrun synth --preset tinyllama-1.1b --type "$type" --vocab "$vocab" -o "$m" \
-                -t "$nt" >/dev/null || die "kvrun synth $type"
-        fi
-    fi
-    echo "$m"
-}
 # One `kvrun bench --json` run; appends rows "| label | test | tok/s ± sd |" to $table.
 table=/tmp/kvrun-bench-table.md
 : >"$table"

@@ -281,11 +281,7 @@ bool CudaBackend::end_step() {
     if (step_tokens_ == 1 && !step_graph_) {
         warm_++;
         st_.eager_decode++;
-        if (debug_)
-            st_.eager_ns +=
-                static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                          std::chrono::steady_clock::now() - step_t0_)
-                                          .count());
+        if (debug_) st_.eager_ns += ns_since(step_t0_);
     }
     if (graph_timed_) {
         float ms = 0;

@@ -91,11 +91,19 @@ class CudaBackend final : public Backend {
 
     // ---- one operation: eager, or recorded into the step's graph ----------------------
 
+    // KVRUN_CUDA_DEBUG's timings.
+    static uint64_t ns_since(std::chrono::steady_clock::time_point t0) {
+        return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                         std::chrono::steady_clock::now() - t0)
+                                         .count());
+    }
+
+    // What an op is, for KVRUN_CUDA_DEBUG=2's time per kind.
+    enum class OpKind { matmul, attention, copy, other, count };
+
     // Runs an op's body. While recording, an exception means the recording
     // is unusable: it is abandoned and the step reported lost (end_step), so
     // Forward does it again eagerly.
-    // What an op is, for KVRUN_CUDA_DEBUG=2's time per kind.
-    enum class OpKind { matmul, attention, copy, other, count };
     template <class F> void op(OpKind kind, F&& body) {
         if (step_lost_) return;
         begin_op();
@@ -108,10 +116,7 @@ class CudaBackend final : public Backend {
             const auto t0 = std::chrono::steady_clock::now();
             body();
             GL_CUDA(cudaStreamSynchronize(s_));
-            st_.op_ns[static_cast<int>(kind)] +=
-                static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                          std::chrono::steady_clock::now() - t0)
-                                          .count());
+            st_.op_ns[static_cast<int>(kind)] += ns_since(t0);
             return;
         }
         try {
