@@ -84,10 +84,15 @@ void ModelDrafter::catch_up(std::span<const int32_t> context) {
     s_.eval(want.subspan(m));
 }
 
+int ModelDrafter::max_tokens() const {
+    return static_cast<int>(std::min<int64_t>(s_.cache().min_window() + 1, Forward::kMaxVerify));
+}
+
 void ModelDrafter::propose(std::span<const int32_t> context, int max, Draft& out) {
     const auto t0 = std::chrono::steady_clock::now();
     out.tokens.clear();
     out.q.clear();
+    max = std::min(max, max_tokens());
     catch_up(context);
     const int n_vocab = s_.model().model.hp.n_vocab;
     const bool sampled = !sampler_.greedy();

@@ -32,6 +32,9 @@ class ModelDrafter final : public Drafter {
     void propose(std::span<const int32_t> context, int max, Draft& out) override;
     double model_seconds() const override { return seconds_; }
     bool samples() const override { return true; }
+    // A round steps max - 1 tokens past the context and checkpoints them:
+    // they must fit the draft's narrowest ring.
+    int max_tokens() const override;
     // Evaluate `context` now (after the prompt), so the first round does not.
     void prepare(std::span<const int32_t> context);
 

@@ -74,7 +74,7 @@ bool Speculator::round(Session& target, Sampler& sampler, int32_t pending, int l
     const bool rejection = drafter_->samples() && !sampler.greedy();
     if (!length_)
         length_ = std::make_unique<DraftLength>(p_.draft_min, p_.draft_max, p_.timed && !rejection);
-    const int want = length_->next(limit);
+    const int want = length_->next(std::min(limit, drafter_->max_tokens()));
     if (want < p_.draft_min) return false;
     const std::vector<int32_t>& held = target.tokens();
     context_.assign(held.begin(), held.end());

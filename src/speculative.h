@@ -55,6 +55,9 @@ class Drafter {
     // checked by the rejection rule; otherwise a draft is accepted exactly
     // when the target draws it.
     virtual bool samples() const { return false; }
+    // The most tokens one round may draft: a draft model's sliding-window
+    // rings can take back (checkpoint) no more steps than they hold.
+    virtual int max_tokens() const { return 1 << 30; }
 };
 
 class LookupDrafter final : public Drafter {

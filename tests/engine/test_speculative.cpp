@@ -16,6 +16,7 @@
 
 #include "draft_length.h"
 #include "draft_model.h"
+#include "forward.h"
 #include "loader.h"
 #include "ngram_lookup.h"
 #include "random_model.h"
@@ -33,13 +34,13 @@ namespace {
 struct ModelFile {
     std::string path;
     std::unique_ptr<LoadedModel> lm;
-    explicit ModelFile(const Shape& s, uint32_t seed = 4321) {
+    explicit ModelFile(const Shape& s, uint32_t seed = 4321, int swa_window = 8) {
         char name[] = "/tmp/kvrun-spec-XXXXXX";
         const int fd = ::mkstemp(name);
         REQUIRE(fd >= 0);
         ::close(fd);
         path = name;
-        const std::vector<uint8_t> bytes = random_model(s, seed);
+        const std::vector<uint8_t> bytes = random_model(s, seed, 0, swa_window);
         std::ofstream(path, std::ios::binary)
             .write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
         lm = LoadedModel::load(path);
@@ -201,6 +202,40 @@ TEST_CASE(
     // Sliding-window layers: rings of 8 slots, checkpointed and rolled back.
     ModelFile gemma({"gemma3", 128, 4, 1, 96, 6, gl::Type::Q8_0});
     check_exact(*gemma.lm, gemma.lm.get(), greedy(), 40, 150, "gemma3, window 8, -c 40");
+}
+
+// G1 (hostile-inputs-2026-12b): a draft whose sliding-window rings are
+// narrower than a round once aborted in KvCache::checkpoint. A round now
+// drafts at most what the draft's narrowest ring can take back.
+TEST_CASE("speculative: a draft model with narrow sliding windows caps its rounds, for every "
+          "window 2..16 and draft length 1..14") {
+    auto stories = LoadedModel::load(kvtest::shared("models/stories260K.gguf"));
+    auto be = gl::make_cpu_backend(2);
+    const std::vector<int32_t> prompt = prompt_tokens(*stories, 6);
+    GenerateParams gp;
+    gp.n_predict = 48;
+    gp.ignore_eos = true;
+    const Generated want = generate(*stories, prompt, 64, greedy(), gp, nullptr, *be);
+    for (int window = 2; window <= 16; window++) {
+        CAPTURE(window);
+        ModelFile draft({"gemma3", 64, 4, 1, 96, 3, gl::Type::F32}, 99, window);
+        for (int max = 1; max <= 14; max++) {
+            CAPTURE(max);
+            SpeculativeParams p;
+            p.draft_max = max;
+            p.timed = false;
+            KvCacheConfig dc =
+                KvCacheConfig::for_model(draft.lm->model.hp, 64, 4, gl::Type::F16, gl::Type::F16);
+            auto drafter = std::make_unique<ModelDrafter>(
+                *draft.lm, dc, Placement::all(*be, draft.lm->model.hp.n_layer), 32, greedy(), 0.0f,
+                "draft");
+            CHECK(drafter->max_tokens() == std::min(window + 1, Forward::kMaxVerify));
+            Speculator spec(std::move(drafter), p);
+            check_same(want, generate(*stories, prompt, 64, greedy(), gp, &spec, *be));
+            CHECK(spec.stats().rounds > 0);
+            CHECK(spec.stats().drafted <= spec.stats().rounds * std::min(max, window + 1));
+        }
+    }
 }
 
 TEST_CASE("speculative: sampled answers with lookup or oracle drafts are plain decoding's with the "

@@ -29,8 +29,9 @@ struct Shape {
 // phi3: fused attn_qkv and gate|up, RoPE over 3/4 of each head, and with
 // `longrope_orig_ctx` > 0 LongRoPE factors (long ones past that context).
 // gemma3: post-norms, per-head Q/K norms, tied output, a window of 8 and a
-// global layer every third.
-inline std::vector<uint8_t> random_model(const Shape& s, uint32_t seed, int64_t longrope_orig_ctx = 0) {
+// global layer every third (`swa_window` sets another window).
+inline std::vector<uint8_t> random_model(const Shape& s, uint32_t seed,
+                                         int64_t longrope_orig_ctx = 0, int swa_window = 8) {
     GgufFile vocab = GgufFile::open(kvtest::shared("models/stories260K.gguf"));
     GgufWriter w;
     w.set_str("general.architecture", s.arch);
@@ -45,12 +46,13 @@ inline std::vector<uint8_t> random_model(const Shape& s, uint32_t seed, int64_t 
     w.set_f32(a + ".rope.freq_base", a == "gemma3" ? 1e6f : 10000.0f);
     if (a == "gemma3") {
         // A window of 8 and a global layer every third (layers 2, 5, ...).
-        w.set_u32(a + ".attention.sliding_window", 8);
+        w.set_u32(a + ".attention.sliding_window", static_cast<uint32_t>(swa_window));
         w.set_u32(a + ".attention.sliding_window_pattern", 3);
     }
     if (a == "phi3") w.set_u32(a + ".rope.dimension_count", s.n_embd / s.n_head * 3 / 4);
     if (longrope_orig_ctx > 0) {
-        w.set_u32(a + ".rope.scaling.original_context_length", static_cast<uint32_t>(longrope_orig_ctx));
+        w.set_u32(a + ".rope.scaling.original_context_length",
+                  static_cast<uint32_t>(longrope_orig_ctx));
         w.set_f32(a + ".rope.scaling.attn_factor", 1.19f);
     }
     for (const auto& [k, v] : vocab.metadata())
@@ -94,7 +96,8 @@ inline std::vector<uint8_t> random_model(const Shape& s, uint32_t seed, int64_t 
             add(n + "ffn_up.weight", s.n_embd, s.n_ff, s.wtype, ws);
         }
         add(n + "attn_output.weight", s.n_head * hd, s.n_embd, s.wtype, ws);
-        add(n + "ffn_down.weight", s.n_ff, s.n_embd, s.wtype, 1.0f / std::sqrt(static_cast<float>(s.n_ff)));
+        add(n + "ffn_down.weight", s.n_ff, s.n_embd, s.wtype,
+            1.0f / std::sqrt(static_cast<float>(s.n_ff)));
         if (gemma) {
             norm(n + "attn_q_norm.weight", hd);
             norm(n + "attn_k_norm.weight", hd);
@@ -114,8 +117,10 @@ inline std::vector<uint8_t> random_model(const Shape& s, uint32_t seed, int64_t 
             shrt[i] = 1.0f + 0.05f * i;
             lng[i] = 1.0f + 40.0f * static_cast<float>(i) / pairs;
         }
-        w.add_tensor("rope_factors_long.weight", gl::Type::F32, {pairs}, lng.data(), lng.size() * 4);
-        w.add_tensor("rope_factors_short.weight", gl::Type::F32, {pairs}, shrt.data(), shrt.size() * 4);
+        w.add_tensor("rope_factors_long.weight", gl::Type::F32, {pairs}, lng.data(),
+                     lng.size() * 4);
+        w.add_tensor("rope_factors_short.weight", gl::Type::F32, {pairs}, shrt.data(),
+                     shrt.size() * 4);
     }
     return w.bytes();
 }
