@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cmath>
 #include <cstring>
 #include <system_error>
 #include <thread>
@@ -28,25 +29,39 @@ constexpr int kMaxDims = 4;
 
 size_t scalar_size(GgufType t) {
     switch (t) {
-    case GgufType::u8: case GgufType::i8: case GgufType::boolean: return 1;
-    case GgufType::u16: case GgufType::i16: return 2;
-    case GgufType::u32: case GgufType::i32: case GgufType::f32: return 4;
-    case GgufType::u64: case GgufType::i64: case GgufType::f64: return 8;
-    default: return 0;
+    case GgufType::u8:
+    case GgufType::i8:
+    case GgufType::boolean:
+        return 1;
+    case GgufType::u16:
+    case GgufType::i16:
+        return 2;
+    case GgufType::u32:
+    case GgufType::i32:
+    case GgufType::f32:
+        return 4;
+    case GgufType::u64:
+    case GgufType::i64:
+    case GgufType::f64:
+        return 8;
+    default:
+        return 0;
     }
 }
 
 // Bounds-checked cursor over the file.
 class Reader {
   public:
-    Reader(const uint8_t* p, uint64_t size, const std::string& name) : p_(p), size_(size), name_(name) {}
+    Reader(const uint8_t* p, uint64_t size, const std::string& name)
+        : p_(p), size_(size), name_(name) {}
     uint64_t pos() const { return pos_; }
     uint64_t left() const { return size_ - pos_; }
 
     void need(uint64_t n, const char* what) const {
         if (n > left())
-            fail(Exit::bad_model, "{}: truncated GGUF file: {} needs {} bytes at offset {}, only {} left",
-                 name_, what, n, pos_, left());
+            fail(Exit::bad_model,
+                 "{}: truncated GGUF file: {} needs {} bytes at offset {}, only {} left", name_,
+                 what, n, pos_, left());
     }
     template <typename T> T read(const char* what) {
         need(sizeof(T), what);
@@ -85,18 +100,41 @@ GgufType read_type(Reader& r, const std::string& name, const char* what) {
 
 void read_scalar(Reader& r, GgufValue& v, const char* what) {
     switch (v.type) {
-    case GgufType::u8: v.u = r.read<uint8_t>(what); break;
-    case GgufType::i8: v.i = r.read<int8_t>(what); break;
-    case GgufType::u16: v.u = r.read<uint16_t>(what); break;
-    case GgufType::i16: v.i = r.read<int16_t>(what); break;
-    case GgufType::u32: v.u = r.read<uint32_t>(what); break;
-    case GgufType::i32: v.i = r.read<int32_t>(what); break;
-    case GgufType::u64: v.u = r.read<uint64_t>(what); break;
-    case GgufType::i64: v.i = r.read<int64_t>(what); break;
-    case GgufType::f32: v.f = r.read<float>(what); break;
-    case GgufType::f64: v.f = r.read<double>(what); break;
-    case GgufType::boolean: v.u = r.read<uint8_t>(what) != 0; break;
-    default: KV_ASSERT(false);
+    case GgufType::u8:
+        v.u = r.read<uint8_t>(what);
+        break;
+    case GgufType::i8:
+        v.i = r.read<int8_t>(what);
+        break;
+    case GgufType::u16:
+        v.u = r.read<uint16_t>(what);
+        break;
+    case GgufType::i16:
+        v.i = r.read<int16_t>(what);
+        break;
+    case GgufType::u32:
+        v.u = r.read<uint32_t>(what);
+        break;
+    case GgufType::i32:
+        v.i = r.read<int32_t>(what);
+        break;
+    case GgufType::u64:
+        v.u = r.read<uint64_t>(what);
+        break;
+    case GgufType::i64:
+        v.i = r.read<int64_t>(what);
+        break;
+    case GgufType::f32:
+        v.f = r.read<float>(what);
+        break;
+    case GgufType::f64:
+        v.f = r.read<double>(what);
+        break;
+    case GgufType::boolean:
+        v.u = r.read<uint8_t>(what) != 0;
+        break;
+    default:
+        KV_ASSERT(false);
     }
 }
 
@@ -116,16 +154,19 @@ void read_value(Reader& r, GgufValue& v, const std::string& name, const char* wh
     if (v.elem_type == GgufType::string) {
         // each string takes at least its 8-byte length: bound the count before reserving
         if (v.count > r.left() / 8)
-            fail(Exit::bad_model, "{}: array of {} strings in {} cannot fit in the file", name, v.count, what);
+            fail(Exit::bad_model, "{}: array of {} strings in {} cannot fit in the file", name,
+                 v.count, what);
         v.strs.reserve(v.count);
         for (uint64_t k = 0; k < v.count; k++) v.strs.push_back(r.str(what));
     } else if (v.elem_type == GgufType::array) {
         // Each nested array costs ~120 bytes in memory for 12 in the file: cap
         // the count so a hostile file cannot make us allocate 10× its size.
         if (v.count > (1u << 20))
-            fail(Exit::bad_model, "{}: array of {} arrays in {} is larger than kvrun accepts", name, v.count, what);
+            fail(Exit::bad_model, "{}: array of {} arrays in {} is larger than kvrun accepts", name,
+                 v.count, what);
         if (v.count > r.left() / 12)
-            fail(Exit::bad_model, "{}: array of {} arrays in {} cannot fit in the file", name, v.count, what);
+            fail(Exit::bad_model, "{}: array of {} arrays in {} cannot fit in the file", name,
+                 v.count, what);
         v.items.resize(v.count);
         for (auto& item : v.items) {
             item.type = GgufType::array;
@@ -134,7 +175,8 @@ void read_value(Reader& r, GgufValue& v, const std::string& name, const char* wh
     } else {
         size_t es = scalar_size(v.elem_type);
         if (v.count > r.left() / es)
-            fail(Exit::bad_model, "{}: array of {} elements in {} cannot fit in the file", name, v.count, what);
+            fail(Exit::bad_model, "{}: array of {} elements in {} cannot fit in the file", name,
+                 v.count, what);
         v.raw = r.skip(v.count * es, what);
     }
 }
@@ -142,7 +184,7 @@ void read_value(Reader& r, GgufValue& v, const std::string& name, const char* wh
 } // namespace
 
 const char* gguf_type_name(GgufType t) {
-    static const char* names[] = {"u8", "i8", "u16", "i16", "u32", "i32", "f32",
+    static const char* names[] = {"u8",   "i8",     "u16",   "i16", "u32", "i32", "f32",
                                   "bool", "string", "array", "u64", "i64", "f64"};
     auto i = static_cast<uint32_t>(t);
     return i < std::size(names) ? names[i] : "?";
@@ -150,9 +192,17 @@ const char* gguf_type_name(GgufType t) {
 
 bool GgufValue::is_integer() const {
     switch (type) {
-    case GgufType::u8: case GgufType::i8: case GgufType::u16: case GgufType::i16:
-    case GgufType::u32: case GgufType::i32: case GgufType::u64: case GgufType::i64: return true;
-    default: return false;
+    case GgufType::u8:
+    case GgufType::i8:
+    case GgufType::u16:
+    case GgufType::i16:
+    case GgufType::u32:
+    case GgufType::i32:
+    case GgufType::u64:
+    case GgufType::i64:
+        return true;
+    default:
+        return false;
     }
 }
 
@@ -160,9 +210,18 @@ double GgufValue::array_f64(uint64_t k) const {
     KV_ASSERT(raw && k < count);
     const uint8_t* p = raw + k * scalar_size(elem_type);
     switch (elem_type) {
-    case GgufType::f32: { float x; std::memcpy(&x, p, 4); return x; }
-    case GgufType::f64: { double x; std::memcpy(&x, p, 8); return x; }
-    default: return static_cast<double>(array_i64(k));
+    case GgufType::f32: {
+        float x;
+        std::memcpy(&x, p, 4);
+        return x;
+    }
+    case GgufType::f64: {
+        double x;
+        std::memcpy(&x, p, 8);
+        return x;
+    }
+    default:
+        return static_cast<double>(array_i64(k));
     }
 }
 
@@ -179,17 +238,53 @@ int64_t GgufValue::array_i64(uint64_t k) const {
     KV_ASSERT(raw && k < count);
     const uint8_t* p = raw + k * scalar_size(elem_type);
     switch (elem_type) {
-    case GgufType::u8: case GgufType::boolean: return *p;
-    case GgufType::i8: return static_cast<int8_t>(*p);
-    case GgufType::u16: { uint16_t x; std::memcpy(&x, p, 2); return x; }
-    case GgufType::i16: { int16_t x; std::memcpy(&x, p, 2); return x; }
-    case GgufType::u32: { uint32_t x; std::memcpy(&x, p, 4); return x; }
-    case GgufType::i32: { int32_t x; std::memcpy(&x, p, 4); return x; }
-    case GgufType::u64: { uint64_t x; std::memcpy(&x, p, 8); return static_cast<int64_t>(x); }
-    case GgufType::i64: { int64_t x; std::memcpy(&x, p, 8); return x; }
-    case GgufType::f32: { float x; std::memcpy(&x, p, 4); return saturate_i64(x); }
-    case GgufType::f64: { double x; std::memcpy(&x, p, 8); return saturate_i64(x); }
-    default: KV_ASSERT(false);
+    case GgufType::u8:
+    case GgufType::boolean:
+        return *p;
+    case GgufType::i8:
+        return static_cast<int8_t>(*p);
+    case GgufType::u16: {
+        uint16_t x;
+        std::memcpy(&x, p, 2);
+        return x;
+    }
+    case GgufType::i16: {
+        int16_t x;
+        std::memcpy(&x, p, 2);
+        return x;
+    }
+    case GgufType::u32: {
+        uint32_t x;
+        std::memcpy(&x, p, 4);
+        return x;
+    }
+    case GgufType::i32: {
+        int32_t x;
+        std::memcpy(&x, p, 4);
+        return x;
+    }
+    case GgufType::u64: {
+        uint64_t x;
+        std::memcpy(&x, p, 8);
+        return static_cast<int64_t>(x);
+    }
+    case GgufType::i64: {
+        int64_t x;
+        std::memcpy(&x, p, 8);
+        return x;
+    }
+    case GgufType::f32: {
+        float x;
+        std::memcpy(&x, p, 4);
+        return saturate_i64(x);
+    }
+    case GgufType::f64: {
+        double x;
+        std::memcpy(&x, p, 8);
+        return saturate_i64(x);
+    }
+    default:
+        KV_ASSERT(false);
     }
     return 0;
 }
@@ -236,7 +331,9 @@ GgufFile GgufFile::parse(const uint8_t* data, size_t size, std::string name) {
     return f;
 }
 
-GgufFile::GgufFile(GgufFile&& o) noexcept { *this = std::move(o); }
+GgufFile::GgufFile(GgufFile&& o) noexcept {
+    *this = std::move(o);
+}
 
 GgufFile& GgufFile::operator=(GgufFile&& o) noexcept {
     if (this != &o) {
@@ -300,7 +397,8 @@ bool GgufFile::move_data_to_huge_pages(const std::function<bool(const GgufTensor
             // The piece's pages leave this process (a page it shares with
             // the metadata or a kept tensor faults back in from the file).
             const uintptr_t b = reinterpret_cast<uintptr_t>(src) / page * page;
-            const uintptr_t e = std::min(reinterpret_cast<uintptr_t>(src + p.len + page - 1) / page * page, map_end);
+            const uintptr_t e = std::min(
+                reinterpret_cast<uintptr_t>(src + p.len + page - 1) / page * page, map_end);
             madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);
         }
     };
@@ -326,13 +424,16 @@ void GgufFile::parse_all() {
         fail(Exit::bad_model, "{}: not a GGUF file (bad magic)", name);
     version_ = r.read<uint32_t>("version");
     if (version_ != 2 && version_ != 3)
-        fail(Exit::bad_model, "{}: unsupported GGUF version {} (kvrun reads 2 and 3)", name, version_);
+        fail(Exit::bad_model, "{}: unsupported GGUF version {} (kvrun reads 2 and 3)", name,
+             version_);
     uint64_t n_tensors = r.read<uint64_t>("tensor count");
     uint64_t n_kv = r.read<uint64_t>("metadata count");
     // Each key/value needs at least 8 (key length) + 4 (type) + 1 bytes; each
     // tensor info at least 8 + 4 + 8 + 4 + 8: bound counts before reserving.
-    if (n_kv > r.left() / 13) fail(Exit::bad_model, "{}: metadata count {} cannot fit in the file", name, n_kv);
-    if (n_tensors > r.left() / 32) fail(Exit::bad_model, "{}: tensor count {} cannot fit in the file", name, n_tensors);
+    if (n_kv > r.left() / 13)
+        fail(Exit::bad_model, "{}: metadata count {} cannot fit in the file", name, n_kv);
+    if (n_tensors > r.left() / 32)
+        fail(Exit::bad_model, "{}: tensor count {} cannot fit in the file", name, n_tensors);
 
     kv_.reserve(n_kv);
     for (uint64_t k = 0; k < n_kv; k++) {
@@ -346,9 +447,10 @@ void GgufFile::parse_all() {
     }
 
     if (const GgufValue* a = find("general.alignment")) {
-        if (!a->is_integer()) fail(Exit::bad_model, "{}: general.alignment is not an integer", name);
-        uint64_t al = a->type == GgufType::i8 || a->type == GgufType::i16 || a->type == GgufType::i32 ||
-                              a->type == GgufType::i64
+        if (!a->is_integer())
+            fail(Exit::bad_model, "{}: general.alignment is not an integer", name);
+        uint64_t al = a->type == GgufType::i8 || a->type == GgufType::i16 ||
+                              a->type == GgufType::i32 || a->type == GgufType::i64
                           ? static_cast<uint64_t>(a->i)
                           : a->u;
         if (al == 0 || (al & (al - 1)) != 0 || al > (1u << 20))
@@ -362,13 +464,15 @@ void GgufFile::parse_all() {
         t.name = std::string(r.str("tensor name"));
         uint32_t nd = r.read<uint32_t>("tensor dims");
         if (nd == 0 || nd > kMaxDims)
-            fail(Exit::bad_model, "{}: tensor '{}' has {} dimensions (1..{} allowed)", name, t.name, nd, kMaxDims);
+            fail(Exit::bad_model, "{}: tensor '{}' has {} dimensions (1..{} allowed)", name, t.name,
+                 nd, kMaxDims);
         t.n_dims = static_cast<int>(nd);
         uint64_t n_el = 1;
         for (uint32_t d = 0; d < nd; d++) {
             uint64_t ne = r.read<uint64_t>("tensor shape");
             if (ne == 0 || ne > (1ull << 40) || n_el > (1ull << 42) / ne)
-                fail(Exit::bad_model, "{}: tensor '{}' has an absurd shape (dimension {} = {})", name, t.name, d, ne);
+                fail(Exit::bad_model, "{}: tensor '{}' has an absurd shape (dimension {} = {})",
+                     name, t.name, d, ne);
             t.ne[d] = static_cast<int64_t>(ne);
             n_el *= ne;
         }
@@ -378,12 +482,14 @@ void GgufFile::parse_all() {
             fail(Exit::bad_model, "{}: tensor '{}' has unknown type id {}", name, t.name, type_id);
         t.type = static_cast<gl::Type>(type_id);
         if (t.ne[0] % ti.block_size != 0)
-            fail(Exit::bad_model, "{}: tensor '{}' of type {} has a row of {} elements, not a multiple of {}",
-                 name, t.name, ti.name, t.ne[0], ti.block_size);
+            fail(Exit::bad_model,
+                 "{}: tensor '{}' of type {} has a row of {} elements, not a multiple of {}", name,
+                 t.name, ti.name, t.ne[0], ti.block_size);
         t.nbytes = n_el / ti.block_size * ti.type_size;
         t.offset = r.read<uint64_t>("tensor offset");
         if (t.offset % alignment_ != 0)
-            fail(Exit::bad_model, "{}: tensor '{}' offset {} is not aligned to {}", name, t.name, t.offset, alignment_);
+            fail(Exit::bad_model, "{}: tensor '{}' offset {} is not aligned to {}", name, t.name,
+                 t.offset, alignment_);
         if (!tensor_index_.emplace(t.name, tensors_.size()).second)
             fail(Exit::bad_model, "{}: duplicate tensor name '{}'", name, t.name);
         tensors_.push_back(std::move(t));
@@ -392,13 +498,15 @@ void GgufFile::parse_all() {
     uint64_t pos = r.pos();
     data_offset_ = (pos + alignment_ - 1) / alignment_ * alignment_;
     if (n_tensors > 0 && data_offset_ > size_)
-        fail(Exit::bad_model, "{}: truncated GGUF file: tensor data would start at {} but the file has {} bytes",
+        fail(Exit::bad_model,
+             "{}: truncated GGUF file: tensor data would start at {} but the file has {} bytes",
              name, data_offset_, size_);
     for (GgufTensor& t : tensors_) {
         uint64_t avail = size_ - data_offset_;
         if (t.offset > avail || t.nbytes > avail - t.offset)
             fail(Exit::bad_model,
-                 "{}: tensor '{}' ({} bytes at data offset {}) lies outside the file ({} bytes of data): truncated?",
+                 "{}: tensor '{}' ({} bytes at data offset {}) lies outside the file ({} bytes of "
+                 "data): truncated?",
                  name, t.name, t.nbytes, t.offset, avail);
         t.offset += data_offset_;
         t.data = base_ + t.offset;
@@ -427,9 +535,11 @@ const GgufValue* GgufFile::find(std::string_view key) const {
 std::optional<uint64_t> GgufFile::get_u64(std::string_view key) const {
     const GgufValue* v = find(key);
     if (!v) return std::nullopt;
-    if (!v->is_integer()) fail(Exit::bad_model, "{}: '{}' should be an integer, is {}", path_, key, gguf_type_name(v->type));
-    bool is_signed = v->type == GgufType::i8 || v->type == GgufType::i16 || v->type == GgufType::i32 ||
-                     v->type == GgufType::i64;
+    if (!v->is_integer())
+        fail(Exit::bad_model, "{}: '{}' should be an integer, is {}", path_, key,
+             gguf_type_name(v->type));
+    bool is_signed = v->type == GgufType::i8 || v->type == GgufType::i16 ||
+                     v->type == GgufType::i32 || v->type == GgufType::i64;
     if (is_signed && v->i < 0) fail(Exit::bad_model, "{}: '{}' is negative ({})", path_, key, v->i);
     return is_signed ? static_cast<uint64_t>(v->i) : v->u;
 }
@@ -439,14 +549,44 @@ std::optional<double> GgufFile::get_f64(std::string_view key) const {
     if (!v) return std::nullopt;
     if (v->is_float()) return v->f;
     if (v->is_integer()) return static_cast<double>(*get_u64(key));
-    fail(Exit::bad_model, "{}: '{}' should be a number, is {}", path_, key, gguf_type_name(v->type));
+    fail(Exit::bad_model, "{}: '{}' should be a number, is {}", path_, key,
+         gguf_type_name(v->type));
+}
+
+std::optional<double> GgufFile::get_positive(std::string_view key) const {
+    const std::optional<double> x = get_f64(key);
+    if (x && !(*x > 0 && std::isfinite(*x)))
+        fail(Exit::bad_model, "{}: '{}' = {} must be a finite positive number", path_, key, *x);
+    return x;
+}
+
+std::vector<bool> GgufFile::need_flags(std::string_view key, uint64_t count) const {
+    const GgufValue* v = find(key);
+    if (!v) fail(Exit::bad_model, "{}: missing key '{}'", path_, key);
+    const bool integers = v->type == GgufType::array && v->elem_type != GgufType::f32 &&
+                          v->elem_type != GgufType::f64 && v->elem_type != GgufType::string &&
+                          v->elem_type != GgufType::array;
+    if (v->type != GgufType::array || v->count != count)
+        fail(Exit::bad_model, "{}: '{}' must hold one flag per layer ({})", path_, key, count);
+    if (!integers)
+        fail(Exit::bad_model, "{}: '{}' must hold integer or boolean flags, holds {}", path_, key,
+             gguf_type_name(v->elem_type));
+    std::vector<bool> out(count);
+    for (uint64_t i = 0; i < count; i++) {
+        const int64_t x = v->array_i64(i);
+        if (x != 0 && x != 1)
+            fail(Exit::bad_model, "{}: '{}' holds {} at {}, expected 0 or 1", path_, key, x, i);
+        out[i] = x == 1;
+    }
+    return out;
 }
 
 std::optional<bool> GgufFile::get_bool(std::string_view key) const {
     const GgufValue* v = find(key);
     if (!v) return std::nullopt;
     if (v->type != GgufType::boolean)
-        fail(Exit::bad_model, "{}: '{}' should be a bool, is {}", path_, key, gguf_type_name(v->type));
+        fail(Exit::bad_model, "{}: '{}' should be a bool, is {}", path_, key,
+             gguf_type_name(v->type));
     return v->u != 0;
 }
 
@@ -454,7 +594,8 @@ std::optional<std::string_view> GgufFile::get_str(std::string_view key) const {
     const GgufValue* v = find(key);
     if (!v) return std::nullopt;
     if (v->type != GgufType::string)
-        fail(Exit::bad_model, "{}: '{}' should be a string, is {}", path_, key, gguf_type_name(v->type));
+        fail(Exit::bad_model, "{}: '{}' should be a string, is {}", path_, key,
+             gguf_type_name(v->type));
     return v->s;
 }
 
@@ -474,7 +615,8 @@ const GgufValue& GgufFile::need_array(std::string_view key, GgufType elem) const
     const GgufValue* v = find(key);
     if (!v) fail(Exit::bad_model, "{}: missing required key '{}'", path_, key);
     if (v->type != GgufType::array)
-        fail(Exit::bad_model, "{}: '{}' should be an array, is {}", path_, key, gguf_type_name(v->type));
+        fail(Exit::bad_model, "{}: '{}' should be an array, is {}", path_, key,
+             gguf_type_name(v->type));
     bool ok = v->elem_type == elem;
     // numeric arrays: accept any numeric element type where one was asked for
     if (!ok && elem != GgufType::string && elem != GgufType::array)

@@ -21,8 +21,19 @@
 namespace kvrun {
 
 enum class GgufType : uint32_t {
-    u8 = 0, i8 = 1, u16 = 2, i16 = 3, u32 = 4, i32 = 5, f32 = 6, boolean = 7,
-    string = 8, array = 9, u64 = 10, i64 = 11, f64 = 12,
+    u8 = 0,
+    i8 = 1,
+    u16 = 2,
+    i16 = 3,
+    u32 = 4,
+    i32 = 5,
+    f32 = 6,
+    boolean = 7,
+    string = 8,
+    array = 9,
+    u64 = 10,
+    i64 = 11,
+    f64 = 12,
 };
 const char* gguf_type_name(GgufType t);
 
@@ -36,9 +47,9 @@ struct GgufValue {
     // arrays
     GgufType elem_type = GgufType::u8;
     uint64_t count = 0;
-    const uint8_t* raw = nullptr;        // numeric arrays: packed little-endian elements
-    std::vector<std::string_view> strs;  // string arrays
-    std::vector<GgufValue> items;        // arrays of arrays
+    const uint8_t* raw = nullptr;       // numeric arrays: packed little-endian elements
+    std::vector<std::string_view> strs; // string arrays
+    std::vector<GgufValue> items;       // arrays of arrays
 
     bool is_integer() const;
     bool is_float() const { return type == GgufType::f32 || type == GgufType::f64; }
@@ -54,7 +65,7 @@ struct GgufTensor {
     int64_t ne[4] = {1, 1, 1, 1}; // element counts, ne[0] contiguous
     uint64_t offset = 0;          // from the start of the file
     uint64_t nbytes = 0;
-    const void* data = nullptr;   // into the mapping
+    const void* data = nullptr; // into the mapping
     int64_t n_elements() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
     std::string shape_str() const;
 };
@@ -95,6 +106,12 @@ class GgufFile {
     // Typed look-ups: nullopt when absent; a present key of the wrong type is an error.
     std::optional<uint64_t> get_u64(std::string_view key) const;
     std::optional<double> get_f64(std::string_view key) const;
+    // A number that must be finite and above zero (a frequency base, a
+    // scale): inf passes "> 0" but turns every angle or norm into NaN or 0.
+    std::optional<double> get_positive(std::string_view key) const;
+    // An array of per-layer flags: integers or booleans, each 0 or 1 (a
+    // float 0.5 or an i8 -1 is a bad file, not a flag to guess at).
+    std::vector<bool> need_flags(std::string_view key, uint64_t count) const;
     std::optional<bool> get_bool(std::string_view key) const;
     std::optional<std::string_view> get_str(std::string_view key) const;
     // Required variants: a missing key is an error naming it.

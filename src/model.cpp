@@ -28,8 +28,8 @@ class Binder {
 
     gl::Tensor view(const GgufTensor& t, int64_t in, int64_t out) const {
         if (t.n_dims > 2 || t.ne[0] != in || t.ne[1] != out)
-            fail(Exit::bad_model, "{}: tensor '{}' has shape {}, expected [{}, {}]", f_.path(), t.name,
-                 t.shape_str(), in, out);
+            fail(Exit::bad_model, "{}: tensor '{}' has shape {}, expected [{}, {}]", f_.path(),
+                 t.name, t.shape_str(), in, out);
         check_type(t);
         gl::Tensor v;
         v.type = t.type;
@@ -48,7 +48,8 @@ class Binder {
             return {};
         }
         if (t->n_elements() != n || t->ne[0] != n)
-            fail(Exit::bad_model, "{}: tensor '{}' has shape {}, expected [{}]", f_.path(), name, t->shape_str(), n);
+            fail(Exit::bad_model, "{}: tensor '{}' has shape {}, expected [{}]", f_.path(), name,
+                 t->shape_str(), n);
         check_type(*t);
         std::vector<float> out(n);
         gl::ref::dequantize_row(t->type, t->data, out.data(), n);
@@ -57,17 +58,22 @@ class Binder {
 
     void check_type(const GgufTensor& t) const {
         if (!gl::type_info(t.type).supported)
-            fail(Exit::bad_model, "{}: tensor '{}' has type {}, which kvrun does not support yet", f_.path(),
-                 t.name, gl::type_name(t.type));
+            fail(Exit::bad_model, "{}: tensor '{}' has type {}, which kvrun does not support yet",
+                 f_.path(), t.name, gl::type_name(t.type));
     }
 
   private:
     const GgufFile& f_;
 };
 
+// LongRoPE divides each frequency by its factor: published files hold 1 to
+// about 100. Far outside that (1e-30, 1e30) an angle is noise, not a scaling.
 void check_factor(const GgufFile& f, std::string_view tensor, float x) {
     if (!(x > 0) || !std::isfinite(x))
         fail(Exit::bad_model, "{}: {} holds {}, expected positive factors", f.path(), tensor, x);
+    if (x < 1e-3f || x > 1e4f)
+        fail(Exit::bad_model, "{}: {} holds {}, expected factors from 0.001 to 10000", f.path(),
+             tensor, x);
 }
 
 int as_int(uint64_t v, const GgufFile& f, const std::string& key, uint64_t max = 1u << 24) {
@@ -81,46 +87,55 @@ float Model::attn_scale() const {
     return hp.attn_scale > 0 ? hp.attn_scale : 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
 }
 
-const char* supported_architectures() { return family_names().c_str(); }
+const char* supported_architectures() {
+    return family_names().c_str();
+}
 
 Hparams read_hparams(const GgufFile& f) {
     Hparams hp;
     hp.arch = std::string(f.need_str("general.architecture"));
     const Family* arch = find_family(hp.arch);
     if (!arch)
-        fail(Exit::bad_model, "{}: architecture '{}' is not supported (kvrun runs: {})", f.path(), hp.arch,
-             supported_architectures());
+        fail(Exit::bad_model, "{}: architecture '{}' is not supported (kvrun runs: {})", f.path(),
+             hp.arch, supported_architectures());
     const std::string p = hp.arch + ".";
-    auto need = [&](const std::string& k, uint64_t max = 1u << 24) { return as_int(f.need_u64(p + k), f, p + k, max); };
+    auto need = [&](const std::string& k, uint64_t max = 1u << 24) {
+        return as_int(f.need_u64(p + k), f, p + k, max);
+    };
 
     hp.n_embd = need("embedding_length");
     hp.n_layer = need("block_count", 4096);
     hp.n_ff = need("feed_forward_length");
     hp.n_head = need("attention.head_count", 4096);
-    hp.n_head_kv = f.get_u64(p + "attention.head_count_kv") ? need("attention.head_count_kv", 4096) : hp.n_head;
+    hp.n_head_kv = f.get_u64(p + "attention.head_count_kv") ? need("attention.head_count_kv", 4096)
+                                                            : hp.n_head;
     hp.n_ctx_train = need("context_length", 1u << 30);
     if (hp.n_head % hp.n_head_kv != 0)
-        fail(Exit::bad_model, "{}: {} query heads cannot be grouped over {} KV heads", f.path(), hp.n_head, hp.n_head_kv);
+        fail(Exit::bad_model, "{}: {} query heads cannot be grouped over {} KV heads", f.path(),
+             hp.n_head, hp.n_head_kv);
     if (hp.n_embd % hp.n_head != 0 && !f.get_u64(p + "attention.key_length"))
-        fail(Exit::bad_model, "{}: width {} is not a multiple of {} heads", f.path(), hp.n_embd, hp.n_head);
-    hp.head_dim = f.get_u64(p + "attention.key_length") ? need("attention.key_length", 4096) : hp.n_embd / hp.n_head;
+        fail(Exit::bad_model, "{}: width {} is not a multiple of {} heads", f.path(), hp.n_embd,
+             hp.n_head);
+    hp.head_dim = f.get_u64(p + "attention.key_length") ? need("attention.key_length", 4096)
+                                                        : hp.n_embd / hp.n_head;
     if (auto vl = f.get_u64(p + "attention.value_length");
         vl && *vl != static_cast<uint64_t>(hp.head_dim))
-        fail(Exit::bad_model, "{}: key length {} != value length {} is not supported", f.path(), hp.head_dim, *vl);
-    if (hp.head_dim % 2 != 0) fail(Exit::bad_model, "{}: head size {} is odd", f.path(), hp.head_dim);
+        fail(Exit::bad_model, "{}: key length {} != value length {} is not supported", f.path(),
+             hp.head_dim, *vl);
+    if (hp.head_dim % 2 != 0)
+        fail(Exit::bad_model, "{}: head size {} is odd", f.path(), hp.head_dim);
     // Checked as a double: a value past float's range (inf included) would
     // make every norm's output zero; an epsilon is far below 1.
     const double rms_eps = f.get_f64(p + "attention.layer_norm_rms_epsilon").value_or(1e-5);
     if (!(rms_eps > 0 && rms_eps <= 1))
         fail(Exit::bad_model, "{}: the RMS epsilon {} is out of range (0 .. 1]", f.path(), rms_eps);
     hp.rms_eps = static_cast<float>(rms_eps);
-    hp.rope_base = f.get_f64(p + "rope.freq_base").value_or(10000.0);
-    hp.rope_dims = f.get_u64(p + "rope.dimension_count") ? need("rope.dimension_count", 4096) : hp.head_dim;
+    hp.rope_base = f.get_positive(p + "rope.freq_base").value_or(10000.0);
+    hp.rope_dims =
+        f.get_u64(p + "rope.dimension_count") ? need("rope.dimension_count", 4096) : hp.head_dim;
     if (hp.rope_dims > hp.head_dim || hp.rope_dims % 2 != 0)
-        fail(Exit::bad_model, "{}: rope.dimension_count {} does not fit head size {}", f.path(), hp.rope_dims, hp.head_dim);
-    // Infinite values pass "> 0" but make every norm zero (or every angle NaN).
-    if (!(hp.rope_base > 0) || !(hp.rms_eps > 0) || !std::isfinite(hp.rope_base))
-        fail(Exit::bad_model, "{}: rope.freq_base and the RMS epsilon must be positive", f.path());
+        fail(Exit::bad_model, "{}: rope.dimension_count {} does not fit head size {}", f.path(),
+             hp.rope_dims, hp.head_dim);
     hp.rope_neox = arch->rope_neox;
     // RoPE scaling: "linear" divides positions by the factor (the same as
     // dividing every frequency); "llama3" is carried by the rope_freqs tensor
@@ -130,9 +145,7 @@ Hparams read_hparams(const GgufFile& f) {
                           f.tensor(std::string(tn::rope_factors_short));
     if (auto scaling = f.get_str(p + "rope.scaling.type"); scaling && *scaling != "none") {
         if (*scaling == "linear") {
-            hp.rope_linear_factor = f.get_f64(p + "rope.scaling.factor").value_or(1.0);
-            if (!(hp.rope_linear_factor > 0))
-                fail(Exit::bad_model, "{}: rope.scaling.factor must be positive", f.path());
+            hp.rope_linear_factor = f.get_positive(p + "rope.scaling.factor").value_or(1.0);
         } else if (!(*scaling == "llama3" && f.tensor(std::string(tn::rope_freqs))) &&
                    !((*scaling == "longrope" || *scaling == "su") && longrope)) {
             fail(Exit::bad_model, "{}: RoPE scaling '{}' is not supported yet", f.path(), *scaling);
@@ -162,9 +175,14 @@ Hparams read_hparams(const GgufFile& f) {
     const GgufTensor* emb = f.tensor(std::string(tn::token_embd));
     if (!emb) fail(Exit::bad_model, "{}: missing tensor '{}'", f.path(), tn::token_embd);
     if (emb->n_dims != 2 || emb->ne[0] != hp.n_embd || emb->ne[1] > (1 << 26))
-        fail(Exit::bad_model, "{}: {} has shape {}, expected [{}, n_vocab]", f.path(), tn::token_embd,
-             emb->shape_str(), hp.n_embd);
+        fail(Exit::bad_model, "{}: {} has shape {}, expected [{}, n_vocab]", f.path(),
+             tn::token_embd, emb->shape_str(), hp.n_embd);
     hp.n_vocab = static_cast<int>(emb->ne[1]);
+    // Optional, but a file that states its vocabulary must agree with its
+    // embedding: a mismatch means a converter wrote the wrong tensors.
+    if (auto nv = f.get_u64(p + "vocab_size"); nv && *nv != static_cast<uint64_t>(hp.n_vocab))
+        fail(Exit::bad_model, "{}: '{}vocab_size' = {} disagrees with {} ({} rows)", f.path(), p,
+             *nv, tn::token_embd, hp.n_vocab);
     return hp;
 }
 
@@ -176,8 +194,9 @@ Model Model::load(const GgufFile& f) {
     Binder b(f);
     m.token_embd = b.view(*f.tensor(std::string(tn::token_embd)), hp.n_embd, hp.n_vocab);
     m.output_norm = b.vector(std::string(tn::output_norm), hp.n_embd);
-    m.output = b.find(std::string(tn::output)) ? b.matrix(std::string(tn::output), hp.n_embd, hp.n_vocab)
-                                                : m.token_embd;
+    m.output = b.find(std::string(tn::output))
+                   ? b.matrix(std::string(tn::output), hp.n_embd, hp.n_vocab)
+                   : m.token_embd;
 
     m.layers.resize(hp.n_layer);
     for (int l = 0; l < hp.n_layer; l++) {
@@ -251,7 +270,8 @@ Model Model::load(const GgufFile& f) {
     // Sliding-window layers with a base of their own take it unscaled.
     if (hp.rope_base_swa > 0 && !hp.swa_layers.empty()) {
         m.rope_inv_freq_swa.resize(n_pairs);
-        for (int i = 0; i < n_pairs; i++) m.rope_inv_freq_swa[i] = std::pow(hp.rope_base_swa, -2.0 * i / hp.rope_dims);
+        for (int i = 0; i < n_pairs; i++)
+            m.rope_inv_freq_swa[i] = std::pow(hp.rope_base_swa, -2.0 * i / hp.rope_dims);
     }
     m.embed_scale = arch->embed_scale ? std::sqrt(static_cast<float>(hp.n_embd)) : 1.0f;
     m.gelu_ffn = arch->gelu_ffn;

@@ -34,11 +34,8 @@ void read_gemma3(const GgufFile& f, Hparams& hp) {
     const std::string pattern_key = p + "attention.sliding_window_pattern";
     const GgufValue* pat = f.find(pattern_key);
     if (pat && pat->type == GgufType::array) {
-        if (pat->count != static_cast<uint64_t>(hp.n_layer) || pat->elem_type == GgufType::string ||
-            pat->elem_type == GgufType::array)
-            fail(Exit::bad_model, "{}: '{}' must hold one flag per layer ({})", f.path(),
-                 pattern_key, hp.n_layer);
-        for (int l = 0; l < hp.n_layer; l++) hp.swa_layers[l] = pat->array_i64(l) != 0;
+        const std::vector<bool> flags = f.need_flags(pattern_key, hp.n_layer);
+        for (int l = 0; l < hp.n_layer; l++) hp.swa_layers[l] = flags[l];
     } else {
         const uint64_t period = pat ? f.need_u64(pattern_key) : 6;
         if (period > 4096)
@@ -46,14 +43,11 @@ void read_gemma3(const GgufFile& f, Hparams& hp) {
         for (int l = 0; l < hp.n_layer; l++)
             hp.swa_layers[l] = period == 0 || l % period != period - 1;
     }
-    hp.rope_base_swa = f.get_f64(p + "rope.freq_base_swa").value_or(10000.0);
-    if (!(hp.rope_base_swa > 0))
-        fail(Exit::bad_model, "{}: rope.freq_base_swa must be positive", f.path());
+    hp.rope_base_swa = f.get_positive(p + "rope.freq_base_swa").value_or(10000.0);
     // The query scale is 1/sqrt(query_pre_attn_scalar): the head size, but
     // for the 27B model, whose scalar is width / heads (5376 / 32 = 168
     // against heads of 128). Files may state it.
-    if (auto s = f.get_f64(p + "attention.scale")) {
-        if (!(*s > 0)) fail(Exit::bad_model, "{}: attention.scale must be positive", f.path());
+    if (auto s = f.get_positive(p + "attention.scale")) {
         hp.attn_scale = static_cast<float>(*s);
     } else if (hp.n_layer == 62 && hp.n_embd == 5376 && hp.n_head == 32) {
         hp.attn_scale = 1.0f / std::sqrt(static_cast<float>(hp.n_embd / hp.n_head));
