@@ -1,6 +1,7 @@
 #include "chat_session.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <chrono>
 #include <cstdio>
 #include <cstdint>
@@ -66,24 +67,49 @@ std::string ChatSession::effective_system() const {
     return system_.empty() ? tmpl_.default_system() : system_;
 }
 
-std::vector<int32_t> ChatSession::target() const {
+std::vector<int32_t> ChatSession::turn_tokens(size_t i, bool first, const std::string& sys) const {
     const Tokenizer& tok = lm_.tokenizer;
-    const std::string sys = effective_system();
+    const Turn& t = turns_[i];
     // Each piece is tokenized on its own, so the tokens of a turn never
     // depend on what follows it: earlier turns stay a prefix.
-    std::vector<int32_t> out = chat_tokens(tok, tmpl_.prefix_text(sys), false);
-    for (size_t i = first_live_; i < turns_.size(); i++) {
-        const Turn& t = turns_[i];
-        append(out, chat_tokens(tok,
-                                tmpl_.user_text(t.user, i == first_live_, sys) +
-                                    tmpl_.generation_prompt(),
-                                false));
-        append(out, t.reply_tokens);
-        if (!t.open) append(out, chat_tokens(tok, tmpl_.close(), false));
-    }
-    const Vocab& v = tok.vocab();
+    std::vector<int32_t> out =
+        chat_tokens(tok, tmpl_.user_text(t.user, first, sys) + tmpl_.generation_prompt(), false);
+    append(out, t.reply_tokens);
+    if (!t.open) append(out, chat_tokens(tok, tmpl_.close(), false));
+    return out;
+}
+
+std::vector<int32_t> ChatSession::target() const {
+    const std::string sys = effective_system();
+    std::vector<int32_t> out = chat_tokens(lm_.tokenizer, tmpl_.prefix_text(sys), false);
+    for (size_t i = first_live_; i < turns_.size(); i++)
+        append(out, turn_tokens(i, i == first_live_, sys));
+    const Vocab& v = lm_.tokenizer.vocab();
     if (v.add_bos && v.bos >= 0 && (out.empty() || out[0] != v.bos)) out.insert(out.begin(), v.bos);
     return out;
+}
+
+size_t ChatSession::first_live_within(size_t max_tokens) const {
+    const size_t n = turns_.size();
+    if (first_live_ + 1 >= n) return first_live_; // only the current turn is left
+    const std::string sys = effective_system();
+    const std::vector<int32_t> prefix = chat_tokens(lm_.tokenizer, tmpl_.prefix_text(sys), false);
+    const Vocab& v = lm_.tokenizer.vocab();
+    // target(f) = bos? + prefix + turn f as the first + the turns after it.
+    size_t best = n - 1;
+    size_t after = 0; // tokens of the turns after f
+    for (size_t f = n - 1;; f--) {
+        // The turns after f alone fill the window: so do they for every
+        // earlier f, which the walk need never tokenize.
+        if (after > max_tokens) break;
+        const std::vector<int32_t> head = turn_tokens(f, true, sys);
+        const int32_t first_token = !prefix.empty() ? prefix[0] : head.empty() ? -1 : head[0];
+        const size_t bos = v.add_bos && v.bos >= 0 && first_token != v.bos ? 1 : 0;
+        if (bos + prefix.size() + head.size() + after <= max_tokens) best = f;
+        if (f == first_live_) break;
+        after += turn_tokens(f, false, sys).size();
+    }
+    return best;
 }
 
 void ChatSession::rewind_to_common_prefix(const std::vector<int32_t>& want) {
@@ -107,13 +133,6 @@ bool ChatSession::sync(const std::vector<int32_t>& want, const ChatHooks& hooks,
     return true;
 }
 
-bool ChatSession::evict_one(const ChatHooks&, TurnStats& st) {
-    if (first_live_ + 1 >= turns_.size()) return false; // only the current turn is left
-    first_live_++;
-    st.evicted_turns++;
-    return true;
-}
-
 std::vector<int32_t> ChatSession::evict(std::vector<int32_t> want, const ChatHooks& hooks,
                                         TurnStats& st) {
     const std::vector<int32_t> before = want;
@@ -121,9 +140,11 @@ std::vector<int32_t> ChatSession::evict(std::vector<int32_t> want, const ChatHoo
     // Down to half the window, not just enough for this turn: dropping one
     // turn at a time would leave the window full and evict again next turn.
     const size_t low = static_cast<size_t>(s_.n_ctx()) / 2;
-    while (want.size() > low && evict_one(hooks, st)) want = target();
+    if (want.size() > low) first_live_ = first_live_within(low);
     const size_t n = first_live_ - first_before;
     if (n == 0) return want;
+    st.evicted_turns += static_cast<int>(n);
+    want = target();
     if (hooks.on_notice)
         hooks.on_notice(fmt::format(
             "the context is full (-c {}): dropped the {} oldest turn{} ({} tokens); the system "
@@ -253,7 +274,9 @@ void ChatSession::generate(const ChatHooks& hooks, TurnStats& st) {
         if (hooks.on_text) hooks.on_text(s);
     };
     gh.should_stop = hooks.should_stop;
-    gh.on_token = [&](int32_t id) { t.reply_tokens.push_back(id); }; // target() sees the reply so far
+    gh.on_token = [&](int32_t id) {
+        t.reply_tokens.push_back(id);
+    }; // target() sees the reply so far
     // The reply filled the window: drop old turns, move the rest down.
     gh.on_full = [&]() -> const char* {
         const size_t first_before = first_live_;
@@ -281,7 +304,11 @@ bool is_chat_save_head(std::string_view head) {
     return head.find("\"kvrun-chat\"") != std::string_view::npos;
 }
 
-constexpr uint64_t kMaxSaveBytes = uint64_t{256} << 20;
+uint64_t file_bytes(const std::string& path) {
+    std::error_code ec;
+    const uintmax_t n = std::filesystem::file_size(path, ec);
+    return ec ? 0 : static_cast<uint64_t>(n);
+}
 
 // nlohmann's messages start with "[json.exception.type_error.302] ".
 std::string json_reason(const std::exception& e) {
@@ -303,14 +330,30 @@ void ChatSession::save(const std::string& path) const {
     j["model_digest"] = fmt::format("{:016x}", digest);
     j["template"] = tmpl_.name();
     j["system"] = system_;
-    j["first_live_turn"] = first_live_;
+    // The oldest evicted turns are left out where the file would pass what
+    // load() takes (the window holds only the newest turns anyway).
+    auto dump = [](const nlohmann::json& x, int indent) {
+        // Replace, not throw, on bytes that are not UTF-8 (a reply cut
+        // inside a character): the save must not fail on the model's output.
+        return x.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+    };
+    std::vector<nlohmann::json> jturns;
+    std::vector<uint64_t> sizes; // a bound on each turn's bytes, indented (a token a line)
+    uint64_t bytes = dump(j, 1).size() + 64;
+    for (const Turn& t : turns_) {
+        jturns.push_back({{"user", t.user}, {"reply", t.reply}, {"reply_tokens", t.reply_tokens}});
+        sizes.push_back(dump(jturns.back(), -1).size() + 16 * (4 + t.reply_tokens.size()));
+        bytes += sizes.back();
+    }
+    size_t skip = 0;
+    for (; skip < first_live_ && bytes > kMaxConversationBytes; skip++) bytes -= sizes[skip];
+    if (bytes > kMaxConversationBytes)
+        fail(Exit::usage, "the conversation is {:.1f} MiB, more than a saved one can be ({} MiB)",
+             static_cast<double>(bytes) / (1 << 20), kMaxConversationBytes >> 20);
+    j["first_live_turn"] = first_live_ - skip;
     j["turns"] = nlohmann::json::array();
-    for (const Turn& t : turns_)
-        j["turns"].push_back(
-            {{"user", t.user}, {"reply", t.reply}, {"reply_tokens", t.reply_tokens}});
-    // Replace, not throw, on bytes that are not UTF-8 (a reply cut inside a
-    // character): the save must not fail on the model's output.
-    const std::string text = j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    for (size_t i = skip; i < jturns.size(); i++) j["turns"].push_back(std::move(jturns[i]));
+    const std::string text = dump(j, 1) + "\n";
     // The JSON goes to its temporary first, then the binary cache is saved,
     // then the JSON renamed: any failure before that leaves FILE.json as it
     // was (a cache that no longer matches it is only not reused).
@@ -320,21 +363,37 @@ void ChatSession::save(const std::string& path) const {
     meta.commit();
 }
 
-std::string ChatSession::load(const std::string& path) {
+std::string ChatSession::load(const std::string& path, const std::function<bool()>& should_stop) {
     const std::string meta = path + ".json";
-    const ReadResult file = try_read_regular_file(meta, kMaxSaveBytes);
+    const ReadResult file = try_read_regular_file(meta, kMaxConversationBytes);
+    if (file.too_large)
+        fail(Exit::usage,
+             "'{}' is {:.1f} MiB, more than a kvrun conversation can be ({} MiB): not loaded", meta,
+             static_cast<double>(file_bytes(meta)) / (1 << 20), kMaxConversationBytes >> 20);
     if (!file.ok) fail(Exit::usage, "cannot read '{}': {}", meta, file.why);
     auto bad = [&](const std::string& why) -> void {
         fail(Exit::usage, "'{}' is not a kvrun conversation ({})", meta, why);
+    };
+    auto stopped = [&] {
+        if (should_stop && should_stop())
+            fail(Exit::interrupted, "loading '{}' interrupted: the conversation is as it was",
+                 meta);
     };
     const uint64_t digest = s_.model_digest();
     // Everything is read and checked before the session changes: a bad
     // file leaves the current conversation as it was.
     std::vector<Turn> turns;
-    std::string system;
+    std::string system, saved_template;
     size_t first_live = 0;
     try {
-        const nlohmann::json j = nlohmann::json::parse(file.data);
+        // Checked every few thousand JSON events: a Ctrl-C stops the parse.
+        size_t events = 0;
+        const nlohmann::json::parser_callback_t poll = [&](int, nlohmann::json::parse_event_t,
+                                                           nlohmann::json&) {
+            if (++events % 4096 == 0) stopped();
+            return true;
+        };
+        const nlohmann::json j = nlohmann::json::parse(file.data, poll);
         if (!j.is_object() || j.value("format", std::string()) != "kvrun-chat")
             bad("no kvrun-chat format");
         if (j.at("version") != kSaveVersion) bad("version " + j.at("version").dump());
@@ -353,13 +412,21 @@ std::string ChatSession::load(const std::string& path) {
         }
         const bool same_model = saved_digest == digest;
         system = j.value("system", std::string());
+        saved_template = j.value("template", std::string());
         if (const auto f = j.find("first_live_turn"); f != j.end()) {
             if (!f->is_number_unsigned()) bad("first_live_turn is not a count");
             first_live = static_cast<size_t>(std::min<uint64_t>(f->get<uint64_t>(), SIZE_MAX));
         }
         const nlohmann::json& jturns = j.at("turns");
         if (!jturns.is_array()) bad("turns is not an array");
+        // The last turn is never evicted: a first live turn past it was not
+        // written by kvrun.
+        if (first_live > 0 && first_live >= jturns.size())
+            bad(fmt::format("first_live_turn {} is past its {} turn{}", first_live, jturns.size(),
+                            jturns.size() == 1 ? "" : "s"));
+        turns.reserve(jturns.size());
         for (const auto& jt : jturns) {
+            if (turns.size() % 1024 == 0) stopped();
             if (!jt.is_object()) bad("a turn is not an object");
             Turn t{jt.at("user").get<std::string>(), jt.at("reply").get<std::string>(), {}, false};
             if (same_model) {
@@ -387,18 +454,24 @@ std::string ChatSession::load(const std::string& path) {
     }
     turns_ = std::move(turns);
     system_ = std::move(system);
-    first_live_ = std::min(first_live, turns_.size());
-    TurnStats unused;
-    std::vector<int32_t> want = target();
-    while (want.size() >= static_cast<size_t>(s_.n_ctx()) && evict_one({}, unused))
-        want = target();
+    first_live_ = first_live;
+    // Only the turns the window can hold are live; they are what a turn
+    // costs to tokenize, whatever the file's length.
+    first_live_ = first_live_within(static_cast<size_t>(s_.n_ctx()) - 1);
+    const std::vector<int32_t> want = target();
     const PromptCacheLoad pc = s_.load_prompt_cache(path, digest, want);
     const char* s = turns_.size() == 1 ? "" : "s";
+    std::string msg = fmt::format("loaded {} turn{}", turns_.size(), s);
+    if (first_live_ > 0)
+        msg +=
+            fmt::format(" ({} in the window, the older ones evicted)", turns_.size() - first_live_);
+    if (!saved_template.empty() && saved_template != tmpl_.name())
+        msg += fmt::format("; saved with the '{}' template, continued with '{}'", saved_template,
+                           tmpl_.name());
     if (!pc.ok)
-        return fmt::format("loaded {} turn{}; cache not used ({}): it is recomputed at the next turn",
-                           turns_.size(), s, pc.why);
-    return fmt::format("loaded {} turn{}; {} token{} of cache reused", turns_.size(), s, pc.reused,
-                       pc.reused == 1 ? "" : "s");
+        return msg +
+               fmt::format("; cache not used ({}): it is recomputed at the next turn", pc.why);
+    return msg + fmt::format("; {} token{} of cache reused", pc.reused, pc.reused == 1 ? "" : "s");
 }
 
 } // namespace kvrun

@@ -93,6 +93,8 @@ class ChatSession {
     // what the new prefix still shares.
     void set_system(std::string system);
     const std::string& system() const { return system_; }
+    // The system prompt in effect: system(), or the template's default.
+    std::string effective_system() const;
 
     // Add a user message and generate the reply. Throws Error(context_overflow)
     // when the system prompt and this message alone do not fit (the message
@@ -109,8 +111,13 @@ class ChatSession {
     // way on load); FILE.json the conversation. Loading a cache that does not
     // match keeps the conversation and recomputes at the next turn; the
     // returned string says what happened.
+    // A conversation file larger than kMaxConversationBytes is refused by its
+    // size before it is parsed; save() leaves the oldest evicted turns out
+    // to stay below it. `should_stop` (Ctrl-C) abandons a load part way,
+    // leaving the session as it was.
+    static constexpr uint64_t kMaxConversationBytes = uint64_t{16} << 20;
     void save(const std::string& path) const;
-    std::string load(const std::string& path);
+    std::string load(const std::string& path, const std::function<bool()>& should_stop = {});
 
     struct Turn {
         std::string user, reply;
@@ -126,15 +133,18 @@ class ChatSession {
     const std::vector<int32_t>& cached() const { return s_.tokens(); }
 
   private:
-    std::string effective_system() const;
     std::vector<int32_t> prefix_tokens() const;
     std::vector<int32_t> target() const;
+    // What turn i adds to target(); `first`: it opens the live turns.
+    std::vector<int32_t> turn_tokens(size_t i, bool first, const std::string& sys) const;
+    // The first live turn from which target() holds at most `max_tokens`
+    // (the last turn if none): what evicting one turn at a time would reach,
+    // found by tokenizing only the turns the window can hold.
+    size_t first_live_within(size_t max_tokens) const;
     void rewind_to_common_prefix(const std::vector<int32_t>& want);
     // Make the cache hold `want`, evaluating only what differs; the session
     // keeps the last token's logits. False when stopped by the hook.
     bool sync(const std::vector<int32_t>& want, const ChatHooks& hooks, TurnStats& st);
-    // Drop the oldest live turn before the last. False when there is none.
-    bool evict_one(const ChatHooks& hooks, TurnStats& st);
     // The window is full: evict the oldest turns until the conversation
     // (`want`, target()) takes at most half the window or only the current
     // turn is left, say so, and move what the cache holds of the kept turns
