@@ -50,13 +50,16 @@ constexpr const char* kHelp =
     "  /stats         tokens reused vs evaluated, cache fill, speed, GPU memory\n"
     "  /undo          drop the last exchange (the cache keeps what stays)\n"
     "  /retry         generate the last answer again\n"
-    "  /reset         forget the conversation (the system prompt stays)\n"
+    "  /reset, /clear forget the conversation (the system prompt stays)\n"
     "  /system [TEXT] show or set the system prompt\n"
     "  /save FILE     save the conversation and its cache (FILE, FILE.json)\n"
     "  /load FILE     load them (the cache is used only if it matches)\n"
-    "  /help, /exit   this text; leave (Ctrl-D also leaves)\n"
-    "A line ending in \\ continues on the next line. Ctrl-C stops an answer;\n"
-    "twice at the prompt exits.\n";
+    "  /help, /?      this text\n"
+    "  /exit, /bye    leave (so do /quit and Ctrl-D)\n"
+    "A line ending in \\ continues on the next line; so does everything between\n"
+    "two lines of \"\"\" (Ollama's multi-line input). Ctrl-C stops an answer or a\n"
+    "/load; twice at the prompt exits. At --temp 0, /retry may still differ:\n"
+    "the answer is evaluated after the turns before it, not as they were then.\n";
 
 std::string rtrim(std::string s) {
     while (!s.empty() && std::strchr(" \t\r\n", s.back())) s.pop_back();
@@ -148,7 +151,7 @@ void use_utf8_ctype() {
 std::optional<std::string> read_message() {
     std::string msg;
     const char* prompt = "> ";
-    bool ctrl_c = false;
+    bool ctrl_c = false, in_block = false;
     while (true) {
         g_prompt_ctrl_c = false;
         char* line = readline(prompt);
@@ -162,6 +165,7 @@ std::optional<std::string> read_message() {
             }
             ctrl_c = true;
             msg.clear();
+            in_block = false;
             prompt = "> ";
             out("\n(Ctrl-C again to exit)\n");
             continue;
@@ -176,6 +180,28 @@ std::optional<std::string> read_message() {
         ctrl_c = false;
         std::string l = line;
         std::free(line);
+        // """ opens a block that runs to a line ending in """ (Ollama's way).
+        if (!in_block && msg.empty() && l.rfind("\"\"\"", 0) == 0) {
+            l.erase(0, 3);
+            in_block = true;
+            if (l.size() >= 3 && l.compare(l.size() - 3, 3, "\"\"\"") == 0) {
+                l.resize(l.size() - 3);
+                in_block = false;
+            }
+            msg += l;
+            if (!in_block) break;
+            if (!l.empty()) msg += '\n';
+            prompt = ". ";
+            continue;
+        }
+        if (in_block) {
+            const bool end = l.size() >= 3 && l.compare(l.size() - 3, 3, "\"\"\"") == 0;
+            if (end) l.resize(l.size() - 3);
+            msg += l;
+            if (end) break;
+            msg += '\n';
+            continue;
+        }
         const bool more = !l.empty() && l.back() == '\\';
         if (more) l.pop_back();
         msg += l;
@@ -183,6 +209,7 @@ std::optional<std::string> read_message() {
         msg += '\n';
         prompt = ". ";
     }
+    while (!msg.empty() && msg.back() == '\n') msg.pop_back();
     if (!msg.empty()) add_history(msg.c_str());
     return msg;
 }
@@ -376,7 +403,10 @@ int run_chat(int argc, char** argv) {
             fmt::print(stderr, "kvrun: {}\n", e.what());
         }
     };
-    if (!o.prompt.empty()) answer(o.prompt);
+    if (!o.prompt.empty()) {
+        out("> " + o.prompt + "\n"); // the transcript shows what was asked
+        answer(o.prompt);
+    }
     while (true) {
         std::optional<std::string> msg = read_message();
         clear_interrupt(); // a Ctrl-C at the prompt must not stop the next answer
@@ -391,9 +421,9 @@ int run_chat(int argc, char** argv) {
         const std::string cmd = line.substr(0, sp);
         const std::string arg =
             sp == std::string::npos ? "" : rtrim(line.substr(line.find_first_not_of(' ', sp)));
-        if (cmd == "/exit" || cmd == "/quit")
+        if (cmd == "/exit" || cmd == "/quit" || cmd == "/bye")
             break; // the Enter that sent it ended the line
-        else if (cmd == "/help")
+        else if (cmd == "/help" || cmd == "/?")
             out(kHelp);
         else if (cmd == "/stats")
             print_stats(session, last, all,
@@ -404,7 +434,7 @@ int run_chat(int argc, char** argv) {
                         speculation.get());
         else if (cmd == "/undo")
             out(session.undo() ? "[undone]\n" : "[nothing to undo]\n");
-        else if (cmd == "/reset")
+        else if (cmd == "/reset" || cmd == "/clear")
             session.reset(), out("[conversation cleared]\n");
         else if (cmd == "/retry") {
             TurnStats st;
@@ -414,7 +444,10 @@ int run_chat(int argc, char** argv) {
                 out("[nothing to retry]\n");
         } else if (cmd == "/system") {
             if (arg.empty())
-                out(fmt::format("[system] {}\n", session.system()));
+                out(session.system().empty() && !session.effective_system().empty()
+                        ? fmt::format("[system, the template's default] {}\n",
+                                      session.effective_system())
+                        : fmt::format("[system] {}\n", session.system()));
             else if (!unicode::valid_utf8(arg))
                 out("[the system prompt is not valid UTF-8: not set]\n");
             else
@@ -428,10 +461,11 @@ int run_chat(int argc, char** argv) {
                 if (cmd == "/save")
                     session.save(arg), out(fmt::format("[saved to {} and {}.json]\n", arg, arg));
                 else
-                    out("[" + session.load(arg) + "]\n");
+                    out("[" + session.load(arg, [] { return interrupted(); }) + "]\n");
             } catch (const std::exception& e) { // save and load keep the session whatever the file
                 fmt::print(stderr, "kvrun: {}\n", e.what());
             }
+            clear_interrupt(); // a Ctrl-C that stopped a /load must not stop the next answer
         } else {
             out(fmt::format("[unknown command {}; /help lists them]\n", cmd));
         }
