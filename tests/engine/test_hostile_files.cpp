@@ -6,6 +6,7 @@
 // tensors, infinite epsilons, windows of 2^63) are refused as bad models.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -23,6 +24,7 @@
 #include "ggml-like/backend.h"
 #include "gguf_writer.h"
 #include "loader.h"
+#include "random_model.h"
 #include "test_util.h"
 #include "weights_digest.h"
 
@@ -104,8 +106,9 @@ Rewrite with_tensor(std::function<void(const std::string& name, std::vector<floa
     rw.tensor = std::move(edit);
     return rw;
 }
-void rewrite(const std::string& out, const Rewrite& rw = Rewrite()) {
-    kvrun::GgufFile f = kvrun::GgufFile::open(kStories);
+void rewrite(const std::string& out, const Rewrite& rw = Rewrite(),
+             const std::string& from = kStories) {
+    kvrun::GgufFile f = kvrun::GgufFile::open(from);
     kvrun::GgufWriter w;
     for (const auto& [k, v] : f.metadata()) {
         bool replaced = false;
@@ -476,6 +479,102 @@ TEST_CASE("files: infinite epsilons, bad rope_freqs and wrapped value lengths ar
     }
 }
 
+TEST_CASE("files: rope bases, scales, window flags, vocab sizes and LongRoPE factors out of range "
+          "are bad models") {
+    TempDir d;
+    const float inf = INFINITY, nan = NAN;
+    // Gemma 3 and Phi-3 (LongRoPE) random models as the sources of the rewrites.
+    const std::string gemma = d.file("gemma3.gguf"), phi3 = d.file("phi3.gguf");
+    {
+        const auto g = kvtest::random_model({"gemma3", 64, 4, 2, 96, 3, gl::Type::F32}, 7);
+        spit(gemma, std::string(g.begin(), g.end()));
+        const auto ph = kvtest::random_model({"phi3", 64, 4, 4, 96, 2, gl::Type::F32}, 7, 64);
+        spit(phi3, std::string(ph.begin(), ph.end()));
+    }
+    REQUIRE(gen(gemma).status == 0);
+    REQUIRE(gen(phi3).status == 0);
+    auto f32 = [](const std::string& key, float v) {
+        return with_kv(key, [=](kvrun::GgufWriter& w) { w.set_f32(key, v); });
+    };
+    auto i32s = [](const std::string& key, std::vector<int32_t> v) {
+        return with_kv(key, [=](kvrun::GgufWriter& w) { w.set_i32_array(key, v); });
+    };
+    auto linear = [](float factor) {
+        Rewrite rw = with_kv("llama.rope.scaling.type", [](kvrun::GgufWriter& w) {
+            w.set_str("llama.rope.scaling.type", "linear");
+        });
+        rw.kv.emplace_back("llama.rope.scaling.factor", [=](kvrun::GgufWriter& w) {
+            w.set_f32("llama.rope.scaling.factor", factor);
+        });
+        return rw;
+    };
+    struct Case {
+        const char* what;
+        std::string from;
+        Rewrite rw;
+        const char* says;
+    };
+    const std::vector<Case> cases = {
+        {"gemma3 attention.scale NaN", gemma, f32("gemma3.attention.scale", nan),
+         "attention.scale"},
+        {"gemma3 attention.scale -1", gemma, f32("gemma3.attention.scale", -1.0f),
+         "attention.scale"},
+        {"gemma3 rope.freq_base_swa inf", gemma, f32("gemma3.rope.freq_base_swa", inf),
+         "freq_base_swa"},
+        {"gemma3 rope.freq_base 0", gemma, f32("gemma3.rope.freq_base", 0.0f), "freq_base"},
+        {"gemma3 pattern flag 2", gemma, i32s("gemma3.attention.sliding_window_pattern", {1, 2, 0}),
+         "expected 0 or 1"},
+        {"gemma3 pattern flag -1", gemma,
+         i32s("gemma3.attention.sliding_window_pattern", {1, -1, 0}), "expected 0 or 1"},
+        {"gemma3 pattern of 2 flags for 3 layers", gemma,
+         i32s("gemma3.attention.sliding_window_pattern", {1, 0}), "one flag per layer"},
+        {"llama linear rope.scaling.factor NaN", kStories, linear(nan), "rope.scaling.factor"},
+        {"llama linear rope.scaling.factor 0", kStories, linear(0.0f), "rope.scaling.factor"},
+        {"llama vocab_size 1000", kStories,
+         with_kv("llama.vocab_size",
+                 [](kvrun::GgufWriter& w) { w.set_u32("llama.vocab_size", 1000); }),
+         "vocab_size"},
+        {"phi3 vocab_size 511", phi3,
+         with_kv("phi3.vocab_size", [](kvrun::GgufWriter& w) { w.set_u32("phi3.vocab_size", 511); }),
+         "vocab_size"},
+    };
+    for (const Case& c : cases) {
+        CAPTURE(std::string(c.what));
+        const std::string m = d.file("bad.gguf");
+        fs::remove(m);
+        rewrite(m, c.rw, c.from);
+        const auto r = gen(m);
+        CHECK(r.status == 3);
+        CHECK(contains(r.err, c.says));
+        CHECK(count_lines(r.err) == 1);
+    }
+    // The flags as the file gives them still run, and a vocab_size that agrees is fine.
+    {
+        const std::string m = d.file("good.gguf");
+        rewrite(m, i32s("gemma3.attention.sliding_window_pattern", {1, 1, 0}), gemma);
+        CHECK(gen(m).status == 0);
+        fs::remove(m);
+        rewrite(m,
+                with_kv("llama.vocab_size",
+                        [](kvrun::GgufWriter& w) { w.set_u32("llama.vocab_size", 512); }));
+        CHECK(gen(m).status == 0);
+    }
+    // LongRoPE factors of 1e9 or 1e-9 turn every angle into noise.
+    for (float bad : {1e9f, 1e-9f}) {
+        CAPTURE(bad);
+        const std::string m = d.file("longrope.gguf");
+        fs::remove(m);
+        rewrite(m,
+                with_tensor([&](const std::string& name, std::vector<float>& x) {
+                    if (name == "rope_factors_long.weight") x[0] = bad;
+                }),
+                phi3);
+        const auto r = gen(m);
+        CHECK(r.status == 3);
+        CHECK(contains(r.err, "rope_factors_long"));
+    }
+}
+
 TEST_CASE("files: NaN weights that reach the logits stop generation with exit 3") {
     TempDir d;
     const std::string m = d.file("nan.gguf");
@@ -596,6 +695,62 @@ TEST_CASE("files: chat /load of a malformed save keeps the session and says why"
     old["model_digest"] = std::stoull(good.at("model_digest").get<std::string>(), nullptr, 16);
     spit(save + ".json", old.dump());
     CHECK(chat.session.load(save).find("loaded 1 turn;") != std::string::npos);
+}
+
+TEST_CASE("files: chat /load refuses oversized conversations by size, loads long ones in one "
+          "pass, and stops on Ctrl-C") {
+    TempDir d;
+    Chat chat;
+    chat.session.respond("Hello there", {});
+    const std::string save = d.file("s");
+    chat.session.save(save);
+    const nlohmann::json good = nlohmann::json::parse(slurp(save + ".json"));
+    const nlohmann::json turn = good.at("turns").at(0);
+    auto with_turns = [&](size_t n) {
+        nlohmann::json j = good;
+        j["turns"] = nlohmann::json::array();
+        for (size_t i = 0; i < n; i++) j["turns"].push_back(turn);
+        j["first_live_turn"] = n - 1;
+        return j.dump();
+    };
+    // A million turns is over the cap: refused by its size, never parsed.
+    spit(save + ".json", with_turns(1000000));
+    REQUIRE(fs::file_size(save + ".json") > kvrun::ChatSession::kMaxConversationBytes);
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK_THROWS_WITH_AS(chat.session.load(save),
+                         doctest::Contains("more than a kvrun conversation can be"), kvrun::Error);
+    // Generous for a sanitizer build on a loaded machine; parsing 30 MB takes
+    // seconds there, a stat microseconds.
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1));
+    CHECK(chat.session.turns().size() == 1);
+    // 60,000 turns under the cap: the live window is found without
+    // tokenizing every suffix (the old quadratic search took minutes here).
+    spit(save + ".json", with_turns(60000));
+    REQUIRE(fs::file_size(save + ".json") < kvrun::ChatSession::kMaxConversationBytes);
+    CHECK(chat.session.load(save).find("loaded 60000 turns") != std::string::npos);
+    CHECK(chat.session.turns().size() == 60000);
+    CHECK(chat.session.first_live_turn() >= 59990);
+    CHECK(chat.session.cached_tokens() <= chat.session.n_ctx());
+    chat.session.respond("And then", {});
+    CHECK(chat.session.turns().size() == 60001);
+    // A stop request part way leaves the conversation as it was.
+    int polls = 0;
+    const auto stop_soon = [&] { return ++polls > 3; };
+    try {
+        chat.session.load(save, stop_soon);
+        FAIL("loaded");
+    } catch (const kvrun::Error& e) {
+        CHECK(e.code() == kvrun::Exit::interrupted);
+        CHECK(std::string(e.what()).find("interrupted: the conversation is as it was") !=
+              std::string::npos);
+    }
+    CHECK(chat.session.turns().size() == 60001);
+    // The last turn is never evicted: a first live turn past the turns is refused.
+    nlohmann::json past = good;
+    past["first_live_turn"] = 5;
+    spit(save + ".json", past.dump());
+    CHECK_THROWS_WITH_AS(chat.session.load(save), doctest::Contains("first_live_turn 5 is past"),
+                         kvrun::Error);
 }
 
 TEST_CASE("files: chat /save never replaces other files and leaves no temporaries") {
