@@ -1,5 +1,7 @@
 #include "context.h"
 
+#include <strings.h>
+
 #include <algorithm>
 #include <cstdlib>
 
@@ -66,7 +68,8 @@ std::string cache_types_text(gl::Type k, gl::Type v, int k_rotate) {
 
 int auto_context(int64_t n_prompt, int64_t n_predict, int64_t n_ctx_train) {
     if (n_prompt > n_ctx_train && n_ctx_train > 0)
-        fail(Exit::context_overflow, "the prompt has {} tokens but the model's context is {} tokens", n_prompt,
+        fail(Exit::context_overflow,
+             "the prompt has {} tokens but the model's context is {} tokens", n_prompt,
              n_ctx_train);
     const int64_t extra = n_predict >= 0 ? n_predict : std::max<int64_t>(2 * n_prompt, 512);
     int64_t want = (n_prompt + extra + 255) / 256 * 256;
@@ -76,9 +79,10 @@ int auto_context(int64_t n_prompt, int64_t n_predict, int64_t n_ctx_train) {
 
 void check_prompt_fits(int64_t n_prompt, int64_t n_ctx) {
     if (n_prompt > n_ctx)
-        fail(Exit::context_overflow,
-             "the prompt has {} tokens but the context (-c) holds {}: use -c {} or more, or -c auto", n_prompt,
-             n_ctx, n_prompt);
+        fail(
+            Exit::context_overflow,
+            "the prompt has {} tokens but the context (-c) holds {}: use -c {} or more, or -c auto",
+            n_prompt, n_ctx, n_prompt);
 }
 
 namespace {
@@ -106,32 +110,74 @@ MemoryPlan plan_with_types(const LoadedModel& lm, const ContextRequest& req, int
                          plan.fits() ? "" : ", the smallest, and it does not fit either")});
     return plan;
 }
+// What the auto types did or could do, for the out-of-memory message: the
+// smallest types an auto side tried, and whether auto on both sides fits.
+std::string auto_advice(const LoadedModel& lm, const ContextRequest& req, int64_t n_ctx) {
+    const auto fits = [&](const CacheTypes& t) {
+        return plan_memory(lm.file, lm.model.hp, n_ctx, t.k, t.v, req.batch, req.threads).fits();
+    };
+    std::string s;
+    if (req.auto_k || req.auto_v) {
+        const CacheTypes last = cache_type_ladder(lm.model.hp, req).back();
+        s = fmt::format("; {} tried down to {}",
+                        req.auto_k && req.auto_v ? "--ctk auto --ctv auto"
+                        : req.auto_k             ? "--ctk auto"
+                                                 : "--ctv auto",
+                        cache_types_text(last.k, last.v, last.k_rotate));
+    }
+    if (req.auto_k && req.auto_v) return s;
+    ContextRequest both = req;
+    both.auto_k = both.auto_v = true;
+    for (const CacheTypes& t : cache_type_ladder(lm.model.hp, both))
+        if (fits(t))
+            return s + fmt::format("; --ctk auto --ctv auto would fit {} tokens ({})", n_ctx,
+                                   cache_types_text(t.k, t.v, t.k_rotate));
+    return s;
+}
 } // namespace
+
+bool is_auto(std::string_view s) {
+    return s.size() == 4 && strncasecmp(s.data(), "auto", 4) == 0;
+}
 
 ContextPlan plan_context(const LoadedModel& lm, const ContextRequest& req) {
     const Hparams& hp = lm.model.hp;
     ContextPlan p;
-    p.automatic = req.ctx == "auto";
+    p.automatic = is_auto(req.ctx);
     int n_ctx = 0, keep = 0;
     CacheTypes types = cache_type_ladder(hp, req).front();
     switch (req.use) {
     case Use::generate: {
         if (p.automatic) {
             n_ctx = auto_context(req.n_prompt, req.n_predict, hp.n_ctx_train);
+            if (req.min_ctx > n_ctx) {
+                const int64_t cap = hp.n_ctx_train > 0 ? hp.n_ctx_train : int64_t{1} << 20;
+                const int64_t want = std::min((req.min_ctx + 255) / 256 * 256, cap);
+                if (want > n_ctx) {
+                    p.notes.push_back({fmt::format("-c auto: {} tokens, to hold the prompt "
+                                                   "cache's {}",
+                                                   want, req.min_ctx),
+                                       true});
+                    n_ctx = static_cast<int>(want);
+                }
+            }
         } else {
             n_ctx = parse_ctx(req.ctx, 2, "of tokens ");
-            if (hp.sliding_window == 0 || n_ctx < hp.sliding_window) check_prompt_fits(req.n_prompt, n_ctx);
+            if (hp.sliding_window == 0 || n_ctx < hp.sliding_window)
+                check_prompt_fits(req.n_prompt, n_ctx);
         }
         // Never plan a cache that cannot fit: shrink -c auto, refuse a fixed -c.
         const MemoryPlan plan = plan_with_types(lm, req, n_ctx, types, p.notes);
         if (!plan.fits()) {
             const int64_t fit = plan.max_ctx_that_fits;
             if (!p.automatic || fit <= req.n_prompt)
-                fail(Exit::out_of_memory, "{}", memory_advice(plan, hp, req.n_prompt));
+                fail(Exit::out_of_memory, "{}{}", memory_advice(plan, hp, req.n_prompt),
+                     auto_advice(lm, req, n_ctx));
             const int64_t rounded = fit / 256 * 256;
             n_ctx = static_cast<int>(rounded > req.n_prompt ? rounded : fit);
-            p.notes.push_back({fmt::format("-c auto reduced to {} tokens to fit in available memory ({})", n_ctx,
-                                           human_bytes(plan.mem_available))});
+            p.notes.push_back(
+                {fmt::format("-c auto reduced to {} tokens to fit in available memory ({})", n_ctx,
+                             human_bytes(plan.mem_available))});
         }
         keep = std::min(req.keep, n_ctx - 1);
         if (hp.sliding_window > 0 && n_ctx >= hp.sliding_window) {
@@ -140,22 +186,29 @@ ContextPlan plan_context(const LoadedModel& lm, const ContextRequest& req) {
             n_ctx = static_cast<int>(hp.sliding_window);
             keep = 0;
             p.notes.push_back(
-                {fmt::format("model declares a sliding window of {} tokens: cache = window, no sinks", n_ctx), true});
+                {fmt::format(
+                     "model declares a sliding window of {} tokens: cache = window, no sinks",
+                     n_ctx),
+                 true});
         }
         break;
     }
     case Use::chat: {
         // A conversation grows: take the model's context, up to 4096 tokens.
-        n_ctx = p.automatic ? static_cast<int>(std::min<int64_t>(hp.n_ctx_train > 0 ? hp.n_ctx_train : 4096, 4096))
+        n_ctx = p.automatic ? static_cast<int>(std::min<int64_t>(
+                                  hp.n_ctx_train > 0 ? hp.n_ctx_train : 4096, 4096))
                             : parse_ctx(req.ctx, 16, "of tokens ");
         // The session never slides, so it must not attend past a declared window.
-        if (hp.sliding_window > 0 && n_ctx > hp.sliding_window) n_ctx = static_cast<int>(hp.sliding_window);
+        if (hp.sliding_window > 0 && n_ctx > hp.sliding_window)
+            n_ctx = static_cast<int>(hp.sliding_window);
         const MemoryPlan plan = plan_with_types(lm, req, n_ctx, types, p.notes);
         if (!plan.fits()) {
             if (!p.automatic || plan.max_ctx_that_fits < 256)
-                fail(Exit::out_of_memory, "{}", memory_advice(plan, hp, 0));
+                fail(Exit::out_of_memory, "{}{}", memory_advice(plan, hp, 0),
+                     auto_advice(lm, req, n_ctx));
             n_ctx = static_cast<int>(plan.max_ctx_that_fits / 256 * 256);
-            p.notes.push_back({fmt::format("-c auto reduced to {} tokens to fit in available memory", n_ctx)});
+            p.notes.push_back(
+                {fmt::format("-c auto reduced to {} tokens to fit in available memory", n_ctx)});
         }
         keep = 0; // the chat session never wraps the ring: the pinned system prompt needs no sinks
         break;
@@ -163,8 +216,8 @@ ContextPlan plan_context(const LoadedModel& lm, const ContextRequest& req) {
     case Use::logits:
         if (p.automatic) {
             if (req.n_prompt > hp.n_ctx_train)
-                fail(Exit::context_overflow, "{} tokens exceed the model's context of {}", req.n_prompt,
-                     hp.n_ctx_train);
+                fail(Exit::context_overflow, "{} tokens exceed the model's context of {}",
+                     req.n_prompt, hp.n_ctx_train);
             n_ctx = static_cast<int>(std::max<int64_t>(req.n_prompt, 2));
         } else {
             n_ctx = parse_ctx(req.ctx, 2, "");
@@ -175,7 +228,8 @@ ContextPlan plan_context(const LoadedModel& lm, const ContextRequest& req) {
     case Use::score:
         n_ctx = parse_ctx(req.ctx, 2, "");
         if (n_ctx > hp.n_ctx_train)
-            fail(Exit::context_overflow, "-c {} exceeds the model's context of {}", n_ctx, hp.n_ctx_train);
+            fail(Exit::context_overflow, "-c {} exceeds the model's context of {}", n_ctx,
+                 hp.n_ctx_train);
         keep = 0;
         break;
     case Use::bench:

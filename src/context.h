@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kv_cache.h"
@@ -30,7 +31,11 @@ struct ContextRequest {
     std::string ctx = "auto"; // -c: a number of tokens, or auto
     int64_t n_prompt = 0;     // tokens the context must hold at once (bench: the deepest run)
     int64_t n_predict = -1;   // -n; -1 = unlimited
-    int keep = 4;             // --keep (generate)
+    // generate, -c auto: hold at least this many tokens when the model
+    // allows (a prompt cache's tokens, so a shorter prompt sharing its
+    // prefix can reuse it).
+    int64_t min_ctx = 0;
+    int keep = 4; // --keep (generate)
     gl::Type type_k = gl::Type::F16, type_v = gl::Type::F16;
     int batch = 512, threads = 1;
     bool k_rotate = false; // --k-rotate: keys in Hadamard blocks (KvCacheConfig::k_rotate)
@@ -51,6 +56,9 @@ struct ContextPlan {
     };
     std::vector<Note> notes;
 };
+
+// "auto" in any case (-c AUTO, --ctk Auto), as type names are.
+bool is_auto(std::string_view s);
 
 // Throws Error(usage) for a bad -c, Error(context_overflow) when the prompt
 // cannot fit, Error(out_of_memory) when no cache that the use accepts fits.

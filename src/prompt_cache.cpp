@@ -24,7 +24,7 @@ struct Header {
     uint32_t type_k, type_v;
     uint32_t n_layer, n_head_kv, head_dim;
     uint32_t keep;
-    uint32_t n_ctx; // the context the sink copies were rotated for
+    uint32_t n_ctx;     // the context the sink copies were rotated for
     uint32_t swa_slots; // slots of a sliding-window layer's ring, 0 = none
     uint32_t k_rotate;  // KvCacheConfig::k_rotate (0: keys not rotated; before it, always 0)
     uint64_t digest;
@@ -109,6 +109,15 @@ void save_prompt_cache(const std::string& path, uint64_t digest, const KvCache& 
     f.commit();
 }
 
+int64_t prompt_cache_tokens(const std::string& path) {
+    const ReadResult file = try_read_regular_file(path, sizeof(Header), sizeof(Header));
+    if (file.data.size() < sizeof(Header)) return 0;
+    Header h{};
+    std::memcpy(&h, file.data.data(), sizeof h);
+    if (std::memcmp(h.magic, kMagic, 8) != 0 || h.version != kVersion) return 0;
+    return static_cast<int64_t>(std::min<uint64_t>(h.n_tokens, INT32_MAX));
+}
+
 PromptCacheLoad load_prompt_cache(const std::string& path, uint64_t digest, KvCache& kv,
                                   const std::vector<int32_t>& prompt, const Model& model) {
     PromptCacheLoad r;
@@ -132,6 +141,8 @@ PromptCacheLoad load_prompt_cache(const std::string& path, uint64_t digest, KvCa
     std::memcpy(&h, data.data(), sizeof h);
     if (std::memcmp(h.magic, kMagic, 8) != 0) return r.why = "not a kvrun prompt cache", r;
     if (h.version != kVersion) return r.why = "format version " + std::to_string(h.version), r;
+    r.saved_digest = h.digest;
+    r.held = static_cast<int64_t>(std::min<uint64_t>(h.n_tokens, INT64_MAX));
     if (h.digest != digest) return r.why = "made with a different model", r;
     if (h.type_k != static_cast<uint32_t>(c.type_k) || h.type_v != static_cast<uint32_t>(c.type_v))
         return r.why = "made with other cache types", r;
@@ -140,7 +151,8 @@ PromptCacheLoad load_prompt_cache(const std::string& path, uint64_t digest, KvCa
                        : c.k_rotate == 0 ? "its keys are rotated (--k-rotate)"
                                          : "its keys are rotated in other blocks",
                r;
-    if (h.n_layer != static_cast<uint32_t>(c.n_layer) || h.n_head_kv != static_cast<uint32_t>(c.n_head_kv) ||
+    if (h.n_layer != static_cast<uint32_t>(c.n_layer) ||
+        h.n_head_kv != static_cast<uint32_t>(c.n_head_kv) ||
         h.head_dim != static_cast<uint32_t>(c.head_dim))
         return r.why = "cache dimensions differ", r;
     if (h.keep != static_cast<uint32_t>(c.keep)) return r.why = "made with another --keep", r;
@@ -156,19 +168,26 @@ PromptCacheLoad load_prompt_cache(const std::string& path, uint64_t digest, KvCa
     // slots once either has wrapped.
     if (h.swa_slots != swa_slots && n > std::min(h.swa_slots, swa_slots))
         return r.why = "made with another context size (its sliding-window rings differ)", r;
-    auto sink_bytes = [&](int l) { return static_cast<size_t>(c.keep_of(l)) * kv.kv_dim() * sizeof(float); };
+    auto sink_bytes = [&](int l) {
+        return static_cast<size_t>(c.keep_of(l)) * kv.kv_dim() * sizeof(float);
+    };
     uint64_t want = sizeof(Header) + n * 4 + 8;
     for (int l = 0; l < c.n_layer; l++)
-        want += saved_slots(c, l, h.swa_slots, n) * (kv.row_bytes_k() + kv.row_bytes_v()) + sink_bytes(l);
-    if (data.size() != want) return r.why = "truncated or padded (size " + std::to_string(data.size()) + ")", r;
+        want += saved_slots(c, l, h.swa_slots, n) * (kv.row_bytes_k() + kv.row_bytes_v()) +
+                sink_bytes(l);
+    if (data.size() != want)
+        return r.why = "truncated or padded (size " + std::to_string(data.size()) + ")", r;
     uint64_t sum;
     std::memcpy(&sum, data.data() + data.size() - 8, 8);
-    if (sum != fnv1a(reinterpret_cast<const uint8_t*>(data.data()), data.size() - 8)) return r.why = "checksum mismatch", r;
+    if (sum != fnv1a(reinterpret_cast<const uint8_t*>(data.data()), data.size() - 8))
+        return r.why = "checksum mismatch", r;
 
     std::vector<int32_t> tokens(n);
     if (n > 0) std::memcpy(tokens.data(), data.data() + sizeof(Header), n * 4);
     int64_t m = 0;
-    while (m < static_cast<int64_t>(n) && m < static_cast<int64_t>(prompt.size()) && tokens[m] == prompt[m]) m++;
+    while (m < static_cast<int64_t>(n) && m < static_cast<int64_t>(prompt.size()) &&
+           tokens[m] == prompt[m])
+        m++;
     m = std::min<int64_t>(m, static_cast<int64_t>(prompt.size()) - 1);
     if (m <= 0) return r.why = "no common prefix with this prompt", r;
 
@@ -189,9 +208,10 @@ PromptCacheLoad load_prompt_cache(const std::string& path, uint64_t digest, KvCa
     kv.restore_positions(static_cast<int64_t>(n));
     if (!kv.truncate(m)) {
         kv.clear();
-        return r.why = fmt::format("its sliding-window layers ({} positions) moved past token {}, where this "
-                                   "prompt parts from it",
-                                   c.swa_window, m),
+        return r.why = fmt::format(
+                   "its sliding-window layers ({} positions) moved past token {}, where this "
+                   "prompt parts from it",
+                   c.swa_window, m),
                r;
     }
     r.ok = true;

@@ -33,9 +33,23 @@ bool is_prompt_cache_head(std::string_view head);
 
 struct PromptCacheLoad {
     bool ok = false;
-    std::string why;      // reason when !ok
-    int64_t reused = 0;   // tokens now in the cache
+    std::string why;           // reason when !ok
+    int64_t reused = 0;        // tokens now in the cache
+    uint64_t saved_digest = 0; // the file's digest, when its header was read
+    int64_t held = 0;          // tokens the file holds, when its header was read
 };
+
+// The number of tokens a prompt-cache file holds, read from its header
+// alone (0 when it is missing, not a regular file or not a current prompt
+// cache): -c auto makes room for them, so a shorter prompt that shares the
+// prefix can still reuse it.
+int64_t prompt_cache_tokens(const std::string& path);
+
+// What a model digest mixes in besides the file (Session::model_digest): a
+// file whose digest differs from this run's by exactly one of these was made
+// by the same model in another mode, and the warning says which.
+inline constexpr uint64_t kDigestLongRope = 0x4c6f6e67526f5045ull;      // "LongRoPE"
+inline constexpr uint64_t kDigestDeterministic = 0x44657465726d696eull; // "Determin"
 
 // Save the tokens `kv` holds (all of them: tokens.size() == n_past). Each
 // layer's slots are saved as they are, so a sliding-window layer's ring may

@@ -24,7 +24,8 @@ bool all_finite(const float* x, int n) {
 }
 } // namespace
 
-Session::Session(const LoadedModel& lm, const KvCacheConfig& cfg, Placement placement, int max_batch)
+Session::Session(const LoadedModel& lm, const KvCacheConfig& cfg, Placement placement,
+                 int max_batch)
     : lm_(lm), kv_(cfg), fwd_(lm.model, kv_, std::move(placement), max_batch) {}
 
 bool Session::eval(std::span<const int32_t> more, const EvalHooks& hooks) {
@@ -91,7 +92,9 @@ float* Session::verify(std::span<const int32_t> batch) {
     return rows;
 }
 
-void Session::checkpoint(int n) { kv_.checkpoint(kv_.n_past(), n); }
+void Session::checkpoint(int n) {
+    kv_.checkpoint(kv_.n_past(), n);
+}
 
 void Session::take_back(int64_t n, float* logits) {
     if (n < kv_.n_past()) kv_.rollback(n);
@@ -112,16 +115,36 @@ uint64_t Session::model_digest() const {
     // K/V made by the batch-invariant arithmetic (--deterministic) only serve
     // runs in that mode, and the other way round: reuse must not change a
     // deterministic run's tokens.
+    const bool invariant = batch_invariant();
+    return file_digest_ ^ (long_rope ? kDigestLongRope : 0) ^
+           (invariant ? kDigestDeterministic : 0);
+}
+
+bool Session::batch_invariant() const {
     const auto& be = fwd_.placement().layers;
-    const bool invariant =
-        std::all_of(be.begin(), be.end(), [](const gl::Backend* b) { return b->batch_invariant(); });
-    return file_digest_ ^ (long_rope ? 0x4c6f6e67526f5045ull : 0) ^ (invariant ? 0x44657465726d696eull : 0);
+    return std::all_of(be.begin(), be.end(),
+                       [](const gl::Backend* b) { return b->batch_invariant(); });
 }
 
 PromptCacheLoad Session::load_prompt_cache(const std::string& path, uint64_t digest,
                                            const std::vector<int32_t>& want) {
     clear();
     PromptCacheLoad pc = kvrun::load_prompt_cache(path, digest, kv_, want, lm_.model);
+    // The same model in another mode: say which, not "a different model".
+    if (!pc.ok && pc.saved_digest != digest) {
+        const uint64_t diff = pc.saved_digest ^ digest;
+        const bool long_rope_now =
+            lm_.model.rope(kv_.n_ctx()).inv_freq != lm_.model.rope_inv_freq.data();
+        if (diff == kDigestDeterministic)
+            pc.why =
+                batch_invariant() ? "made without --deterministic" : "made with --deterministic";
+        else if (diff == kDigestLongRope)
+            pc.why = long_rope_now ? "made for a context within LongRoPE's original length"
+                                   : "made for a context past LongRoPE's original length";
+        else if (diff == (kDigestDeterministic ^ kDigestLongRope))
+            pc.why = "made in the other --deterministic mode, for a context on the other side of "
+                     "LongRoPE's original length";
+    }
     if (pc.ok)
         tokens_.assign(want.begin(), want.begin() + pc.reused);
     else
@@ -133,7 +156,8 @@ void Session::save_prompt_cache(const std::string& path, uint64_t digest) const 
     kvrun::save_prompt_cache(path, digest, kv_, tokens_);
 }
 
-GenerateResult Session::generate(const GenerateParams& p, Sampler& sampler, const GenerateHooks& hooks) {
+GenerateResult Session::generate(const GenerateParams& p, Sampler& sampler,
+                                 const GenerateHooks& hooks) {
     const Tokenizer& tok = lm_.tokenizer;
     GenerateResult r;
     Tokenizer::Decoder dec(tok);
@@ -156,7 +180,7 @@ GenerateResult Session::generate(const GenerateParams& p, Sampler& sampler, cons
     const SpeculatedToken* unused = nullptr;
     size_t redraw = 0;
     const SpeculatedToken* cur = nullptr; // the token being handled, when it came from `ahead`
-    auto ends_before_next = [&] { // the loop ends before taking the next token
+    auto ends_before_next = [&] {         // the loop ends before taking the next token
         if (next < ahead.size()) unused = &ahead[next], redraw = next;
     };
     auto ends_at_cur = [&] { // the loop ends on a token plain decoding drew too
@@ -187,7 +211,8 @@ GenerateResult Session::generate(const GenerateParams& p, Sampler& sampler, cons
             fail(Exit::bad_model, "the model produced non-finite logits (NaN or Inf weights?)");
         if (!cur) id = sampler.sample(last_);
         if (!r.sampled_any) r.first_token = std::chrono::steady_clock::now(), r.sampled_any = true;
-        const bool ends = tok.is_eog(id) || std::find(p.end_ids.begin(), p.end_ids.end(), id) != p.end_ids.end();
+        const bool ends =
+            tok.is_eog(id) || std::find(p.end_ids.begin(), p.end_ids.end(), id) != p.end_ids.end();
         if (ends && !p.ignore_eos) {
             r.stop = "eos";
             ends_at_cur();
@@ -197,7 +222,8 @@ GenerateResult Session::generate(const GenerateParams& p, Sampler& sampler, cons
         if (hooks.on_token) hooks.on_token(id);
         starts.push_back(decoded);
         std::string text = dec.push(id);
-        if (p.strip_leading_space && r.generated == 0 && !text.empty() && text[0] == ' ') text.erase(0, 1);
+        if (p.strip_leading_space && r.generated == 0 && !text.empty() && text[0] == ' ')
+            text.erase(0, 1);
         decoded += text.size();
         r.generated++;
         release(matcher.push(text));
@@ -240,17 +266,20 @@ GenerateResult Session::generate(const GenerateParams& p, Sampler& sampler, cons
         if (p.speculate) {
             ahead.clear();
             next = 0;
-            if (p.speculate->round(*this, sampler, id, draft_limit(p, r.generated, hooks.on_full != nullptr), ahead))
+            if (p.speculate->round(*this, sampler, id,
+                                   draft_limit(p, r.generated, hooks.on_full != nullptr), ahead))
                 continue;
             const auto t0 = std::chrono::steady_clock::now();
             step(id);
-            p.speculate->plain_step_took(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+            p.speculate->plain_step_took(
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
             continue;
         }
         step(id);
     }
     if (unused) {
-        if (unused->pos < static_cast<int64_t>(tokens_.size())) take_back(unused->pos, unused->logits);
+        if (unused->pos < static_cast<int64_t>(tokens_.size()))
+            take_back(unused->pos, unused->logits);
         last_ = unused->logits;
         if (redraw < ahead.size()) sampler.restore(ahead[redraw].sampler_state);
     }

@@ -27,8 +27,8 @@
 namespace kvrun {
 
 struct EvalHooks {
-    std::function<bool()> should_stop;                   // asked before each batch (Ctrl-C)
-    std::function<void(int64_t, int64_t)> on_progress;   // tokens done, total: after each batch
+    std::function<bool()> should_stop;                 // asked before each batch (Ctrl-C)
+    std::function<void(int64_t, int64_t)> on_progress; // tokens done, total: after each batch
     // When set, every token's logits are computed and handed over a batch at
     // a time: rows[r * n_vocab ...] are the logits after token first + r.
     std::function<void(int64_t first, int n, const float* rows)> on_rows;
@@ -37,17 +37,20 @@ struct EvalHooks {
 struct GenerateParams {
     int64_t n_predict = -1; // -1 = until an end token (or a stop string)
     bool ignore_eos = false;
-    std::vector<int32_t> end_ids;   // tokens that end the answer besides end-of-generation (chat turns)
-    std::vector<std::string> stop;  // stop strings: the answer ends before them, they are not printed
-    bool strip_leading_space = false; // SentencePiece's space before the first word after a lone BOS
-    bool no_kv_cache = false;       // recompute every token from scratch (the textbook O(n^2) decoder)
+    std::vector<int32_t>
+        end_ids; // tokens that end the answer besides end-of-generation (chat turns)
+    std::vector<std::string>
+        stop; // stop strings: the answer ends before them, they are not printed
+    bool strip_leading_space =
+        false;                // SentencePiece's space before the first word after a lone BOS
+    bool no_kv_cache = false; // recompute every token from scratch (the textbook O(n^2) decoder)
     Speculator* speculate = nullptr; // draft tokens and verify them in batches (speculative.h)
 };
 
 struct GenerateHooks {
     std::function<void(const std::string&)> on_text; // text released by the stop matcher, in order
     std::function<bool()> should_stop;               // asked before and after each token
-    std::function<void(int32_t)> on_token;           // each token that is part of the answer, as sampled
+    std::function<void(int32_t)> on_token; // each token that is part of the answer, as sampled
     // The cache holds n_ctx tokens and cannot take the next: make room and
     // return nullptr to go on (the session's logits must be those of the last
     // token then), or return the stop reason. Unset: the ring slides.
@@ -55,10 +58,13 @@ struct GenerateHooks {
 };
 
 struct GenerateResult {
-    int64_t generated = 0;        // tokens sampled into the answer (including those spelling a stop string)
-    std::vector<int32_t> tokens;  // the answer's tokens, without those that spell a matched stop string
-    std::string stop = "length";  // length, eos, stop string, interrupted, or on_full's / no_kv_cache's reason
-    std::string matched;          // the stop string, when one ended the answer
+    int64_t generated =
+        0; // tokens sampled into the answer (including those spelling a stop string)
+    std::vector<int32_t>
+        tokens; // the answer's tokens, without those that spell a matched stop string
+    std::string stop =
+        "length"; // length, eos, stop string, interrupted, or on_full's / no_kv_cache's reason
+    std::string matched; // the stop string, when one ended the answer
     std::chrono::steady_clock::time_point first_token{}; // when the first token was sampled
     bool sampled_any = false;
 };
@@ -119,12 +125,16 @@ class Session {
 
     // Prompt-cache files (prompt_cache.h): the digest of the loaded model.
     uint64_t model_digest() const;
+    // Every layer's backend computes batch-invariantly (--deterministic).
+    bool batch_invariant() const;
     // Clears, then loads the longest prefix of `want` the file holds.
-    PromptCacheLoad load_prompt_cache(const std::string& path, uint64_t digest, const std::vector<int32_t>& want);
+    PromptCacheLoad load_prompt_cache(const std::string& path, uint64_t digest,
+                                      const std::vector<int32_t>& want);
     void save_prompt_cache(const std::string& path, uint64_t digest) const;
 
     // Sample, decode and match stop strings until the answer ends.
-    GenerateResult generate(const GenerateParams& params, Sampler& sampler, const GenerateHooks& hooks);
+    GenerateResult generate(const GenerateParams& params, Sampler& sampler,
+                            const GenerateHooks& hooks);
 
   private:
     // The most tokens a speculative round may draft now (speculative.h).

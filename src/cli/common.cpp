@@ -44,7 +44,9 @@ void install_interrupt_handler() {
     sigaction(SIGINT, &sa, nullptr);
 }
 
-bool interrupted() { return g_interrupted.load(std::memory_order_relaxed); }
+bool interrupted() {
+    return g_interrupted.load(std::memory_order_relaxed);
+}
 
 void clear_interrupt() {
     g_interrupted.store(false);
@@ -89,7 +91,8 @@ CLI::Option* add_sampling_options(CLI::App& app, SamplerParams& s) {
                 std::strtoull(v.c_str(), &end, 10);
                 if (v.empty() || !std::isdigit(static_cast<unsigned char>(v[0])) || *end != '\0')
                     return "'" + v + "' is not a seed (a whole number from 0, or -1 for random)";
-                if (errno == ERANGE) return "'" + v + "' is out of range (0 to 18446744073709551615)";
+                if (errno == ERANGE)
+                    return "'" + v + "' is out of range (0 to 18446744073709551615)";
                 return {};
             },
             "SEED"));
@@ -119,9 +122,14 @@ void add_model_option(CLI::App& app, CommonOptions& o) {
 }
 
 void add_runtime_options(CLI::App& app, CommonOptions& o) {
-    app.add_option("-t,--threads", o.threads, "threads (default: physical cores)")->check(int_in(0, 1024));
-    app.add_option("--cache-type-k,--ctk", o.cache_type_k, std::string("KV cache type for K: ") + kv_cache_type_names())->capture_default_str();
-    app.add_option("--cache-type-v,--ctv", o.cache_type_v, std::string("KV cache type for V: ") + kv_cache_type_names())->capture_default_str();
+    app.add_option("-t,--threads", o.threads, "threads (default: physical cores)")
+        ->check(int_in(0, 1024));
+    app.add_option("--cache-type-k,--ctk", o.cache_type_k,
+                   std::string("KV cache type for K: ") + kv_cache_type_names())
+        ->capture_default_str();
+    app.add_option("--cache-type-v,--ctv", o.cache_type_v,
+                   std::string("KV cache type for V: ") + kv_cache_type_names())
+        ->capture_default_str();
     app.add_flag("--k-rotate", o.k_rotate,
                  "store keys rotated by an orthonormal Hadamard transform per head (queries too; "
                  "scores unchanged): 4-bit keys keep their quality (--ctk q4_0 --k-rotate)");
@@ -179,7 +187,8 @@ std::unique_ptr<gl::Backend> make_cuda(const std::string& d, const std::string& 
 std::unique_ptr<gl::Backend> make_backend(const CommonOptions& o, int threads) {
     const std::string& d = o.device;
     if (d.empty() || d == "cpu") return gl::make_cpu_backend(threads, o.deterministic);
-    if (o.deterministic) fail(Exit::usage, "--deterministic runs on the CPU only (not with --device {})", d);
+    if (o.deterministic)
+        fail(Exit::usage, "--deterministic runs on the CPU only (not with --device {})", d);
     if (is_cuda_device(d)) return make_cuda(d, "--device " + d, {o.kv_gpu_window, threads});
     fail(Exit::usage, "--device {}: unknown device (use cpu, cuda or cuda:N)", d);
 }
@@ -236,7 +245,8 @@ Backends make_backends(const CommonOptions& o, int threads, const Hparams& hp) {
              o.kv_gpu_window);
     // The hot/cold split has only been checked on rings of one size.
     if (o.kv_gpu_window > 0 && !hp.swa_layers.empty())
-        fail(Exit::usage, "--kv-gpu-window is not supported yet for models with sliding-window layers ({})",
+        fail(Exit::usage,
+             "--kv-gpu-window is not supported yet for models with sliding-window layers ({})",
              hp.arch);
     if (o.deterministic && b.n_gpu_layers > 0)
         fail(Exit::usage, "--deterministic runs on the CPU only (not with -ngl or --device cuda)");
@@ -251,18 +261,21 @@ Backends make_backends(const CommonOptions& o, int threads, const Hparams& hp) {
     return b;
 }
 
-int resolve_threads(int requested) { return requested > 0 ? requested : gl::ThreadPool::physical_cores(); }
+int resolve_threads(int requested) {
+    return requested > 0 ? requested : gl::ThreadPool::physical_cores();
+}
 
 gl::Type parse_cache_type(const std::string& name, const char* flag) {
     gl::Type t;
     if (!gl::type_from_name(name.c_str(), &t) || !kv_cache_type_ok(t))
-        fail(Exit::usage, "{} {}: unsupported KV cache type (use {})", flag, name, kv_cache_type_names());
+        fail(Exit::usage, "{} {}: unsupported KV cache type (use {})", flag, name,
+             kv_cache_type_names());
     return t;
 }
 
 void set_cache_types(const CommonOptions& o, ContextRequest& req, bool auto_ok) {
-    req.auto_k = auto_ok && o.cache_type_k == "auto";
-    req.auto_v = auto_ok && o.cache_type_v == "auto";
+    req.auto_k = auto_ok && is_auto(o.cache_type_k);
+    req.auto_v = auto_ok && is_auto(o.cache_type_v);
     req.type_k = req.auto_k ? gl::Type::F16 : parse_cache_type(o.cache_type_k, "--cache-type-k");
     req.type_v = req.auto_v ? gl::Type::F16 : parse_cache_type(o.cache_type_v, "--cache-type-v");
     req.k_rotate = o.k_rotate;
@@ -296,7 +309,8 @@ std::vector<int> parse_count_list(const std::string& s, const char* what) {
     while (std::getline(ss, item, ',')) {
         char* end = nullptr;
         long x = std::strtol(item.c_str(), &end, 10);
-        if (item.empty() || *end || x < 0 || x > (1 << 24)) fail(Exit::usage, "{}: '{}' is not a count", what, item);
+        if (item.empty() || *end || x < 0 || x > (1 << 24))
+            fail(Exit::usage, "{}: '{}' is not a count", what, item);
         v.push_back(static_cast<int>(x));
     }
     return v;
@@ -342,6 +356,11 @@ std::string read_prompt(const std::string& text, const std::string& file, bool h
     if (!file.empty()) {
         std::string body;
         if (file == "-") {
+            // Typed at a terminal, the prompt ends at Ctrl-D: say so, or the
+            // run looks hung.
+            if (::isatty(0) && ::isatty(2))
+                fmt::print(stderr, "kvrun: reading the prompt from the terminal; end it with "
+                                   "Ctrl-D on a line of its own\n");
             body.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
         } else {
             body = read_regular_file(file, "prompt file", Exit::usage);
@@ -349,7 +368,8 @@ std::string read_prompt(const std::string& text, const std::string& file, bool h
         prompt = have_text && !prompt.empty() ? prompt + "\n" + body : body;
     }
     size_t bad = 0;
-    if (!unicode::valid_utf8(prompt, &bad)) fail(Exit::usage, "the prompt is not valid UTF-8 (bad byte at offset {})", bad);
+    if (!unicode::valid_utf8(prompt, &bad))
+        fail(Exit::usage, "the prompt is not valid UTF-8 (bad byte at offset {})", bad);
     return prompt;
 }
 

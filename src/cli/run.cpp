@@ -67,7 +67,10 @@ std::string cache_types(const KvCacheConfig& c) {
 
 // What a run did, for the stats line or the --json object.
 struct RunFigures {
-    int64_t n_prompt = 0, reused = 0, n_gen = 0;
+    int64_t n_prompt = 0, reused = 0;
+    int64_t reached =
+        0; // prompt tokens in the cache when generation began (< n_prompt: interrupted)
+    int64_t n_gen = 0;
     bool prompt_done = false;                  // the prompt was evaluated (not interrupted)
     double prompt_s = 0, gen_s = 0, ttft = -1; // seconds; ttft -1 when nothing was sampled
     uint64_t seed = 0;
@@ -104,13 +107,13 @@ nlohmann::json result_json(const RunFigures& f, const std::string& text, const S
     j["tokens"] = {{"prompt", f.n_prompt},
                    {"generated", f.n_gen},
                    {"reused", f.reused},
-                   {"evaluated", f.n_prompt - f.reused},
+                   {"evaluated", f.reached - f.reused},
                    {"forward", s.forward_tokens()}};
     j["seed"] = f.seed;
     j["timings"] = {
         {"prompt_s", f.prompt_s},
         {"generation_s", f.gen_s},
-        {"prompt_tok_s",
+        {"prompt_tok_s", // of the evaluated tokens: reused ones cost nothing
          or_null(f.prompt_done ? rate(f.n_prompt - f.reused, f.prompt_s) : std::nullopt)},
         {"generation_tok_s", or_null(rate(f.n_gen, f.gen_s))},
         {"first_token_ms", f.ttft >= 0 ? nlohmann::json(f.ttft * 1000) : nlohmann::json(nullptr)}};
@@ -148,9 +151,15 @@ std::string stats_line(const RunFigures& f, const Session& s, const ContextPlan&
     const std::optional<double> prompt_rate =
         f.prompt_done ? rate(f.n_prompt - f.reused, f.prompt_s) : std::nullopt;
     const std::optional<double> gen_rate = rate(f.n_gen, f.gen_s);
-    return fmt::format("[kvrun] prompt {} tok{} | generated {} tok{}{}{} | "
+    // "prompt 1077 tok (1076 reused, 1 evaluated), ..." ; "prompt 1024/5099 tok (interrupted)"
+    std::string prompt = f.reached < f.n_prompt
+                             ? fmt::format("{}/{} tok (interrupted)", f.reached, f.n_prompt)
+                             : fmt::format("{} tok", f.n_prompt);
+    if (f.reused > 0)
+        prompt += fmt::format(" ({} reused, {} evaluated)", f.reused, f.reached - f.reused);
+    return fmt::format("[kvrun] prompt {}{} | generated {} tok{}{}{} | "
                        "n_ctx {}{} | KV {} ({}){} | peak RSS {} | stop: {}",
-                       f.n_prompt, prompt_rate ? fmt::format(", {:.1f} tok/s", *prompt_rate) : "",
+                       prompt, prompt_rate ? fmt::format(", {:.1f} tok/s", *prompt_rate) : "",
                        f.n_gen, gen_rate ? fmt::format(", {:.1f} tok/s", *gen_rate) : "",
                        spec ? speculation_summary(*spec) : "",
                        f.ttft >= 0 ? fmt::format(" | first token {:.0f} ms", f.ttft * 1000) : "",
@@ -291,6 +300,7 @@ int run_generate(int argc, char** argv) {
     req.ctx = o.ctx;
     req.n_prompt = n_prompt;
     req.n_predict = o.n_predict;
+    if (!o.prompt_cache.empty()) req.min_ctx = prompt_cache_tokens(o.prompt_cache);
     req.keep = o.keep;
     req.batch = o.batch;
     req.threads = threads;
@@ -348,11 +358,12 @@ int run_generate(int argc, char** argv) {
 
     // Prompt, in batches, after whatever prefix a prompt-cache file supplies.
     const auto t_prompt = Clock::now();
-    int64_t reused = 0;
+    int64_t reused = 0, cache_held = 0;
     uint64_t digest = 0;
     if (!o.prompt_cache.empty()) {
         digest = session.model_digest();
         const PromptCacheLoad pc = session.load_prompt_cache(o.prompt_cache, digest, tokens);
+        cache_held = pc.held;
         if (pc.ok) {
             reused = pc.reused;
             fmt::print(stderr, "kvrun: prompt cache: reused {} of {} prompt tokens from {}\n",
@@ -374,12 +385,21 @@ int run_generate(int argc, char** argv) {
         to_eval > 0;
     clear_progress();
     const double prompt_s = seconds_since(t_prompt);
+    // How far the prompt got (all of it, unless Ctrl-C stopped it).
+    const int64_t prompt_reached = std::min<int64_t>(session.tokens().size(), n_prompt);
     // The cache is an optimisation: a file that cannot (or may not) be
     // written costs a warning, never the answer.
     if (!o.prompt_cache.empty() && !interrupted() &&
         reused < static_cast<int64_t>(tokens.size()) - 1) {
         try {
             session.save_prompt_cache(o.prompt_cache, digest);
+            // A file with more than this run kept of it is replaced: say so,
+            // since a later run of the longer prompt will reuse less.
+            if (cache_held > reused)
+                fmt::print(stderr,
+                           "kvrun: prompt cache {} replaced: it held {} tokens, of which this "
+                           "prompt shares {}; it now holds this prompt's {}\n",
+                           o.prompt_cache, cache_held, reused, tokens.size());
         } catch (const Error& e) {
             fmt::print(stderr, "kvrun: prompt cache not saved: {}\n", e.what());
         }
@@ -433,8 +453,8 @@ int run_generate(int argc, char** argv) {
 
     if (stdout_failed()) return static_cast<int>(Exit::error); // main says why
 
-    const RunFigures f{n_prompt, reused, gen.generated,   prompt_done, prompt_s,
-                       gen_s,    ttft,   o.sampling.seed, stop,        gen.matched};
+    const RunFigures f{n_prompt, reused, prompt_reached,  gen.generated, prompt_done, prompt_s,
+                       gen_s,    ttft,   o.sampling.seed, stop,          gen.matched};
     if (o.json)
         emit(result_json(f, answer, session, plan, backends, speculation.get(),
                          o.echo ? &model_reads : nullptr)

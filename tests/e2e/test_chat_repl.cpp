@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <csignal>
 #include <cstdlib>
@@ -36,11 +37,12 @@ const std::string kStories = kvtest::shared("models/stories260K.gguf");
 class Repl {
   public:
     // `env`: NAME=VALUE pairs set in the REPL's environment.
+    // `chat`: false runs `kvrun ARGS` as given (not the chat REPL).
     explicit Repl(std::vector<std::string> args, int token_delay_ms = 0,
-                  std::vector<std::pair<std::string, std::string>> env = {}) {
-        if (std::find(args.begin(), args.end(), "-c") == args.end())
+                  std::vector<std::pair<std::string, std::string>> env = {}, bool chat = true) {
+        if (chat && std::find(args.begin(), args.end(), "-c") == args.end())
             args.insert(args.begin(), {"-c", "512"});
-        args.insert(args.begin(), {"chat", "-m", kStories, "--temp", "0"});
+        if (chat) args.insert(args.begin(), {"chat", "-m", kStories, "--temp", "0"});
         winsize ws{};
         ws.ws_row = 40;
         ws.ws_col = 250;
@@ -295,6 +297,64 @@ TEST_CASE("chat repl: non-ASCII text typed at the prompt reaches the model uncha
     }
 }
 
+TEST_CASE("chat repl: Ollama's habits: the -p message in the transcript, \"\"\" blocks, /?, "
+          "/clear, /bye") {
+    char tmpl[] = "/tmp/kvrun-repl-XXXXXX";
+    const std::string dir = mkdtemp(tmpl);
+    Repl r({"-n", "4", "-p", "Hello there"});
+    // The first message is shown as if typed, before its answer.
+    r.until("> Hello there\r\n");
+    r.until("\r\n> ");
+    r.settle();
+    // A """ block is one message, its lines kept.
+    r.send("\"\"\"first line\n");
+    r.until(". ");
+    r.send("second line\n");
+    r.until(". ");
+    r.send("end\"\"\"\n");
+    r.until("\r\n> ");
+    const std::string save = dir + "/s";
+    r.say("/save " + save);
+    const auto j = nlohmann::json::parse(std::ifstream(save + ".json"));
+    REQUIRE(j.at("turns").size() == 2);
+    CHECK(j["turns"][0]["user"] == "Hello there");
+    CHECK(j["turns"][1]["user"] == "first line\nsecond line\nend");
+    CHECK(r.say("/?").find("/bye") != std::string::npos);
+    CHECK(r.say("/clear").find("[conversation cleared]") != std::string::npos);
+    CHECK(r.stats().fill < 10); // the turns are gone (BOS and glue may stay)
+    r.send("/bye\n");
+    CHECK(r.wait_exit() == 0);
+    std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("run: -f - on a terminal says it is reading, then reads to Ctrl-D") {
+    Repl r({"-m", kStories, "-f", "-", "-n", "3", "--temp", "0"}, 0, {}, false);
+    r.until("reading the prompt from the terminal");
+    r.settle();
+    r.send("Once upon a time\n");
+    r.settle();
+    r.send("\x04");
+    const std::string rest = r.rest();
+    CHECK(rest.find("[kvrun] prompt") != std::string::npos);
+    CHECK(r.wait_exit() == 0);
+}
+
+TEST_CASE("run: Ctrl-C during a long prompt stops it and the stats say how far it got") {
+    Repl r({"-m", kStories, "-f", kvtest::shared("text/stories260K-samples.txt"), "-n", "4",
+            "--temp", "0", "-b", "8", "-c", "32768"},
+           0, {}, false);
+    r.until("[kvrun] prompt 8"); // the progress line: a few batches in
+    r.send("\x03");
+    const std::string rest = r.rest();
+    std::smatch m;
+    REQUIRE_MESSAGE(
+        std::regex_search(rest, m, std::regex(R"(prompt (\d+)/(\d+) tok \(interrupted\))")), rest);
+    CHECK(std::stol(m[1]) > 0);
+    CHECK(std::stol(m[1]) < std::stol(m[2]));
+    CHECK(rest.find("stop: interrupted") != std::string::npos);
+    CHECK(r.wait_exit() == 130);
+}
+
 TEST_CASE("chat repl: leaving with Ctrl-D or Ctrl-C twice ends the line") {
     {
         Repl r({"-n", "4"});
@@ -372,7 +432,8 @@ TEST_CASE("chat: an answer cut by a full window or by -n says so") {
     CHECK(r.say("Hello").find("[answer cut at -n 5 tokens]") != std::string::npos);
 }
 
-TEST_CASE("chat repl: --lookup and --draft-model answers are the plain ones, through evictions; /stats counts drafts") {
+TEST_CASE("chat repl: --lookup and --draft-model answers are the plain ones, through evictions; "
+          "/stats counts drafts") {
     // -c 160 and 60-token answers: the window fills and turns are evicted.
     Repl plain({"-c", "160", "-n", "60"});
     Repl lookup({"-c", "160", "-n", "60", "--lookup", "6"});
@@ -380,7 +441,8 @@ TEST_CASE("chat repl: --lookup and --draft-model answers are the plain ones, thr
     plain.until("> ");
     lookup.until("> ");
     draft.until("> ");
-    for (const char* msg : {"Hello", "Tell me a story", "What happened next?", "And then?", "The end"}) {
+    for (const char* msg :
+         {"Hello", "Tell me a story", "What happened next?", "And then?", "The end"}) {
         CAPTURE(msg);
         const std::string want = plain.say(msg);
         CHECK(lookup.say(msg) == want);
@@ -394,5 +456,6 @@ TEST_CASE("chat repl: --lookup and --draft-model answers are the plain ones, thr
     CHECK(st.find(m[0].str()) != std::string::npos);
     CHECK(plain.say("/stats").find(m[0].str()) != std::string::npos);
     CHECK(st.find("[stats] session | lookup: ") != std::string::npos);
-    CHECK(draft.say("/stats").find("[stats] session | draft model stories260K.gguf: ") != std::string::npos);
+    CHECK(draft.say("/stats").find("[stats] session | draft model stories260K.gguf: ") !=
+          std::string::npos);
 }

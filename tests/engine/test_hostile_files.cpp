@@ -535,7 +535,8 @@ TEST_CASE("files: rope bases, scales, window flags, vocab sizes and LongRoPE fac
                  [](kvrun::GgufWriter& w) { w.set_u32("llama.vocab_size", 1000); }),
          "vocab_size"},
         {"phi3 vocab_size 511", phi3,
-         with_kv("phi3.vocab_size", [](kvrun::GgufWriter& w) { w.set_u32("phi3.vocab_size", 511); }),
+         with_kv("phi3.vocab_size",
+                 [](kvrun::GgufWriter& w) { w.set_u32("phi3.vocab_size", 511); }),
          "vocab_size"},
     };
     for (const Case& c : cases) {
@@ -554,9 +555,8 @@ TEST_CASE("files: rope bases, scales, window flags, vocab sizes and LongRoPE fac
         rewrite(m, i32s("gemma3.attention.sliding_window_pattern", {1, 1, 0}), gemma);
         CHECK(gen(m).status == 0);
         fs::remove(m);
-        rewrite(m,
-                with_kv("llama.vocab_size",
-                        [](kvrun::GgufWriter& w) { w.set_u32("llama.vocab_size", 512); }));
+        rewrite(m, with_kv("llama.vocab_size",
+                           [](kvrun::GgufWriter& w) { w.set_u32("llama.vocab_size", 512); }));
         CHECK(gen(m).status == 0);
     }
     // LongRoPE factors of 1e9 or 1e-9 turn every angle into noise.
@@ -564,8 +564,7 @@ TEST_CASE("files: rope bases, scales, window flags, vocab sizes and LongRoPE fac
         CAPTURE(bad);
         const std::string m = d.file("longrope.gguf");
         fs::remove(m);
-        rewrite(m,
-                with_tensor([&](const std::string& name, std::vector<float>& x) {
+        rewrite(m, with_tensor([&](const std::string& name, std::vector<float>& x) {
                     if (name == "rope_factors_long.weight") x[0] = bad;
                 }),
                 phi3);

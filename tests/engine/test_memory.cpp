@@ -167,6 +167,23 @@ TEST_CASE(
                std::string::npos) == chose);
         CHECK(kvtest::lines(r.err).size() == (chose ? 1u : 0u));
     }
+    // "auto" in any case, like the type names.
+    const auto upper = run(700, {"--ctk", "AUTO", "--ctv", "Auto", "-c", "AUTO"});
+    REQUIRE(upper.status == 0);
+    CHECK(nlohmann::json::parse(upper.out)["cache"]["auto"] == true);
+    const auto upper_fixed = run(700, {"--ctk", "AUTO", "--ctv", "Auto"});
+    REQUIRE(upper_fixed.status == 0);
+    CHECK(nlohmann::json::parse(upper_fixed.out)["cache"]["type_v"] == "q8_0");
+    // When one side alone cannot fit, the error says what it tried and that
+    // auto on both sides would fit.
+    const auto k_only = run(300, {"--ctk", "auto"});
+    CHECK(k_only.status == 5);
+    CHECK(k_only.err.find("--ctk auto tried down to q4_0/f16, keys rotated") != std::string::npos);
+    CHECK(k_only.err.find("--ctk auto --ctv auto would fit 1024 tokens (q8_0/q4_0)") !=
+          std::string::npos);
+    const auto none_auto = run(300, {});
+    CHECK(none_auto.status == 5);
+    CHECK(none_auto.err.find("--ctk auto --ctv auto would fit 1024 tokens") != std::string::npos);
     // Only --ctv auto: the keys stay f16, the values go to q8_0 (fits from
     // 724), then q4_0 (from 564).
     const auto v = run(900, {"--ctv", "auto"});

@@ -7,6 +7,9 @@
 #include <random>
 #include <thread>
 
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
 #include "gguf.h"
 #include "gguf_writer.h"
 #include "test_util.h"
@@ -63,6 +66,10 @@ kvtest::RunResult same_batches(const std::string& model, const kvtest::RunResult
     extra.insert(extra.end(), {"-b", reused_count(reusing)});
     return gen(model, kLonger, extra);
 }
+kvtest::RunResult same_batches_of(const std::string& model, const std::string& prompt,
+                                  const kvtest::RunResult& reusing) {
+    return gen(model, prompt, {"-b", reused_count(reusing), "--json"});
+}
 bool rejected(const kvtest::RunResult& r) {
     return r.err.find("not used") != std::string::npos;
 }
@@ -96,6 +103,15 @@ TEST_CASE("prompt cache: a reused prefix gives the same greedy output") {
         REQUIRE(reused(det));
         CHECK(det.out == det_plain.out);
     }
+    // A cache from the other mode is not reused, and the warning names the
+    // mode, not "a different model". Each run saves its own, so they alternate.
+    auto plain = gen("tiny-Q8_0.gguf", kLonger, {"--prompt-cache", dpc});
+    CHECK(!reused(plain));
+    CHECK(plain.err.find("not used (made with --deterministic)") != std::string::npos);
+    auto det = gen("tiny-Q8_0.gguf", kLonger, {"--prompt-cache", dpc, "--deterministic"});
+    CHECK(!reused(det));
+    CHECK(det.err.find("not used (made without --deterministic)") != std::string::npos);
+    CHECK(det.out == det_plain.out);
 }
 
 TEST_CASE("prompt cache: mismatches and damage fall back cleanly") {
@@ -242,4 +258,44 @@ TEST_CASE("prompt cache: a LongRoPE file's cache is reused only with the same fa
     const auto other = run(kLonger, "512", {"--prompt-cache", pc});
     CHECK(rejected(other));
     CHECK(other.out == long_plain.out);
+}
+
+TEST_CASE("prompt cache: -c auto makes room for a cached document, so a shorter prompt sharing "
+          "it reuses it; a replaced cache says so; the stats separate reused from evaluated") {
+    TempDir d;
+    const std::string pc = d.file("doc.cache");
+    std::string doc;
+    for (int i = 0; i < 40; i++) doc += "Sentence " + std::to_string(i) + " of the document. ";
+    const std::string half = doc.substr(0, doc.size() / 2) + " What is it about?";
+    // The whole document first: its cache holds more tokens than -c auto
+    // would give the short prompt alone (256).
+    auto whole = gen("tiny-Q8_0.gguf", doc, {"--prompt-cache", pc});
+    REQUIRE(whole.status == 0);
+    auto again = gen("tiny-Q8_0.gguf", doc, {"--prompt-cache", pc, "--json"});
+    REQUIRE(again.status == 0);
+    const auto j = nlohmann::json::parse(again.out);
+    const int64_t held = j["tokens"]["prompt"].get<int64_t>();
+    REQUIRE(held > 256);
+    CHECK(j["tokens"]["reused"] == held - 1);
+    CHECK(j["tokens"]["evaluated"] == 1);
+    // The stats line (gen passes --quiet: run without) says what was reused and what evaluated.
+    const auto stats =
+        kvtest::run_kvrun({"-m", kvtest::shared("models/synthetic/tiny-Q8_0.gguf"), "-p", doc, "-n",
+                           "4", "--temp", "0", "--prompt-cache", pc});
+    REQUIRE(stats.status == 0);
+    CHECK(stats.err.find(fmt::format("prompt {} tok ({} reused, 1 evaluated)", held, held - 1)) !=
+          std::string::npos);
+    // The short prompt: -c auto holds the file, the shared prefix is reused.
+    auto shorter = gen("tiny-Q8_0.gguf", half, {"--prompt-cache", pc, "--json"});
+    REQUIRE(shorter.status == 0);
+    CHECK(reused(shorter));
+    const auto js = nlohmann::json::parse(shorter.out);
+    CHECK(js["cache"]["n_ctx"].get<int64_t>() >= held);
+    CHECK(js["tokens"]["reused"].get<int64_t>() > 100);
+    // Its save replaces the longer cache, and says so.
+    CHECK(shorter.err.find("prompt cache " + pc + " replaced: it held " + std::to_string(held) +
+                           " tokens") != std::string::npos);
+    // The same answer as without the file, with the same batches.
+    CHECK(nlohmann::json::parse(same_batches_of("tiny-Q8_0.gguf", half, shorter).out)["text"] ==
+          js["text"]);
 }
