@@ -1,8 +1,11 @@
 #include "file_io.h"
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <random>
+#include <csignal>
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -44,6 +47,38 @@ bool read_bytes(int fd, uint64_t n, std::string& out) {
     }
     out.resize(got);
     return true;
+}
+
+// A writer killed between creating its temporary and renaming it (SIGKILL,
+// a power cut) leaves PATH.tmp.PID.XXXXXXXX behind. The next writer of PATH
+// removes those whose process is gone: regular files of this user only,
+// never a live writer's (kill(pid, 0) finds it), never through a symlink.
+void remove_dead_temporaries(const std::string& path) {
+    const size_t slash = path.rfind('/');
+    const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
+    const std::string prefix =
+        (slash == std::string::npos ? path : path.substr(slash + 1)) + ".tmp.";
+    DIR* d = ::opendir(dir.c_str());
+    if (!d) return;
+    while (const dirent* e = ::readdir(d)) {
+        const std::string name = e->d_name;
+        if (name.rfind(prefix, 0) != 0) continue;
+        // PID.XXXXXXXX: digits, a dot, eight hex digits.
+        const std::string rest = name.substr(prefix.size());
+        const size_t dot = rest.find('.');
+        if (dot == 0 || dot == std::string::npos || dot > 10 || rest.size() != dot + 9) continue;
+        if (rest.find_first_not_of("0123456789") != dot) continue;
+        if (rest.find_first_not_of("0123456789abcdef", dot + 1) != std::string::npos) continue;
+        const long pid = std::strtol(rest.c_str(), nullptr, 10);
+        if (pid <= 0 || pid == ::getpid()) continue;
+        if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+        const std::string full = (slash == std::string::npos ? "" : dir) + name;
+        struct stat st {};
+        if (::lstat(full.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::getuid())
+            continue;
+        ::unlink(full.c_str());
+    }
+    ::closedir(d);
 }
 
 } // namespace
@@ -123,6 +158,7 @@ AtomicFile::AtomicFile(std::string path, const char* what, const KindCheck& same
                 fail(Exit::error, "'{}' exists and is not a {}: left as it is", path_, what_);
         }
     }
+    remove_dead_temporaries(path_);
     // A fresh name each try: O_EXCL refuses anything already there, a
     // symlink included (O_NOFOLLOW says so for the last component).
     std::random_device rd;

@@ -93,9 +93,11 @@ void write_memo(const std::string& path, const std::vector<MemoEntry>& entries) 
         for (const MemoEntry& e : entries)
             text += fmt::format("{} {} {} {} {} {:016x}\n", e.id.dev, e.id.ino, e.id.size,
                                 e.id.mtime_ns, e.id.ctime_ns, e.digest);
-        AtomicFile f(path, "weights digest memo", [](std::string_view head) {
-            return head.rfind("kvrun weights digests ", 0) == 0;
-        });
+        // The path is kvrun's own cache file: whatever regular file holds it
+        // (a damaged memo, random bytes) is replaced, or every later run
+        // would hash the weights again. AtomicFile still refuses a FIFO or
+        // a directory, and never writes through a symlink.
+        AtomicFile f(path, "weights digest memo", [](std::string_view) { return true; });
         f.write(text);
         f.commit();
     } catch (const Error&) {

@@ -13,7 +13,9 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <random>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -181,6 +183,34 @@ TEST_CASE("files: the temporary file is created exclusively, never through a pla
     CHECK(tmp_files == 0);
 }
 
+TEST_CASE("files: temporaries a killed writer left are removed by the next write of the target; "
+          "a live writer's, other names and symlinks stay") {
+    TempDir d;
+    const std::string pc = d.file("c.bin"), victim = d.file("victim.txt");
+    spit(victim, "precious\n");
+    // A pid that is gone: a child that has exited and been reaped.
+    const pid_t child = fork();
+    if (child == 0) _exit(0);
+    REQUIRE(child > 0);
+    int st = 0;
+    REQUIRE(waitpid(child, &st, 0) == child);
+    const std::string dead = pc + ".tmp." + std::to_string(child) + ".0badc0de";
+    const std::string alive = pc + ".tmp." + std::to_string(getpid()) + ".0badc0de";
+    const std::string other = pc + ".tmp.notes";
+    const std::string link = pc + ".tmp." + std::to_string(child) + ".deadbeef";
+    const std::string other_target = d.file("other.bin.tmp." + std::to_string(child) + ".0badc0de");
+    for (const std::string& f : {dead, alive, other, other_target}) spit(f, "half a cache");
+    fs::create_symlink(victim, link);
+    REQUIRE(gen(kStories, {"--prompt-cache", pc}).status == 0);
+    CHECK(!fs::exists(dead));
+    CHECK(fs::exists(alive));        // its writer may still rename it
+    CHECK(fs::exists(other));        // not a name kvrun writes
+    CHECK(fs::exists(other_target)); // another target's
+    CHECK(fs::is_symlink(fs::symlink_status(link)));
+    CHECK(slurp(victim) == "precious\n");
+    CHECK(fs::is_regular_file(pc));
+}
+
 TEST_CASE("files: a prompt cache that cannot be written costs a warning, not the answer") {
     const auto plain = gen(kStories);
     REQUIRE(plain.status == 0);
@@ -320,6 +350,18 @@ TEST_CASE("files: a prompt cache is refused for a model with the same header and
         const auto r = gen(a, {"--prompt-cache", pc}, {"XDG_CACHE_HOME=" + cache_home});
         CHECK(contains(r.err, "not used (made with a different model)"));
         CHECK(r.out == plain_b.out);
+    }
+    SUBCASE("with a memo that is not a memo: it is replaced by one") {
+        const std::string cache_home = d.file("cache");
+        fs::create_directories(cache_home + "/kvrun");
+        const std::string memo = cache_home + "/kvrun/weights-digests";
+        std::string junk(4096, '\0');
+        std::mt19937 rng(3);
+        for (char& c : junk) c = static_cast<char>(rng());
+        spit(memo, junk);
+        ::sleep(1);
+        check_refused({"XDG_CACHE_HOME=" + cache_home});
+        CHECK(slurp(memo).rfind("kvrun weights digests ", 0) == 0);
     }
     SUBCASE("with the memo directory unwritable") {
         const std::string ro = d.file("ro");
