@@ -2,6 +2,8 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <string>
+#include <string_view>
 #include <system_error>
 
 #include <fmt/format.h>
@@ -12,23 +14,35 @@
 
 int main(int argc, char** argv) {
     using namespace kvrun;
-    struct Sub { const char* name; int (*fn)(int, char**); };
+    struct Sub {
+        const char* name;
+        int (*fn)(int, char**);
+    };
     static const Sub subs[] = {
-        {"tokenize", cli::run_tokenize},
-        {"logits", cli::run_logits},
-        {"info", cli::run_info},
-        {"synth", cli::run_synth},
-        {"quantize", cli::run_quantize},
-        {"perplexity", cli::run_perplexity},
-        {"bench", cli::run_bench},
-        {"run", cli::run_generate},
+        {"tokenize", cli::run_tokenize}, {"logits", cli::run_logits},
+        {"info", cli::run_info},         {"synth", cli::run_synth},
+        {"quantize", cli::run_quantize}, {"perplexity", cli::run_perplexity},
+        {"bench", cli::run_bench},       {"run", cli::run_generate},
         {"chat", cli::run_chat},
     };
     cli::guard_standard_streams();
     try {
-        if (argc > 1)
+        if (argc > 1) {
             for (const Sub& s : subs)
-                if (std::strcmp(argv[1], s.name) == 0) return cli::finish_stdout(s.fn(argc - 1, argv + 1));
+                if (std::strcmp(argv[1], s.name) == 0)
+                    return cli::finish_stdout(s.fn(argc - 1, argv + 1));
+            // A first word that is no option is a subcommand kvrun lacks
+            // (serve, pull), not a stray argument of the plain run.
+            if (argv[1][0] != '-') {
+                std::string names;
+                for (const Sub& s : subs)
+                    names += (names.empty() ? "" : ", ") + std::string(s.name);
+                const std::string_view w = argv[1];
+                fail(Exit::usage, "unknown subcommand '{}' (subcommands: {}){}", w, names,
+                     w.size() > 5 && w.substr(w.size() - 5) == ".gguf" ? "; give the model with -m"
+                                                                       : "");
+            }
+        }
         return cli::finish_stdout(cli::run_generate(argc, argv));
     } catch (const Error& e) {
         std::fflush(stdout);

@@ -69,6 +69,18 @@ constexpr Alias kAliases[] = {
     {"--model-draft", AliasKind::rename, "--draft-model", nullptr},
     {"--draft", AliasKind::rename, "--draft-max", nullptr},
     {"--draft-n", AliasKind::rename, "--draft-max", nullptr},
+    {"--mlock", AliasKind::ignore, "--model",
+     "weights are copied into memory (huge pages) or "
+     "mapped for the GPU by kvrun itself"},
+    {"--no-mmap", AliasKind::ignore, "--model",
+     "weights are copied into memory (huge pages) or "
+     "mapped for the GPU by kvrun itself"},
+    {"--no-warmup", AliasKind::ignore, "--model", "kvrun runs no warm-up pass"},
+    {"--grammar", AliasKind::refuse, nullptr, "constrained output is not supported yet"},
+    {"--grammar-file", AliasKind::refuse, nullptr, "constrained output is not supported yet"},
+    {"--json-schema", AliasKind::refuse, nullptr, "constrained output is not supported yet"},
+    {"-j", AliasKind::refuse, nullptr, "constrained output is not supported yet"},
+    {"--lora", AliasKind::refuse, nullptr, "LoRA adapters are not supported"},
     {"-nkvo", AliasKind::refuse, nullptr,
      "the KV cache of offloaded layers stays on the GPU (--kv-gpu-window W keeps only the newest W "
      "tokens there)"},
@@ -76,6 +88,46 @@ constexpr Alias kAliases[] = {
      "the KV cache of offloaded layers stays on the GPU (--kv-gpu-window W keeps only the newest W "
      "tokens there)"},
 };
+
+// For --help: the llama-cli spellings this app takes, and those it accepts
+// without effect.
+std::string alias_help(const CLI::App& app) {
+    std::string renamed, ignored;
+    for (const Alias& a : kAliases) {
+        if (!a.to || !app.get_option_no_throw(a.to) || app.get_option_no_throw(a.from)) continue;
+        // In a plain run -cnv is not ignored: it starts the chat REPL (run.cpp).
+        const bool starts_chat =
+            !std::strcmp(a.from, "-cnv") || !std::strcmp(a.from, "--conversation");
+        if (starts_chat && app.get_option_no_throw("--chat")) continue;
+        std::string& list = a.kind == AliasKind::rename ? renamed : ignored;
+        if (!list.empty()) list += ", ";
+        list += a.kind == AliasKind::rename ? fmt::format("{} = {}", a.from, a.to) : a.from;
+    }
+    // Wrapped at 100 columns, at the commas.
+    const auto wrap = [](const std::string& text) {
+        std::string out, line;
+        size_t at = 0;
+        while (at < text.size()) {
+            size_t end = text.find(", ", at);
+            end = end == std::string::npos ? text.size() : end + 2;
+            const std::string piece = text.substr(at, end - at);
+            if (line.size() + piece.size() > 100) {
+                while (!line.empty() && line.back() == ' ') line.pop_back();
+                out += line + "\n";
+                line = "  ";
+            }
+            line += piece;
+            at = end;
+        }
+        while (!line.empty() && line.back() == ' ') line.pop_back();
+        return out + line;
+    };
+    std::string s;
+    if (!renamed.empty()) s += wrap("llama-cli spellings: " + renamed + ".");
+    if (!ignored.empty())
+        s += (s.empty() ? "" : "\n") + wrap("Accepted, no effect: " + ignored + ".");
+    return s;
+}
 
 const Alias* find_alias(std::string_view word) {
     for (const Alias& a : kAliases)
@@ -86,6 +138,52 @@ const Alias* find_alias(std::string_view word) {
 // Flags expect no value (CLI11 gives them expected(0)).
 bool takes_value(const CLI::Option* o) {
     return o->get_expected_max() > 0 && o->get_type_size_max() > 0;
+}
+
+// -fa on|off|auto|1|0 (llama.cpp took 1/0 before on/off).
+bool is_switch_value(const char* v) {
+    for (const char* w : {"on", "off", "auto", "1", "0"})
+        if (!std::strcmp(v, w)) return true;
+    return false;
+}
+
+// Edits (insert, delete, substitute; '_' for '-' is free) between two words.
+size_t edit_distance(std::string_view a, std::string_view b) {
+    std::vector<size_t> row(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); j++) row[j] = j;
+    for (size_t i = 1; i <= a.size(); i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= b.size(); j++) {
+            const char x = a[i - 1] == '_' ? '-' : a[i - 1], y = b[j - 1] == '_' ? '-' : b[j - 1];
+            const size_t next = std::min({row[j] + 1, row[j - 1] + 1, diag + (x == y ? 0 : 1)});
+            diag = row[j];
+            row[j] = next;
+        }
+    }
+    return row[b.size()];
+}
+
+// The app's long option nearest `name` (--top_k: --top-k), or "" when none
+// is close: at most 2 edits, and fewer than a third of the word.
+std::string nearest_option(const CLI::App& app, const std::string& name) {
+    std::string best;
+    size_t best_d = SIZE_MAX;
+    for (const CLI::Option* o : app.get_options())
+        for (const std::string& l : o->get_lnames()) {
+            const std::string cand = "--" + l;
+            const size_t d = edit_distance(name, cand);
+            if (d < best_d) best_d = d, best = cand;
+        }
+    return best_d <= 2 && best_d * 3 < name.size() ? best : "";
+}
+
+// `probe`: the spelling to look near (-top-k is looked up as --top-k).
+[[noreturn]] void unknown_option(const CLI::App& app, const std::string& name,
+                                 const std::string& probe) {
+    const std::string near = nearest_option(app, probe);
+    if (!near.empty()) fail(Exit::usage, "unknown option {} (did you mean {}?)", name, near);
+    fail(Exit::usage, "unknown option {}", name);
 }
 
 bool numeric_start(std::string_view s) {
@@ -121,10 +219,7 @@ std::vector<std::string> rewrite(CLI::App& app, int argc, char** argv) {
                 break;
             case AliasKind::ignore:
                 if (app.get_option_no_throw(a->to)) {
-                    if (a->value && i + 1 < argc &&
-                        (!std::strcmp(argv[i + 1], "on") || !std::strcmp(argv[i + 1], "off") ||
-                         !std::strcmp(argv[i + 1], "auto")))
-                        i++;
+                    if (a->value && i + 1 < argc && is_switch_value(argv[i + 1])) i++;
                     continue;
                 }
                 break;
@@ -132,8 +227,11 @@ std::vector<std::string> rewrite(CLI::App& app, int argc, char** argv) {
                 fail(Exit::usage, "{}: {}", name, a->why);
             }
         }
-        if (own || w[1] == '-') { // a long option: CLI11 knows it or says it does not
-            value_next = own && takes_value(own) && name.size() == w.size();
+        if (own || w[1] == '-') {
+            // An unknown long option is named here: CLI11 would take its
+            // value for a stray word ("unexpected argument 16 --ubatch-size").
+            if (!own) unknown_option(app, name, name);
+            value_next = takes_value(own) && name.size() == w.size();
             out.push_back(w);
             continue;
         }
@@ -154,7 +252,7 @@ std::vector<std::string> rewrite(CLI::App& app, int argc, char** argv) {
             const std::string dashed = "-" + name;
             if (app.get_option_no_throw(dashed))
                 fail(Exit::usage, "unknown option {} (did you mean {}?)", name, dashed);
-            fail(Exit::usage, "unknown option {}", name);
+            unknown_option(app, name, dashed);
         }
         out.push_back(w);
     }
@@ -227,11 +325,23 @@ std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
             o->get_items_expected_max() <= 1)
             o->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     std::string where = app.get_name().empty() ? "kvrun" : app.get_name();
+    if (const std::string aliases = alias_help(app); !aliases.empty())
+        app.footer(app.get_footer() + (app.get_footer().empty() ? "" : "\n") + aliases);
     try {
         std::vector<std::string> args = rewrite(app, argc, argv);
         std::vector<char*> ptrs;
         for (std::string& a : args) ptrs.push_back(a.data());
+        // Extra words are collected, in order, and named below (CLI11's own
+        // message lists them backwards).
+        app.allow_extras();
         app.parse(static_cast<int>(ptrs.size()), ptrs.data());
+        const std::vector<std::string> extra = app.remaining();
+        if (!extra.empty()) {
+            std::string words;
+            for (const std::string& x : extra) words += (words.empty() ? "'" : " '") + x + "'";
+            fail(Exit::usage, "unexpected argument{} {}{}", extra.size() == 1 ? "" : "s", words,
+                 app.get_option_no_throw("--prompt") ? " (a prompt goes after -p, in quotes)" : "");
+        }
     } catch (const CLI::ParseError& e) {
         if (e.get_exit_code() == 0) return app.exit(e); // --help, --version
         std::fflush(stdout);

@@ -257,7 +257,7 @@ int run_chat(int argc, char** argv) {
         "4 message longer than the context, 5 out of memory, 6 chat template error, 130 "
         "interrupted.");
     add_model_option(app, o.common);
-    add_runtime_options(app, o.common);
+    add_runtime_options(app, o.common, true);
     app.add_option("-p,--prompt", o.prompt, "first message");
     app.add_option("-c,--ctx-size", o.ctx,
                    "context size in tokens, or auto (the model's, at most 4096)")

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <optional>
 #include <sstream>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -121,14 +122,15 @@ void add_model_option(CLI::App& app, CommonOptions& o) {
     app.add_option("-m,--model", o.model, "GGUF model file")->required();
 }
 
-void add_runtime_options(CLI::App& app, CommonOptions& o) {
+void add_runtime_options(CLI::App& app, CommonOptions& o, bool auto_types) {
     app.add_option("-t,--threads", o.threads, "threads (default: physical cores)")
         ->check(int_in(0, 1024));
-    app.add_option("--cache-type-k,--ctk", o.cache_type_k,
-                   std::string("KV cache type for K: ") + kv_cache_type_names())
+    const std::string types =
+        std::string(kv_cache_type_names()) +
+        (auto_types ? ", or auto (the largest type whose cache fits in memory)" : "");
+    app.add_option("--cache-type-k,--ctk", o.cache_type_k, "KV cache type for K: " + types)
         ->capture_default_str();
-    app.add_option("--cache-type-v,--ctv", o.cache_type_v,
-                   std::string("KV cache type for V: ") + kv_cache_type_names())
+    app.add_option("--cache-type-v,--ctv", o.cache_type_v, "KV cache type for V: " + types)
         ->capture_default_str();
     app.add_flag("--k-rotate", o.k_rotate,
                  "store keys rotated by an orthonormal Hadamard transform per head (queries too; "
@@ -193,7 +195,32 @@ std::unique_ptr<gl::Backend> make_backend(const CommonOptions& o, int threads) {
     fail(Exit::usage, "--device {}: unknown device (use cpu, cuda or cuda:N)", d);
 }
 
+// -ngl N without --device on a machine with no usable GPU: llama-cli warns
+// and runs on the CPU, and launch scripts pass -ngl 99 everywhere, so kvrun
+// does the same (once per run). An explicit --device cuda still fails.
+bool gpu_layers_fall_back(const CommonOptions& o) {
+    if (!o.device.empty()) return false;
+    // Only a valid -ngl that asks for GPU layers ("x" and -1 are usage errors later).
+    const std::string& n = o.n_gpu_layers;
+    const bool layers =
+        n == "all" || (!n.empty() && n.size() <= 9 &&
+                       n.find_first_not_of("0123456789") == std::string::npos && std::stol(n) > 0);
+    if (!layers) return false;
+    static const std::optional<std::string> why = [] {
+        std::string w;
+        return gl::cuda_available(&w) ? std::nullopt : std::optional<std::string>(w);
+    }();
+    static bool told = false;
+    if (why && !told) {
+        fmt::print(stderr, "kvrun: warning: -ngl {}: {}; running on the CPU\n", o.n_gpu_layers,
+                   *why);
+        told = true;
+    }
+    return why.has_value();
+}
+
 bool offloads_every_layer(const CommonOptions& o) {
+    if (gpu_layers_fall_back(o)) return false;
     return o.n_gpu_layers == "all" || (o.n_gpu_layers.empty() && is_cuda_device(o.device));
 }
 
@@ -239,7 +266,7 @@ Backends make_backends(const CommonOptions& o, int threads, const Hparams& hp) {
     const int n_layer = hp.n_layer;
     Backends b;
     b.n_layer = n_layer;
-    b.n_gpu_layers = resolve_gpu_layers(o, n_layer);
+    b.n_gpu_layers = gpu_layers_fall_back(o) ? 0 : resolve_gpu_layers(o, n_layer);
     if (o.kv_gpu_window > 0 && b.n_gpu_layers == 0)
         fail(Exit::usage, "--kv-gpu-window {} needs layers on the GPU (--device cuda or -ngl N)",
              o.kv_gpu_window);

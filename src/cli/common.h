@@ -36,7 +36,7 @@ struct CommonOptions {
 
 void add_model_option(CLI::App& app, CommonOptions& o);
 // -t, cache types, -v, --device, -ngl, --kv-gpu-window, --deterministic
-void add_runtime_options(CLI::App& app, CommonOptions& o);
+void add_runtime_options(CLI::App& app, CommonOptions& o, bool auto_types = false);
 // -ngl and --kv-gpu-window alone (for subcommands with their own --device).
 void add_offload_options(CLI::App& app, CommonOptions& o);
 // The backend --device asks for; throws Error(usage) for a device this build

@@ -187,8 +187,10 @@ int run_generate(int argc, char** argv) {
     CLI::App app{"kvrun: run a GGUF language model and stream its continuation to stdout", "kvrun"};
     app.footer(
         "Subcommands (kvrun SUBCOMMAND --help): chat, tokenize, logits, info, perplexity, bench, "
-        "quantize, synth.\n"
-        "-i (--interactive) starts the chat REPL (kvrun chat). stdin is read with -f -, or as the "
+        "quantize, synth;\n"
+        "run is this one, by name (kvrun run -m M -p ... = kvrun -m M -p ...).\n"
+        "-i (--interactive, -cnv) starts the chat REPL (kvrun chat). stdin is read with -f -, or "
+        "as the "
         "whole\n"
         "prompt when neither -p nor -f is given and it is not a terminal.\n"
         "-n -1 (the default) stops when the context is full; -n N slides the window past it.\n"
@@ -196,7 +198,7 @@ int run_generate(int argc, char** argv) {
         "4 prompt longer than the context, 5 out of memory, 6 chat template error, 130 "
         "interrupted.");
     add_model_option(app, o.common);
-    add_runtime_options(app, o.common);
+    add_runtime_options(app, o.common, true);
     auto* p_opt = app.add_option("-p,--prompt", o.prompt, "prompt text");
     app.add_option("-f,--file", o.prompt_file,
                    "read the prompt from FILE (- for stdin); appended after -p");

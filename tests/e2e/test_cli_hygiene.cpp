@@ -180,6 +180,74 @@ TEST_CASE("cli args: llama.cpp's multi-letter flags are aliases, not clusters of
     CHECK(run({"-m", kStories, "-cnv"}).status == 2);
 }
 
+TEST_CASE("cli args: llama.cpp options kvrun lacks are unknown options, named with the nearest "
+          "flag; extra words keep their order; an unknown first word is an unknown subcommand") {
+    const std::vector<std::string> base = {"-m", kStories, "-p", kPrompt, "-n", "2"};
+    auto line = [&](std::vector<std::string> extra) {
+        std::vector<std::string> a = base;
+        a.insert(a.end(), extra.begin(), extra.end());
+        return usage_line(run(a));
+    };
+    struct Case {
+        std::vector<std::string> args;
+        std::string says;
+    };
+    const std::vector<Case> cases = {
+        {{"--ubatch-size", "16"}, "unknown option --ubatch-size (did you mean --batch-size?)"},
+        {{"--top_k", "5"}, "unknown option --top_k (did you mean --top-k?)"},
+        {{"--presence-penalty", "0.5"}, "unknown option --presence-penalty ("},
+        {{"--mirostat", "2"}, "unknown option --mirostat ("},
+        {{"--log-verbosity", "0"}, "unknown option --log-verbosity ("},
+        {{"--frobnicate=3"}, "unknown option --frobnicate ("},
+        {{"-top-k", "3"}, "unknown option -top-k (did you mean --top-k?)"},
+        {{"--grammar", "root ::= \"yes\""}, "--grammar: constrained output is not supported yet"},
+        {{"--json-schema", "{}"}, "--json-schema: constrained output is not supported yet"},
+        {{"--lora", "x.gguf"}, "--lora: LoRA adapters are not supported"},
+        {{"extra", "words"}, "unexpected arguments 'extra' 'words' (a prompt goes after -p"},
+    };
+    for (const Case& c : cases) {
+        CAPTURE(c.args[0]);
+        const std::string l = line(c.args);
+        CHECK(contains(l, c.says));
+        if (c.args.size() > 1 && c.args[0].rfind("--", 0) == 0)
+            CHECK(!contains(l, "unexpected argument " + c.args[1]));
+    }
+    // The same in a subcommand.
+    CHECK(contains(usage_line(run({"chat", "-m", kStories, "-p", "x", "--n-predikt", "4"})),
+                   "unknown option --n-predikt (did you mean --n-predict?)"));
+    // llama-cli flags that ask for what kvrun does anyway: accepted.
+    const json plain = run_json({"-m", kStories, "-p", kPrompt, "-n", "4", "--temp", "0"});
+    for (std::vector<std::string> x : {std::vector<std::string>{"-fa", "1"},
+                                       {"-fa", "0"},
+                                       {"--mlock"},
+                                       {"--no-mmap"},
+                                       {"--no-warmup"}}) {
+        CAPTURE(x[0]);
+        std::vector<std::string> a = {"-m", kStories, "-p", kPrompt, "-n", "4", "--temp", "0"};
+        a.insert(a.end(), x.begin(), x.end());
+        CHECK(run_json(a)["text"] == plain["text"]);
+    }
+    // Subcommands kvrun lacks.
+    for (const char* sub : {"serve", "pull", "list"}) {
+        CAPTURE(sub);
+        const std::string l = usage_line(run({sub, "-m", kStories}));
+        CHECK(contains(l, std::string("unknown subcommand '") + sub + "' (subcommands: "));
+        CHECK(contains(l, "chat"));
+    }
+    CHECK(contains(usage_line(run({"model.gguf"})), "give the model with -m"));
+    // run is the plain run by name, and documented.
+    CHECK(run({"run", "-m", kStories, "-p", kPrompt, "-n", "2", "--quiet"}).status == 0);
+    const std::string help = run({"--help"}).out;
+    CHECK(contains(help, "run is this one, by name"));
+    // --help lists auto for the cache types and the llama-cli spellings.
+    CHECK(contains(help, "q4_0, or auto"));
+    CHECK(contains(help, "-ngl = --n-gpu-layers"));
+    CHECK(contains(help, "-md = --draft-model"));
+    CHECK(contains(help, "Accepted, no effect: -fa"));
+    for (const std::string& l : kvtest::lines(help)) CHECK(l.size() <= 250);
+    CHECK(contains(run({"chat", "--help"}).out, "-sys = --system"));
+}
+
 TEST_CASE("cli args: --version prints the version and the build, without -m") {
     for (std::vector<std::string> a :
          {std::vector<std::string>{"--version"}, {"tokenize", "--version"}}) {

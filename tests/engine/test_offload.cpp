@@ -5,6 +5,8 @@
 // work. Plus the -ngl / --device / --kv-gpu-window option rules.
 #include <doctest/doctest.h>
 
+#include <fmt/format.h>
+
 #include <memory>
 #include <random>
 #include <string>
@@ -143,11 +145,17 @@ TEST_CASE("offload: -ngl, --device and --kv-gpu-window rules") {
 
     std::string why;
     if (!gl::cuda_available(&why)) {
+        // -ngl alone falls back to the CPU (llama-cli's habit); --device cuda fails.
         o = {};
         o.n_gpu_layers = "2";
+        const cli::Backends cpu_only = cli::make_backends(o, 1, five);
+        CHECK(!cpu_only.gpu);
+        CHECK(cpu_only.cpu);
+        CHECK(cpu_only.n_gpu_layers == 0);
+        o.device = "cuda";
         try {
             cli::make_backends(o, 1, five);
-            FAIL("-ngl 2 should fail without CUDA");
+            FAIL("-ngl 2 --device cuda should fail without CUDA");
         } catch (const Error& e) {
             CHECK(e.code() == Exit::usage);
             CHECK(std::string(e.what()).find("-ngl 2") != std::string::npos);
@@ -163,17 +171,34 @@ TEST_CASE("offload: kvrun -ngl on the command line") {
     CHECK(r.status == 0);
     std::string why;
     if (!gl::cuda_available(&why)) {
-        for (const char* n : {"1", "all"}) {
-            r = kvtest::run_kvrun({"-m", model, "-p", "Once", "-n", "3", "-ngl", n});
-            CHECK(r.status == 2);
-            CHECK(r.err.find(why) != std::string::npos);
+        // Without a GPU, -ngl N warns once and runs on the CPU (as llama-cli
+        // does, so launchers that always pass -ngl 99 work); the tokens are the CPU's.
+        const auto cpu = kvtest::run_kvrun(
+            {"-m", model, "-p", "Once", "-n", "3", "--temp", "0", "-ngl", "0", "--quiet"});
+        for (const char* n : {"1", "99", "all"}) {
+            CAPTURE(n);
+            r = kvtest::run_kvrun(
+                {"-m", model, "-p", "Once", "-n", "3", "--temp", "0", "-ngl", n, "--quiet"});
+            CHECK(r.status == 0);
+            CHECK(r.out == cpu.out);
+            CHECK(r.err ==
+                  fmt::format("kvrun: warning: -ngl {}: {}; running on the CPU\n", n, why));
 #ifndef KVRUN_HAS_CUDA
             CHECK(r.err.find("kvrun was built without CUDA") != std::string::npos);
 #endif
         }
+        // An explicit --device cuda is an error.
+        for (std::vector<std::string> dev :
+             {std::vector<std::string>{"--device", "cuda"}, {"--device", "cuda", "-ngl", "99"}}) {
+            std::vector<std::string> a = {"-m", model, "-p", "Once", "-n", "3"};
+            a.insert(a.end(), dev.begin(), dev.end());
+            r = kvtest::run_kvrun(a);
+            CHECK(r.status == 2);
+            CHECK(r.err.find(why) != std::string::npos);
+        }
         r = kvtest::run_kvrun({"bench", "-m", model, "-p", "8", "-n", "2", "-r", "1", "-ngl", "1"});
-        CHECK(r.status == 2);
-        CHECK(r.err.find(why) != std::string::npos);
+        CHECK(r.status == 0);
+        CHECK(r.err.find("running on the CPU") != std::string::npos);
     }
     r = kvtest::run_kvrun({"-m", model, "-p", "Once", "-n", "3", "-ngl", "x"});
     CHECK(r.status == 2);
