@@ -234,11 +234,6 @@ void print_stats(const ChatSession& s, const TurnStats& t, const Totals& all,
     if (spec) out("[stats] session" + speculation_summary(*spec) + "\n");
 }
 
-bool stdin_readable() {
-    struct stat st {};
-    return ::fstat(0, &st) == 0;
-}
-
 } // namespace
 
 int run_chat(int argc, char** argv) {
@@ -248,7 +243,8 @@ int run_chat(int argc, char** argv) {
                  "kvrun chat"};
     app.footer(
         std::string(kHelp) +
-        "With stdin not a terminal: answer one message (-p, or stdin without -p) and exit.\n"
+        "With stdin not a terminal: answer one message (-p, or stdin without -p) and exit, as\n"
+        "kvrun --chat does (the same answer, stats line and -c auto).\n"
         "Templates are detected from tokenizer.chat_template; without one, from the vocabulary's\n"
         "turn markers (<start_of_turn>, <|im_start|>, ...), and failing those the plain fallback "
         "is\n"
@@ -287,17 +283,19 @@ int run_chat(int argc, char** argv) {
     set_cache_types(o.common, types, true);
     const bool tty = ::isatty(0) == 1;
 
-    // Without a terminal: one message, read before loading anything.
-    std::string one_shot;
+    // Without a terminal: one message, answered exactly as `kvrun --chat`
+    // answers it (the same text, stats line, cut notices and -c auto), so
+    // the two ways of asking one question never differ.
     if (!tty) {
-        std::string piped;
-        if (o.prompt.empty() && stdin_readable())
-            piped.assign(std::istreambuf_iterator<char>(std::cin),
-                         std::istreambuf_iterator<char>());
-        one_shot = rtrim(o.prompt.empty() ? piped : o.prompt);
-        if (one_shot.empty())
-            fail(Exit::usage, "nothing to answer: stdin is not a terminal and no message came");
-        if (!unicode::valid_utf8(one_shot)) fail(Exit::usage, "the message is not valid UTF-8");
+        std::vector<std::string> words = {"kvrun", "--chat"};
+        // Conversation-mode flags would send the run back here.
+        for (int i = 1; i < argc; i++)
+            if (std::strcmp(argv[i], "-cnv") && std::strcmp(argv[i], "--conversation"))
+                words.emplace_back(argv[i]);
+        std::vector<char*> ptrs;
+        for (std::string& w : words) ptrs.push_back(w.data());
+        ptrs.push_back(nullptr);
+        return run_generate(static_cast<int>(words.size()), ptrs.data());
     }
 
     install_interrupt_handler();
@@ -360,23 +358,12 @@ int run_chat(int argc, char** argv) {
     if (o.common.verbose)
         hooks.on_detail = [](const std::string& s) { fmt::print(stderr, "[kvrun] {}\n", s); };
     // An answer that did not end by itself says why (stderr: stdout is the answer).
-    auto tell_cut = [&](const TurnStats& st, bool repl) {
+    auto tell_cut = [&](const TurnStats& st) {
         if (st.stop == "context full")
             fmt::print(stderr, "[answer cut: the context is full (-c {})]\n", n_ctx);
-        else if (repl && st.stop == "length")
+        else if (st.stop == "length")
             fmt::print(stderr, "[answer cut at -n {} tokens]\n", o.n_predict);
     };
-
-    if (!tty) {
-        const TurnStats st = session.respond(one_shot, hooks);
-        clear_progress();
-        out("\n");
-        tell_cut(st, false);
-        if (o.common.verbose)
-            fmt::print(stderr, "[kvrun] evaluated {} tok, generated {} tok, stop: {}\n",
-                       st.evaluated, st.generated, st.stop);
-        return st.stop == "interrupted" ? static_cast<int>(Exit::interrupted) : 0;
-    }
 
     use_utf8_ctype();
     rl_catch_signals = 0;
@@ -391,7 +378,7 @@ int run_chat(int argc, char** argv) {
         all.generated += st.generated;
         clear_progress();
         out(st.stop == "interrupted" ? "\n[interrupted]\n" : "\n");
-        tell_cut(st, true);
+        tell_cut(st);
         clear_interrupt();
     };
     auto answer = [&](const std::string& msg) {

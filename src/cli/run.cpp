@@ -266,6 +266,8 @@ int run_generate(int argc, char** argv) {
         prompt.pop_back();
         if (!prompt.empty() && prompt.back() == '\r') prompt.pop_back();
     }
+    if (o.chat && prompt.find_first_not_of(" \t\r\n") == std::string::npos)
+        fail(Exit::usage, "nothing to answer: the chat message is empty");
     install_interrupt_handler();
     const auto t_load = Clock::now();
     auto lm = LoadedModel::load(o.common.model, !offloads_every_layer(o.common));

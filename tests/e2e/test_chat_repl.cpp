@@ -425,7 +425,7 @@ TEST_CASE("chat: an answer cut by a full window or by -n says so") {
     const auto full = kvtest::run_kvrun(
         {"chat", "-m", kStories, "--temp", "0", "-c", "40", "-p", "Once upon a time"}, &none);
     CHECK(full.status == 0);
-    CHECK(full.err.find("[answer cut: the context is full (-c 40)]") != std::string::npos);
+    CHECK(full.err.find("kvrun: stopped at a full context (40 tokens, -c)") != std::string::npos);
     // The REPL marks -n.
     Repl r({"-n", "5"});
     r.until("> ");

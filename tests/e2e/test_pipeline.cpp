@@ -46,7 +46,8 @@ TEST_CASE("stop matcher: a stop string split across pushes is held back, then dr
     CHECK(e.matched() == "ab");
 }
 
-TEST_CASE("pipeline: -f - reads stdin after -p; -p alone leaves it unread; stdout carries only the answer") {
+TEST_CASE("pipeline: -f - reads stdin after -p; -p alone leaves it unread; stdout carries only the "
+          "answer") {
     const std::string doc = "The cat sat on the mat.";
     const auto piped = gen({"-p", "Summarize:", "-n", "12"}, &doc);
     const auto file = gen({"-p", "Summarize:", "-f", "-", "-n", "12"}, &doc);
@@ -139,12 +140,19 @@ TEST_CASE("pipeline: chat with stdin not a terminal answers one message; --chat 
     const auto once = gen({"--chat", "-p", "Hello there", "-n", "24"});
     REQUIRE(once.status == 0);
     CHECK(!once.out.empty());
-    CHECK(chat.out == once.out + "\n");
+    // One behaviour for both ways of asking one question: the same text,
+    // no newline added, the same stats line.
+    CHECK(chat.out == once.out);
+    const auto once_stats = kvtest::run_kvrun(
+        {"-m", kStories, "--temp", "0", "-n", "24", "--chat", "-p", "Hello there"});
+    CHECK(chat.err.find("| generated 24 tok") != std::string::npos);
+    CHECK(once_stats.err.find("| generated 24 tok") != std::string::npos);
+    CHECK(chat.err.find("stop: length") != std::string::npos);
     // The plain fallback stops where the model starts the user's next line.
     CHECK(once.out.find("\nUser:") == std::string::npos);
     // With -p, chat leaves stdin unread, as a plain run does
     const std::string there = "there";
     const auto both = kvtest::run_kvrun(
         {"chat", "-m", kStories, "--temp", "0", "-n", "24", "-p", "Hello"}, &there);
-    CHECK(both.out == gen({"--chat", "-p", "Hello", "-n", "24"}).out + "\n");
+    CHECK(both.out == gen({"--chat", "-p", "Hello", "-n", "24"}).out);
 }
