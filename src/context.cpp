@@ -136,6 +136,14 @@ std::string auto_advice(const LoadedModel& lm, const ContextRequest& req, int64_
 }
 } // namespace
 
+CacheTypes choose_cache_types(const GgufFile& f, const Hparams& hp, const ContextRequest& req,
+                              int64_t n_ctx) {
+    const std::vector<CacheTypes> ladder = cache_type_ladder(hp, req);
+    for (const CacheTypes& t : ladder)
+        if (plan_memory(f, hp, n_ctx, t.k, t.v, req.batch, req.threads).fits()) return t;
+    return ladder.back();
+}
+
 bool is_auto(std::string_view s) {
     return s.size() == 4 && strncasecmp(s.data(), "auto", 4) == 0;
 }

@@ -79,6 +79,10 @@ struct CacheTypes {
     int k_rotate; // KvCacheConfig::k_rotate
 };
 std::vector<CacheTypes> cache_type_ladder(const Hparams& hp, const ContextRequest& req);
+// The first types of the ladder whose cache of n_ctx tokens fits in memory
+// now (the last when none does): what --ctk auto / --ctv auto pick.
+CacheTypes choose_cache_types(const GgufFile& f, const Hparams& hp, const ContextRequest& req,
+                              int64_t n_ctx);
 // "q8_0/q4_0", "f16", "q4_0/q4_0, keys rotated": for messages and stats lines.
 std::string cache_types_text(gl::Type k, gl::Type v, int k_rotate);
 

@@ -1,5 +1,6 @@
 // `kvrun info -m M [-c N]`: what the model is and what its context costs.
 #include <cstdio>
+#include <cerrno>
 #include <cstdlib>
 #include <algorithm>
 #include <map>
@@ -12,25 +13,100 @@
 #include "error.h"
 #include "kv_cache.h"
 #include "memory_plan.h"
+#include "chat_template.h"
+#include "context.h"
 #include "model.h"
+#include "model_summary.h"
+#include "tokenizer.h"
 #include "tensor_names.h"
 #include "loader.h"
 
 namespace kvrun::cli {
 
+namespace {
+
+// The template kvrun chat would use: the file's, inferred from the
+// vocabulary, or the plain fallback; what is wrong with it otherwise.
+std::string chat_template_name(const GgufFile& f) {
+    try {
+        const Tokenizer tok(Vocab::from_gguf(f));
+        const ChatTemplate t = ChatTemplate::for_model(f, tok, "");
+        return fmt::format("{} template{}", t.name(),
+                           t.inferred() ? " (inferred from the vocabulary)"
+                           : t.family() == ChatFamily::plain
+                               ? " (plain fallback: the file has none)"
+                               : "");
+    } catch (const Error& e) {
+        return fmt::format("none ({})", e.what());
+    }
+}
+
+// What the header says of a file kvrun cannot run (an unknown architecture,
+// a vocabulary-only file), then why: a launcher still learns what it is.
+int describe_unrunnable(const GgufFile& file, const std::string& path, const Error& why,
+                        bool json) {
+    const ModelSummary ms = summarize_model(file);
+    const std::string arch(file.get_str("general.architecture").value_or(""));
+    const std::string tokenizer(file.get_str("tokenizer.ggml.model").value_or(""));
+    const GgufValue* tokens = file.find("tokenizer.ggml.tokens");
+    const uint64_t n_tokens = tokens ? tokens->count : 0;
+    const bool has_template = file.get_str("tokenizer.chat_template").has_value();
+    std::map<std::string, int> type_counts;
+    for (const auto& t : file.tensors()) type_counts[gl::type_name(t.type)]++;
+    if (json) {
+        const nlohmann::json j = {{"architecture", arch},
+                                  {"name", ms.name},
+                                  {"file_type", ms.file_type},
+                                  {"params", ms.params},
+                                  {"n_tensors", file.tensors().size()},
+                                  {"tensor_types", type_counts},
+                                  {"file_bytes", file.file_size()},
+                                  {"weight_bytes", ms.weight_bytes},
+                                  {"tokenizer", tokenizer},
+                                  {"n_vocab", n_tokens},
+                                  {"chat_template", has_template},
+                                  {"runnable", false},
+                                  {"why", why.what()}};
+        fmt::print("{}\n", j.dump(2));
+    } else {
+        std::string types;
+        for (const auto& [name, count] : type_counts)
+            types += fmt::format("{}{} × {}", types.empty() ? "" : ", ", count, name);
+        fmt::print("model:        {}\n", path);
+        if (!ms.name.empty()) fmt::print("name:         {}\n", ms.name);
+        fmt::print("architecture: {} (GGUF v{})\n", arch.empty() ? "(none)" : arch, file.version());
+        fmt::print(
+            "tensors:      {} ({}){}\n", file.tensors().size(), types.empty() ? "none" : types,
+            ms.params ? fmt::format("; {} parameters, {}", params_text(ms.params), ms.file_type)
+                      : "");
+        if (!tokenizer.empty())
+            fmt::print("tokenizer:    {}, {} tokens{}\n", tokenizer, n_tokens,
+                       has_template ? "; has a chat template" : "");
+        fmt::print("file size:    {} ({} bytes)\n", human_bytes(file.file_size()),
+                   file.file_size());
+        fmt::print("runnable:     no ({})\n", why.what());
+    }
+    return static_cast<int>(why.code());
+}
+
+} // namespace
+
 int run_info(int argc, char** argv) {
     CommonOptions c;
-    int64_t n_ctx = 0;
+    std::string ctx;
     bool json = false;
     CLI::App app{"kvrun info: model architecture, tensor types, sizes and KV cache cost",
                  "kvrun info"};
     add_model_option(app, c);
-    app.add_option("-c,--ctx-size", n_ctx,
-                   "context size to cost (default: the model's trained context)")
-        ->check(int_in(1, int64_t{1} << 30));
-    app.add_option("--cache-type-k,--ctk", c.cache_type_k, "KV cache type for K")
+    app.add_option("-c,--ctx-size", ctx,
+                   "context size to cost (default: the model's trained context), or auto: what "
+                   "kvrun chat would take (the model's, at most 4096; a run sizes it from its "
+                   "prompt)");
+    app.add_option("--cache-type-k,--ctk", c.cache_type_k,
+                   "KV cache type for K, or auto: what a run would pick for this context in the "
+                   "memory available now")
         ->capture_default_str();
-    app.add_option("--cache-type-v,--ctv", c.cache_type_v, "KV cache type for V")
+    app.add_option("--cache-type-v,--ctv", c.cache_type_v, "KV cache type for V, or auto")
         ->capture_default_str();
     app.add_flag("--k-rotate", c.k_rotate, "keys rotated in Hadamard blocks (as run's --k-rotate)");
     app.add_option("--device", c.device,
@@ -38,11 +114,38 @@ int run_info(int argc, char** argv) {
     add_offload_options(app, c);
     app.add_flag("--json", json, "print JSON");
     if (const auto done = parse_command_line(app, argc, argv)) return *done;
-    const gl::Type tk = parse_cache_type(c.cache_type_k, "--cache-type-k");
-    const gl::Type tv = parse_cache_type(c.cache_type_v, "--cache-type-v");
+    ContextRequest req;
+    set_cache_types(c, req, true);
     // Metadata only: info must work for files kvrun cannot run yet, and says why.
     GgufFile file = GgufFile::open(c.model);
-    const Hparams hp = read_hparams(file);
+    Hparams hp;
+    try {
+        hp = read_hparams(file);
+    } catch (const Error& e) {
+        return describe_unrunnable(file, c.model, e, json);
+    }
+    const ModelSummary summary = summarize_model(file);
+    // -c auto: kvrun chat's choice (a run's depends on its prompt and -n).
+    int64_t n_ctx = hp.n_ctx_train;
+    const bool ctx_auto = is_auto(ctx);
+    if (ctx_auto) {
+        n_ctx = std::min<int64_t>(hp.n_ctx_train > 0 ? hp.n_ctx_train : 4096, 4096);
+    } else if (!ctx.empty()) {
+        char* end = nullptr;
+        errno = 0;
+        const long long v = std::strtoll(ctx.c_str(), &end, 10);
+        if (*end != '\0' || errno != 0 || v < 1 || v > (int64_t{1} << 30))
+            fail(Exit::usage, "-c {}: expected a number of tokens from 1 to {}, or auto", ctx,
+                 int64_t{1} << 30);
+        n_ctx = v;
+    }
+    if (n_ctx <= 0) n_ctx = 4096;
+    // --ctk / --ctv auto: the first types of the ladder whose cache fits now.
+    req.k_rotate = c.k_rotate;
+    req.threads = resolve_threads(0);
+    const CacheTypes chosen = choose_cache_types(file, hp, req, n_ctx);
+    const gl::Type tk = chosen.k, tv = chosen.v;
+    const bool types_auto = req.auto_k || req.auto_v;
     uint64_t weight_bytes = 0;
     std::string unsupported;
     for (const auto& t : file.tensors()) {
@@ -51,13 +154,11 @@ int run_info(int argc, char** argv) {
             unsupported.find(gl::type_name(t.type)) == std::string::npos)
             unsupported += std::string(unsupported.empty() ? "" : ", ") + gl::type_name(t.type);
     }
-    if (n_ctx == 0) n_ctx = hp.n_ctx_train;
 
     std::map<std::string, int> type_counts;
     for (const auto& t : file.tensors()) type_counts[gl::type_name(t.type)]++;
     const size_t bytes_k = gl::row_size(tk, hp.kv_dim()), bytes_v = gl::row_size(tv, hp.kv_dim());
-    const int k_rotate =
-        c.k_rotate ? cache_type_ladder(hp, {.k_rotate = true}).front().k_rotate : 0;
+    const int k_rotate = chosen.k_rotate;
     const KvCacheConfig kv_cfg =
         KvCacheConfig::for_model(hp, static_cast<int>(n_ctx), 0, tk, tv, k_rotate);
     const uint64_t per_token = KvCache::bytes_per_token(kv_cfg);
@@ -100,6 +201,10 @@ int run_info(int argc, char** argv) {
         gl::cuda_available(&no_gpu) && gl::cuda_memory_info(dev_id, &dev_free, &dev_total);
     if (json) {
         nlohmann::json j = {{"architecture", hp.arch},
+                            {"name", summary.name},
+                            {"file_type", summary.file_type},
+                            {"params", summary.params},
+                            {"chat_template", chat_template_name(file)},
                             {"n_vocab", hp.n_vocab},
                             {"n_embd", hp.n_embd},
                             {"n_layer", hp.n_layer},
@@ -114,6 +219,8 @@ int run_info(int argc, char** argv) {
                             {"weight_bytes", weight_bytes},
                             {"kv",
                              {{"n_ctx", n_ctx},
+                              {"auto", ctx_auto},
+                              {"types_auto", types_auto},
                               {"type_k", gl::type_name(tk)},
                               {"type_v", gl::type_name(tv)},
                               {"k_rotate", k_rotate},
@@ -159,7 +266,10 @@ int run_info(int argc, char** argv) {
     for (const auto& [name, count] : type_counts)
         types += fmt::format("{}{} × {}", types.empty() ? "" : ", ", count, name);
     fmt::print("model:        {}\n", c.model);
-    fmt::print("architecture: {} (GGUF v{})\n", hp.arch, file.version());
+    if (!summary.name.empty()) fmt::print("name:         {}\n", summary.name);
+    fmt::print("architecture: {} (GGUF v{}); {} parameters, {}\n", hp.arch, file.version(),
+               params_text(summary.params), summary.file_type);
+    fmt::print("chat:         {}\n", chat_template_name(file));
     fmt::print(
         "dimensions:   {} layers, width {}, {} heads / {} KV heads of {}, FFN {}, vocab {}\n",
         hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff, hp.n_vocab);
@@ -177,7 +287,8 @@ int run_info(int argc, char** argv) {
                human_bytes(weight_bytes));
     // Bytes per element, exact: a quantized block's scale shares the bytes
     // (q8_0: 34 bytes per 32 elements = 1.0625).
-    const double el_k = static_cast<double>(bytes_k) / hp.kv_dim(), el_v = static_cast<double>(bytes_v) / hp.kv_dim();
+    const double el_k = static_cast<double>(bytes_k) / hp.kv_dim(),
+                 el_v = static_cast<double>(bytes_v) / hp.kv_dim();
     fmt::print(
         "KV per token: {} = {} layers × {} KV heads × {} dims × ({:g} + {:g} bytes) ({}{})\n",
         human_bytes(per_token), hp.n_layer, hp.n_head_kv, hp.head_dim, el_k, el_v,
@@ -191,8 +302,15 @@ int run_info(int argc, char** argv) {
                                  k.slots, human_bytes(k.bytes));
         fmt::print("KV layers:    {} (window {})\n", parts, hp.swa_window);
     }
-    fmt::print("KV at -c {}: {} ({} bytes){}; weights + KV = {}\n", n_ctx, human_bytes(kv_total),
-               kv_total,
+    if (types_auto)
+        fmt::print("cache types:  {} ({} auto: the first that fits {} tokens now)\n",
+                   cache_types_text(tk, tv, k_rotate),
+                   req.auto_k && req.auto_v ? "--ctk and --ctv"
+                   : req.auto_k             ? "--ctk"
+                                            : "--ctv",
+                   n_ctx);
+    fmt::print("KV at -c {}{}: {} ({} bytes){}; weights + KV = {}\n", n_ctx,
+               ctx_auto ? " (auto)" : "", human_bytes(kv_total), kv_total,
                kv_uniform != kv_total ? fmt::format(", {} with every layer at {} slots",
                                                     human_bytes(kv_uniform), n_ctx)
                                       : std::string(),

@@ -364,6 +364,62 @@ TEST_CASE("cli: info prints the architecture and the KV bytes per token from the
     }
 }
 
+TEST_CASE("cli: info on files kvrun cannot run prints what the header says, then why (exit 3); "
+          "-c auto and --ctk auto tell what a run would pick") {
+    for (const char* rel : {"vocab/ggml-vocab-gpt-2.gguf", "vocab/ggml-vocab-llama-spm.gguf"}) {
+        CAPTURE(rel);
+        const std::string path = kvtest::shared(rel);
+        kvrun::GgufFile f = kvrun::GgufFile::open(path);
+        const std::string arch(f.need_str("general.architecture"));
+        const std::string name(f.get_str("general.name").value_or(""));
+        const auto t = run({"info", "-m", path});
+        INFO(describe(t));
+        CHECK(t.status == 3);
+        CHECK(contains(t.out, "architecture: " + arch));
+        if (!name.empty()) CHECK(contains(t.out, "name:         " + name));
+        CHECK(contains(t.out, "tokens"));
+        CHECK(contains(t.out, "runnable:     no ("));
+        const auto j = run({"info", "-m", path, "--json"});
+        CHECK(j.status == 3);
+        const json info = json::parse(j.out);
+        CHECK(info["runnable"] == false);
+        CHECK(info["architecture"] == arch);
+        CHECK(info["n_vocab"].get<uint64_t>() == f.find("tokenizer.ggml.tokens")->count);
+        CHECK(!info["why"].get<std::string>().empty());
+    }
+    CHECK(contains(run({"info", "-m", kvtest::shared("vocab/ggml-vocab-gpt-2.gguf")}).out,
+                   "architecture 'gpt2' is not supported"));
+    // A runnable file: its name, parameters, file type and chat template.
+    const std::string tiny = kvtest::shared("models/synthetic/tiny-Q8_0.gguf");
+    const json t = json::parse(run({"info", "-m", tiny, "--json"}).out);
+    uint64_t params = 0;
+    const kvrun::GgufFile tiny_file = kvrun::GgufFile::open(tiny);
+    for (const auto& tensor : tiny_file.tensors())
+        params += static_cast<uint64_t>(tensor.n_elements());
+    CHECK(t["params"] == params);
+    CHECK(!t["file_type"].get<std::string>().empty());
+    CHECK(contains(t["chat_template"].get<std::string>(), "template"));
+    // -c auto: kvrun chat's context (the model's, at most 4096).
+    const json a = json::parse(run({"info", "-m", tiny, "--json", "-c", "auto"}).out);
+    CHECK(a["kv"]["n_ctx"] == std::min<int64_t>(t["n_ctx_train"].get<int64_t>(), 4096));
+    CHECK(a["kv"]["auto"] == true);
+    // --ctk auto --ctv auto: what fits now; in 30 MB, smaller types than f16.
+    const auto roomy =
+        run({"info", "-m", tiny, "--json", "-c", "2048", "--ctk", "auto", "--ctv", "auto"});
+    REQUIRE(roomy.status == 0);
+    CHECK(json::parse(roomy.out)["kv"]["type_k"] == "f16");
+    const auto tight = kvtest::run_binary(
+        "/usr/bin/env", {"KVRUN_MEM_AVAILABLE=30000000", KVRUN_BINARY, "info", "-m", tiny, "-c",
+                         "2048", "--ctk", "auto", "--ctv", "auto", "--json"});
+    REQUIRE(tight.status == 0);
+    const json tj = json::parse(tight.out);
+    CHECK(tj["kv"]["types_auto"] == true);
+    CHECK(tj["kv"]["type_v"] != "f16");
+    const auto bad = run({"info", "-m", tiny, "-c", "lots"});
+    CHECK(bad.status == 2);
+    CHECK(contains(bad.err, "-c lots"));
+}
+
 TEST_CASE("cli: usage errors exit 2 with a short message") {
     expect_usage_error(run({"-p", kPrompt}));                                   // missing -m
     expect_usage_error(run({"-m", kStories, "-p", kPrompt, "--no-such-flag"})); // unknown flag
@@ -553,7 +609,8 @@ TEST_CASE("cli: bench --profile splits a token's time by op, with each op's byte
 
 TEST_CASE("cli: bench --json reports pp and tg, and tg's bytes per token") {
     // stories260K: 5 layers, 4 KV heads of 8 dimensions, F16 cache.
-    const json j = bench_json({"-m", kStories, "-p", "32", "-n", "4", "-d", "0,64", "-t", "1", "-r", "2"});
+    const json j =
+        bench_json({"-m", kStories, "-p", "32", "-n", "4", "-d", "0,64", "-t", "1", "-r", "2"});
     REQUIRE(j.is_array());
     std::vector<std::string> tests;
     for (const json& o : j) tests.push_back(o["test"].get<std::string>());
@@ -571,7 +628,8 @@ TEST_CASE("cli: bench --json reports pp and tg, and tg's bytes per token") {
     // V of 32 F16 elements.
     CHECK(j[2]["bytes_per_token"].get<double>() - j[1]["bytes_per_token"].get<double>() ==
           5.0 * 64 * 2 * 32 * 2);
-    const json p = bench_json({"-m", kStories, "-p", "0", "-n", "4", "-t", "2", "-r", "1", "--profile"});
+    const json p =
+        bench_json({"-m", kStories, "-p", "0", "-n", "4", "-t", "2", "-r", "1", "--profile"});
     REQUIRE(p.size() == 1);
     // stories260K's loops are too small to hand off to a second thread, so
     // only that the count is there.
