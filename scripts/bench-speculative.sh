@@ -61,8 +61,8 @@ Once upon a time, in a small village by the sea, there lived an old fisherman wh
 TXT
 
 bench() { ./kvrun bench -p 0 -n "$n" -r "$reps" -t "$threads" "$@" </dev/null 2>/dev/null | grep ' after '; }
-echo "| model | test | threads | tok/s | drafts |"
-echo "| --- | --- | ---: | ---: | --- |"
+echo "| model | type | size | params | backend | threads | test | tok/s | drafts accepted |"
+echo "| --- | --- | ---: | ---: | --- | ---: | --- | ---: | ---: |"
 bench -m "$smol" -f "$prompts/quote.txt" --lookup 10
 bench -m "$smol" -f "$prompts/rename.txt" --lookup 10
 bench -m "$smol" -f "$prompts/story.txt" --lookup 10

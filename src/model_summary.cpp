@@ -1,5 +1,6 @@
 #include "model_summary.h"
 
+#include <cctype>
 #include <map>
 
 #include <fmt/format.h>
@@ -74,6 +75,9 @@ ModelSummary summarize_model(const GgufFile& f) {
         uint64_t most = 0;
         for (const auto& [type, bytes] : bytes_by_type)
             if (bytes > most) most = bytes, s.file_type = type;
+        // Written as file types are ("F32", "Q4_0"), not as tensor types.
+        for (char& c : s.file_type)
+            c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
     }
     return s;
 }

@@ -29,6 +29,7 @@
 #include "ggml-like/cpu/thread_pool.h"
 #include "context.h"
 #include "loader.h"
+#include "model_summary.h"
 #include "session.h"
 #include "system_memory.h"
 
@@ -65,6 +66,10 @@ struct Row {
     // and wall time (the ops' times add up to at most that).
     OpProfile profile{};
     double profiled_tokens = 0, profiled_seconds = 0;
+    // What the model is (llama-bench's columns): its file type, weight bytes
+    // and parameters; and where it ran.
+    std::string type{}, size{}, params{}, backend{};
+    std::vector<double> samples{}; // tok/s of each repetition (--json)
 
     void attach(const OpProfile& p, double tokens, double seconds) {
         profile = p;
@@ -120,16 +125,19 @@ nlohmann::json profile_json(const Row& r) {
 // Greedy generation of tg tokens after `prompt`, plain and then with the
 // drafter, `reps` times each: two rows. The answers must be the same (the
 // speculative one is exact by construction); a difference is an error.
-void bench_speculative(const LoadedModel& lm, const std::string& name, Session& session, const Backends& be,
-                       int threads, const ContextPlan& plan, const SpeculativeOptions& so, const std::string& prompt,
-                       int tg, int reps, bool deterministic, std::vector<Row>& rows) {
+void bench_speculative(const LoadedModel& lm, const std::string& name, Session& session,
+                       const Backends& be, int threads, const ContextPlan& plan,
+                       const SpeculativeOptions& so, const std::string& prompt, int tg, int reps,
+                       bool deterministic, std::vector<Row>& rows) {
     const std::vector<int32_t> tokens = lm.tokenizer.encode(prompt, true, true);
     if (static_cast<int64_t>(tokens.size()) + tg > session.n_ctx())
-        fail(Exit::context_overflow, "the prompt ({} tokens) and -n {} do not fit the bench's context of {}",
-             tokens.size(), tg, session.n_ctx());
+        fail(Exit::context_overflow,
+             "the prompt ({} tokens) and -n {} do not fit the bench's context of {}", tokens.size(),
+             tg, session.n_ctx());
     SamplerParams greedy;
     greedy.temp = 0;
-    Speculation spec = make_speculation(so, lm, plan.cache, be, threads, deterministic, plan.batch, greedy);
+    Speculation spec =
+        make_speculation(so, lm, plan.cache, be, threads, deterministic, plan.batch, greedy);
     GenerateParams gp;
     gp.n_predict = tg;
     gp.ignore_eos = true;
@@ -146,17 +154,22 @@ void bench_speculative(const LoadedModel& lm, const std::string& name, Session& 
             Sampler sampler(greedy, lm.model.hp.n_vocab);
             const auto t0 = Clock::now();
             const GenerateResult g = session.generate(gp, sampler, {});
-            v.push_back(static_cast<double>(g.generated) / std::chrono::duration<double>(Clock::now() - t0).count());
+            v.push_back(static_cast<double>(g.generated) /
+                        std::chrono::duration<double>(Clock::now() - t0).count());
             answer = g.tokens;
         }
         if (!s) {
             plain_answer = answer;
         } else if (answer != plain_answer && !interrupted()) {
-            fail(Exit::error, "bench: {} changed the greedy answer (a bug: speculative decoding is exact)",
+            fail(Exit::error,
+                 "bench: {} changed the greedy answer (a bug: speculative decoding is exact)",
                  s->drafter().name());
         }
-        Row row{name, fmt::format("tg{} after {} tok{}", tg, tokens.size(), s ? ", " + s->drafter().name() : ""),
+        Row row{name,
+                fmt::format("tg{} after {} tok{}", tg, tokens.size(),
+                            s ? ", " + s->drafter().name() : ""),
                 threads, stat_of(v), 0};
+        row.samples = v;
         if (s) row.drafter = s->drafter().name(), row.spec_stats = s->stats();
         rows.push_back(row);
     }
@@ -166,7 +179,8 @@ void bench_speculative(const LoadedModel& lm, const std::string& name, Session& 
 
 int run_bench(int argc, char** argv) {
     std::vector<std::string> models;
-    std::string threads_s = "0", pp_s = "512", tg_s = "128", depth_s = "0", ctk = "f16", ctv = "f16";
+    std::string threads_s = "0", pp_s = "512", tg_s = "128", depth_s = "0", ctk = "f16",
+                ctv = "f16";
     std::string device;    // "" = cpu, or cuda with -ngl
     CommonOptions offload; // -ngl, --kv-gpu-window
     int reps = 5, batch = 512;
@@ -183,16 +197,25 @@ int run_bench(int argc, char** argv) {
         for (const auto& [flag, lab] : kMoved)
             if (std::strcmp(argv[i], flag) == 0)
                 fail(Exit::usage, "{} moved out of kvrun bench: kvrun-lab {}", flag, lab);
-    CLI::App app{"kvrun bench: prompt and generation speed (mean ± sd over repetitions)", "kvrun bench"};
+    CLI::App app{"kvrun bench: prompt and generation speed (mean ± sd over repetitions)",
+                 "kvrun bench"};
     app.footer("The read roof and the attention and matrix probes are in kvrun-lab, built beside "
                "kvrun: kvrun-lab roofline|attention|matrices --help.");
     app.add_option("-m,--model", models, "GGUF model(s); repeat -m for several")->required();
-    app.add_option("-p,--n-prompt", pp_s, "prompt lengths, comma-separated (0 = skip)")->capture_default_str();
-    app.add_option("-n,--n-gen", tg_s, "generated tokens, comma-separated (0 = skip)")->capture_default_str();
-    app.add_option("-d,--depth", depth_s, "tokens already in the cache before tg, comma-separated")->capture_default_str();
-    app.add_option("-t,--threads", threads_s, "thread counts, comma-separated (0 = physical cores)")->capture_default_str();
-    app.add_option("-r,--repetitions", reps, "repetitions")->capture_default_str()->check(int_in(1, 1000));
-    app.add_option("-b,--batch-size", batch, "prompt batch")->capture_default_str()->check(int_in(1, 1 << 16));
+    app.add_option("-p,--n-prompt", pp_s, "prompt lengths, comma-separated (0 = skip)")
+        ->capture_default_str();
+    app.add_option("-n,--n-gen", tg_s, "generated tokens, comma-separated (0 = skip)")
+        ->capture_default_str();
+    app.add_option("-d,--depth", depth_s, "tokens already in the cache before tg, comma-separated")
+        ->capture_default_str();
+    app.add_option("-t,--threads", threads_s, "thread counts, comma-separated (0 = physical cores)")
+        ->capture_default_str();
+    app.add_option("-r,--repetitions", reps, "repetitions")
+        ->capture_default_str()
+        ->check(int_in(1, 1000));
+    app.add_option("-b,--batch-size", batch, "prompt batch")
+        ->capture_default_str()
+        ->check(int_in(1, 1 << 16));
     app.add_option("--ctk", ctk, "K cache type")->capture_default_str();
     app.add_option("--ctv", ctv, "V cache type")->capture_default_str();
     app.add_option("--device", device, "cpu, cuda or cuda:N (default: cpu, or cuda with -ngl)");
@@ -203,24 +226,35 @@ int run_bench(int argc, char** argv) {
         "rest, with the bytes each reads and the rate it reads them at (--json: also the "
         "thread pool's hand-offs per generated token)");
     app.add_flag("--json", json, "print JSON instead of a markdown table");
+    std::string output = "md";
+    app.add_option("-o,--output", output, "md (a markdown table) or json (as --json)")
+        ->capture_default_str();
     app.add_flag("--deterministic", deterministic,
                  "measure the batch-invariant arithmetic of --deterministic (CPU)");
     add_speculative_options(app, speculative);
     app.add_option("-f,--file", prompt_file,
-                   "with --lookup or --draft-model: generation after this prompt (greedy, -n tokens), plain and "
+                   "with --lookup or --draft-model: generation after this prompt (greedy, -n "
+                   "tokens), plain and "
                    "speculative side by side; the two answers must be the same");
     if (const auto done = parse_command_line(app, argc, argv)) return *done;
+    if (output == "json")
+        json = true;
+    else if (output != "md")
+        fail(Exit::usage, "-o {}: expected md or json", output);
     const gl::Type tk = parse_cache_type(ctk, "--ctk"), tv = parse_cache_type(ctv, "--ctv");
     const std::vector<int> pps = parse_count_list(pp_s, "-p"), tgs = parse_count_list(tg_s, "-n"),
-                           depths = parse_count_list(depth_s, "-d"), thread_counts = parse_count_list(threads_s, "-t");
+                           depths = parse_count_list(depth_s, "-d"),
+                           thread_counts = parse_count_list(threads_s, "-t");
     const auto positive = [](const std::vector<int>& v) {
         return std::any_of(v.begin(), v.end(), [](int x) { return x > 0; });
     };
     if (!positive(pps) && !positive(tgs)) fail(Exit::usage, "nothing to measure: -p and -n are 0");
     if (speculative.any() && prompt_file.empty())
-        fail(Exit::usage, "--lookup and --draft-model measure generation after a real prompt: give one with -f FILE");
+        fail(Exit::usage, "--lookup and --draft-model measure generation after a real prompt: give "
+                          "one with -f FILE");
     const std::string spec_prompt =
-        prompt_file.empty() ? std::string() : read_regular_file(prompt_file, "prompt file", Exit::usage);
+        prompt_file.empty() ? std::string()
+                            : read_regular_file(prompt_file, "prompt file", Exit::usage);
     install_interrupt_handler();
 
     std::vector<Row> rows;
@@ -231,6 +265,8 @@ int run_bench(int argc, char** argv) {
         auto lm = LoadedModel::load(path, !offloads_every_layer(placement));
         const Hparams& hp = lm->model.hp;
         const std::string name = path.substr(path.find_last_of('/') + 1);
+        const ModelSummary summary = summarize_model(lm->file);
+        const size_t rows_before = rows.size();
         // Bytes one generated token reads: every weight matrix once, one embedding row.
         double weight_bytes_per_token = static_cast<double>(lm->model.token_embd.row_bytes);
         for (const auto& L : lm->model.layers)
@@ -242,9 +278,9 @@ int run_bench(int argc, char** argv) {
         // apart between paths).
         const gl::Type wt = lm->model.layers.front().w_up.type;
         fmt::print(stderr,
-                   "kvrun bench: {}: {} weights, {} kernels, prompt batches on {}, generated "
-                   "tokens' F16 attention in {} products\n",
-                   name, gl::type_name(wt), gl::cpu::isa_name(),
+                   "kvrun bench: {}: {} ({} weights), {} kernels, prompt batches on {}, "
+                   "generated tokens' F16 attention in {} products\n",
+                   name, summary.file_type, gl::type_name(wt), gl::cpu::isa_name(),
                    deterministic ? "dot products (--deterministic)"
                                  : gl::gemm::path_name(gl::gemm::path_for(wt, hp.n_embd, batch)),
                    !deterministic && gl::attention_half_products() ? "f16" : "f32");
@@ -263,6 +299,7 @@ int run_bench(int argc, char** argv) {
             co.kv_gpu_window = offload.kv_gpu_window;
             co.deterministic = deterministic;
             const Backends be = make_backends(co, threads, hp);
+            const size_t rows_at_threads = rows.size();
             if (profile && be.gpu)
                 fail(Exit::usage,
                      "--profile times ops on the CPU; a GPU queues its work and returns "
@@ -272,7 +309,9 @@ int run_bench(int argc, char** argv) {
             req.n_prompt = std::max(max_pp, max_depth + max_tg);
             if (speculative.any())
                 req.n_prompt = std::max<int64_t>(
-                    req.n_prompt, static_cast<int64_t>(lm->tokenizer.encode(spec_prompt, true, true).size()) + max_tg);
+                    req.n_prompt,
+                    static_cast<int64_t>(lm->tokenizer.encode(spec_prompt, true, true).size()) +
+                        max_tg);
             req.type_k = tk;
             req.type_v = tv;
             req.batch = batch;
@@ -289,8 +328,11 @@ int run_bench(int argc, char** argv) {
                 fwd.set_profile(nullptr);
                 return s;
             };
-            auto eval_all = [&](const int32_t* t, int n) { session.eval(std::span<const int32_t>(t, n)); };
-            eval_all(toks.data(), std::min<int>(16, static_cast<int>(toks.size()))); // warm-up: fault weights in
+            auto eval_all = [&](const int32_t* t, int n) {
+                session.eval(std::span<const int32_t>(t, n));
+            };
+            eval_all(toks.data(),
+                     std::min<int>(16, static_cast<int>(toks.size()))); // warm-up: fault weights in
             for (int pp : pps) {
                 if (pp == 0) continue;
                 std::vector<double> v;
@@ -303,6 +345,7 @@ int run_bench(int argc, char** argv) {
                     timed_s += s;
                 }
                 Row row{name, "pp" + std::to_string(pp), threads, stat_of(v), 0};
+                row.samples = v;
                 if (profile) row.attach(prof, static_cast<double>(pp) * v.size(), timed_s);
                 rows.push_back(row);
             }
@@ -329,11 +372,13 @@ int run_bench(int argc, char** argv) {
                         timed_s += s;
                         handoffs = static_cast<double>((be.cpu ? be.cpu->handoffs() : 0) - h0) / tg;
                     }
-                    Row row{name, "tg" + std::to_string(tg) + (depth ? "@d" + std::to_string(depth) : ""), threads,
-                            stat_of(v), 0};
+                    Row row{name,
+                            "tg" + std::to_string(tg) + (depth ? "@d" + std::to_string(depth) : ""),
+                            threads, stat_of(v), 0};
+                    row.samples = v;
                     // KV read per token at the mean depth of the run
-                    const double kv_bytes = static_cast<double>(
-                        KvCache::bytes_at_depth(plan.cache, depth + tg / 2));
+                    const double kv_bytes =
+                        static_cast<double>(KvCache::bytes_at_depth(plan.cache, depth + tg / 2));
                     row.bytes_per_token = weight_bytes_per_token + kv_bytes;
                     row.handoffs_per_token = handoffs;
                     if (profile) row.attach(prof, static_cast<double>(tg) * v.size(), timed_s);
@@ -342,16 +387,29 @@ int run_bench(int argc, char** argv) {
             if (speculative.any())
                 for (int tg : tgs)
                     if (tg > 0)
-                        bench_speculative(*lm, name, session, be, threads, plan, speculative, spec_prompt, tg,
-                                          reps, deterministic, rows);
+                        bench_speculative(*lm, name, session, be, threads, plan, speculative,
+                                          spec_prompt, tg, reps, deterministic, rows);
+            const std::string backend =
+                !be.gpu   ? "cpu"
+                : !be.cpu ? "cuda"
+                          : fmt::format("cuda {}/{} layers", be.n_gpu_layers, be.n_layer);
+            for (size_t i = rows_at_threads; i < rows.size(); i++) rows[i].backend = backend;
+        }
+        for (size_t i = rows_before; i < rows.size(); i++) {
+            rows[i].type = summary.file_type;
+            rows[i].size = human_bytes(summary.weight_bytes);
+            rows[i].params = params_text(summary.params);
         }
     }
 
     if (json) {
         nlohmann::json j = nlohmann::json::array();
         for (const Row& r : rows) {
-            nlohmann::json o = {{"model", r.model}, {"test", r.test}, {"threads", r.threads},
-                                {"tokens_per_second", r.tps.mean}, {"stddev", r.tps.sd}};
+            nlohmann::json o = {{"model", r.model},     {"type", r.type},
+                                {"size", r.size},       {"params", r.params},
+                                {"backend", r.backend}, {"test", r.test},
+                                {"threads", r.threads}, {"tokens_per_second", r.tps.mean},
+                                {"stddev", r.tps.sd},   {"samples", r.samples}};
             if (r.bytes_per_token > 0) o["bytes_per_token"] = r.bytes_per_token;
             // With the hand-off cost kvrun-lab roofline measures, the share of a
             // token spent handing work to the threads (scripts/bench.sh).
@@ -368,17 +426,24 @@ int run_bench(int argc, char** argv) {
         fmt::print("{}\n", j.dump(2));
         return interrupted() ? static_cast<int>(Exit::interrupted) : 0;
     }
-    // The trailing "| " once began the --roofline columns; kept so that the
-    // table reads as it did for scripts that parse it.
+    // Markdown, one cell per column in every row; the drafts column only
+    // when a row has drafts.
+    const bool any_drafts =
+        std::any_of(rows.begin(), rows.end(), [](const Row& r) { return !r.drafter.empty(); });
     if (!rows.empty()) {
-        fmt::print("| model | test | threads | tok/s | \n");
-        fmt::print("| --- | --- | ---: | ---: | \n");
+        fmt::print("| model | type | size | params | backend | threads | test | tok/s |{}\n",
+                   any_drafts ? " drafts accepted |" : "");
+        fmt::print("| --- | --- | ---: | ---: | --- | ---: | --- | ---: |{}\n",
+                   any_drafts ? " ---: |" : "");
     }
     for (const Row& r : rows)
-        fmt::print("| {} | {} | {} | {:.2f} ± {:.2f} | {}\n", r.model, r.test, r.threads, r.tps.mean, r.tps.sd,
-                   !r.drafter.empty() ? fmt::format("{:.0f}% of {} drafts accepted ", 100 * r.spec_stats.acceptance(),
-                                        r.spec_stats.drafted)
-                          : "");
+        fmt::print("| {} | {} | {} | {} | {} | {} | {} | {:.2f} ± {:.2f} |{}\n", r.model, r.type,
+                   r.size, r.params, r.backend, r.threads, r.test, r.tps.mean, r.tps.sd,
+                   !any_drafts ? ""
+                   : r.drafter.empty()
+                       ? " |"
+                       : fmt::format(" {:.0f}% of {} |", 100 * r.spec_stats.acceptance(),
+                                     r.spec_stats.drafted));
     for (const Row& r : rows)
         if (r.profiled_tokens > 0) print_profile(r);
     // Ctrl-C stops the loops; what was measured is printed, and the status says it was cut short.

@@ -5,7 +5,9 @@
 // and generation far past a small context window.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +15,7 @@
 #include <random>
 #include <set>
 #include <sstream>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -653,4 +656,40 @@ TEST_CASE("cli: bench's lab flags moved to kvrun-lab, and the error says so") {
     CHECK(help.status == 0);
     CHECK(contains(help.out, "kvrun-lab"));
     CHECK(!contains(help.out, "--roofline"));
+}
+
+TEST_CASE("cli: bench's table has a cell per column in every row, with the model's type, size, "
+          "parameters and backend; -o json is --json") {
+    const std::string tiny = kvtest::shared("models/synthetic/tiny-Q8_0.gguf");
+    const std::string prompt = "/tmp/kvrun-bench-table-" + std::to_string(::getpid()) + ".txt";
+    std::ofstream(prompt) << "Once upon a time there was a cat. Once upon a time there was a cat.";
+    auto cells = [](const std::string& line) {
+        return std::count(line.begin(), line.end(), '|') - 1;
+    };
+    for (std::vector<std::string> extra :
+         {std::vector<std::string>{"-m", kStories, "-m", tiny, "-p", "8", "-n", "4"},
+          {"-m", kStories, "-p", "0", "-n", "8", "-f", prompt, "--lookup", "4"}}) {
+        std::vector<std::string> a = {"bench", "-t", "1", "-r", "1"};
+        a.insert(a.end(), extra.begin(), extra.end());
+        const auto r = run(a);
+        INFO(describe(r));
+        REQUIRE(r.status == 0);
+        const auto lines = kvtest::lines(r.out);
+        REQUIRE(lines.size() >= 4);
+        CHECK(contains(lines[0], "| model | type | size | params | backend | threads | test |"));
+        for (const std::string& l : lines) CHECK(cells(l) == cells(lines[0]));
+        CHECK(contains(r.out, "| stories260K.gguf | F32 | 1.12 MiB | 292.8K | cpu | 1 |"));
+    }
+    // A Q8_0 file is named by its general.file_type.
+    CHECK(contains(run({"bench", "-m", tiny, "-p", "8", "-n", "0", "-t", "1", "-r", "1"}).out,
+                   "| tiny-Q8_0.gguf | Q8_0 |"));
+    std::remove(prompt.c_str());
+    const auto o =
+        run({"bench", "-m", kStories, "-p", "8", "-n", "0", "-t", "1", "-r", "2", "-o", "json"});
+    REQUIRE(o.status == 0);
+    const json j = json::parse(o.out);
+    CHECK(j[0]["type"] == "F32");
+    CHECK(j[0]["params"] == "292.8K");
+    CHECK(j[0]["samples"].size() == 2);
+    expect_usage_error(run({"bench", "-m", kStories, "-o", "csv"}));
 }
