@@ -61,8 +61,10 @@ deps:
 	$(SUDO) apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $(DEPS)
 
-# The main job: build, then tell the default story.
-run: build
+# The main job: build kvrun alone (not the tests), then tell the default story.
+run:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DCUDA_ARCH="$(CUDA_ARCH)" $(CMAKE_FLAGS)
+	cmake --build $(BUILD) -j$(JOBS) --target kvrun
 	@[ -f "$(MODEL)" ] || scripts/download-model.sh stories260K
 	./kvrun -m $(MODEL) -p "Once upon a time" -n 200 --temp 0
 

@@ -81,6 +81,11 @@ TEST_CASE("cli speculative: --lookup and --draft-model print plain decoding's an
     const std::string err = ok(line).err;
     CHECK(err.find("draft model stories260K.gguf: ") != std::string::npos);
     CHECK(err.find("drafts accepted") != std::string::npos);
+    // A draft as large as the model saves nothing: the run warns.
+    CHECK(err.find("kvrun: warning: the draft model reads 1.12 MiB per token, 100% of the "
+                   "model's") != std::string::npos);
+    const std::string plain_err = ok(std::vector<std::string>(base.begin(), base.end())).err;
+    CHECK(plain_err.find("the draft model reads") == std::string::npos);
 }
 
 TEST_CASE("cli speculative: a chat answer with --lookup is plain decoding's") {
