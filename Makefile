@@ -18,7 +18,7 @@ DEPS := build-essential cmake pkg-config libcli11-dev libfmt-dev doctest-dev nlo
         libedit-dev:arm64 libncurses-dev:arm64 libbsd-dev:arm64 libmd-dev:arm64
 MODEL ?= $(firstword $(wildcard models/stories260K.gguf ../shared/models/stories260K.gguf) models/stories260K.gguf)
 
-.PHONY: all build cuda static static-check aarch64 deps run test test-unit test-asan test-aarch64 fuzz fuzz-smoke \
+.PHONY: all build cuda static static-check aarch64 deps run check test test-unit test-asan test-aarch64 fuzz fuzz-smoke \
         clean format real-models
 
 all: build
@@ -71,6 +71,12 @@ run:
 # Everything: unit + conformance tests, the same tests under ASan/UBSan, the
 # aarch64 kernels and goldens under qemu, and a short run of each fuzzer.
 test: test-unit test-asan test-aarch64 fuzz-smoke
+
+# The fast tier for working (docs/design.md, "Testing"): kvrun and the test
+# binary, then the unit and conformance tests; no real models, sanitizers,
+# qemu or fuzzers. CI runs `make test`.
+check: build
+	cd $(BUILD) && ctest -R '^kvrun_tests$$' --output-on-failure
 
 test-unit: build real-models
 	cd $(BUILD) && ctest --output-on-failure

@@ -2,6 +2,8 @@
 // falls back to a full recompute with a warning, never wrong output.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -197,16 +199,19 @@ TEST_CASE("prompt cache: concurrent writers never leave a file a reader accepts 
     const std::string pc = d.file("shared.cache");
     std::vector<std::thread> writers;
     std::vector<int> status(4, -1);
+    // --deterministic: the winner's prefix was evaluated in a batch of its
+    // own length, so only that mode promises the answer of a run without it.
     for (int i = 0; i < 4; i++)
         writers.emplace_back([&, i] {
-            status[i] =
-                gen("tiny-Q8_0.gguf", kPrompt + std::string(i, '!'), {"--prompt-cache", pc}).status;
+            status[i] = gen("tiny-Q8_0.gguf", kPrompt + std::string(i, '!'),
+                            {"--prompt-cache", pc, "--deterministic"})
+                            .status;
         });
     for (auto& t : writers) t.join();
     for (int s : status) CHECK(s == 0);
-    auto r = gen("tiny-Q8_0.gguf", kLonger, {"--prompt-cache", pc});
+    auto r = gen("tiny-Q8_0.gguf", kLonger, {"--prompt-cache", pc, "--deterministic"});
     CHECK(reused(r)); // whichever writer won, its file is whole
-    CHECK(r.out == gen("tiny-Q8_0.gguf", kLonger).out);
+    CHECK(r.out == gen("tiny-Q8_0.gguf", kLonger, {"--deterministic"}).out);
     int leftovers = 0;
     for (const auto& e : fs::directory_iterator(d.path))
         leftovers += e.path().filename() != "shared.cache";
@@ -246,10 +251,35 @@ TEST_CASE("prompt cache: a LongRoPE file's cache is reused only with the same fa
     CHECK(info.out.find(
               "LongRoPE:     short factors up to 256 tokens, long ones past it (long at -c 512)") !=
           std::string::npos);
-    const auto short_plain = run(kLonger, "256"), long_plain = run(kLonger, "512");
-    REQUIRE(short_plain.status == 0);
+    // The factors reach the keys: the logits of the same prompt move when -c
+    // picks the long ones. (Not the greedy text: a random-weight model may
+    // write the same 16 tokens under both, as it does on some CPUs.)
+    auto logits = [&](const char* ctx) {
+        const auto r = kvtest::run_kvrun({"logits", "-m", model, "-p", kLonger, "-c", ctx});
+        REQUIRE(r.status == 0);
+        return nlohmann::json::parse(r.out);
+    };
+    // The largest change of a top logit (by token id) between two runs.
+    auto moved = [](const nlohmann::json& a, const nlohmann::json& b) {
+        REQUIRE(a.size() == b.size());
+        double most = 0;
+        for (size_t i = 0; i < a.size(); i++)
+            for (const auto& x : a[i]["top"])
+                for (const auto& y : b[i]["top"])
+                    if (x[0] == y[0])
+                        most = std::max(most, std::abs(x[1].get<double>() - y[1].get<double>()));
+        return most;
+    };
+    const auto short_rows = logits("256");
+    REQUIRE(short_rows.size() > 8);
+    // -c 128 picks the short factors too: the same numbers, whatever the
+    // ring's size; -c 512 the long ones, and the logits move.
+    const double same = moved(short_rows, logits("128")),
+                 factors = moved(short_rows, logits("512"));
+    CHECK_MESSAGE(same < 1e-4, "short factors at -c 128 vs -c 256: max |logit change| " << same);
+    CHECK_MESSAGE(factors > 0.02, "short vs long factors: max |logit change| " << factors);
+    const auto long_plain = run(kLonger, "512");
     REQUIRE(long_plain.status == 0);
-    CHECK(short_plain.out != long_plain.out); // the factors matter
     REQUIRE(run(kPrompt, "256", {"--prompt-cache", pc}).status == 0);
     // (Reused, the tail runs as its own batch: on this Q4_K file that moves
     // logits by a few hundredths, as for every quantized file, enough to flip
