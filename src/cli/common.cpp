@@ -212,8 +212,11 @@ bool gpu_layers_fall_back(const CommonOptions& o) {
     }();
     static bool told = false;
     if (why && !told) {
-        fmt::print(stderr, "kvrun: warning: -ngl {}: {}; running on the CPU\n", o.n_gpu_layers,
-                   *why);
+        // Every GPU flag falls back with it: one line names them all.
+        const std::string window =
+            o.kv_gpu_window > 0 ? fmt::format(" --kv-gpu-window {}", o.kv_gpu_window) : "";
+        fmt::print(stderr, "kvrun: warning: -ngl {}{}: {}; running on the CPU\n", o.n_gpu_layers,
+                   window, *why);
         told = true;
     }
     return why.has_value();
@@ -266,15 +269,21 @@ Backends make_backends(const CommonOptions& o, int threads, const Hparams& hp) {
     const int n_layer = hp.n_layer;
     Backends b;
     b.n_layer = n_layer;
-    b.n_gpu_layers = gpu_layers_fall_back(o) ? 0 : resolve_gpu_layers(o, n_layer);
-    if (o.kv_gpu_window > 0 && b.n_gpu_layers == 0)
+    const bool fell_back = gpu_layers_fall_back(o);
+    b.n_gpu_layers = fell_back ? 0 : resolve_gpu_layers(o, n_layer);
+    if (o.kv_gpu_window > 0 && b.n_gpu_layers == 0 && !fell_back)
         fail(Exit::usage, "--kv-gpu-window {} needs layers on the GPU (--device cuda or -ngl N)",
              o.kv_gpu_window);
     // The hot/cold split has only been checked on rings of one size.
-    if (o.kv_gpu_window > 0 && !hp.swa_layers.empty())
+    if (o.kv_gpu_window > 0 && !fell_back && !hp.swa_layers.empty())
         fail(Exit::usage,
              "--kv-gpu-window is not supported yet for models with sliding-window layers ({})",
              hp.arch);
+    // An explicit --device cuda asks for a GPU whatever -ngl says: with -ngl 0
+    // it fails on a machine without one, as --device cuda alone does.
+    if (std::string why;
+        b.n_gpu_layers == 0 && is_cuda_device(o.device) && !gl::cuda_available(&why))
+        fail(Exit::usage, "--device {}: {}", o.device, why);
     if (o.deterministic && b.n_gpu_layers > 0)
         fail(Exit::usage, "--deterministic runs on the CPU only (not with -ngl or --device cuda)");
     if (b.n_gpu_layers > 0) {

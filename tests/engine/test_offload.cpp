@@ -152,7 +152,15 @@ TEST_CASE("offload: -ngl, --device and --kv-gpu-window rules") {
         CHECK(!cpu_only.gpu);
         CHECK(cpu_only.cpu);
         CHECK(cpu_only.n_gpu_layers == 0);
+        // Every GPU flag falls back with -ngl: a window too (it failed, "needs layers on the GPU").
+        o.kv_gpu_window = 64;
+        CHECK(!cli::make_backends(o, 1, five).gpu);
+        o.kv_gpu_window = 0;
+        // --device cuda asks for the GPU, even with no layers on it.
         o.device = "cuda";
+        o.n_gpu_layers = "0";
+        CHECK_THROWS_AS(cli::make_backends(o, 1, five), Error);
+        o.n_gpu_layers = "2";
         try {
             cli::make_backends(o, 1, five);
             FAIL("-ngl 2 --device cuda should fail without CUDA");
@@ -196,6 +204,20 @@ TEST_CASE("offload: kvrun -ngl on the command line") {
             CHECK(r.status == 2);
             CHECK(r.err.find(why) != std::string::npos);
         }
+        // A launcher written for a GPU machine: the hot/cold window falls back
+        // with the layers, one warning naming both.
+        r = kvtest::run_kvrun({"-m", model, "-p", "Once", "-n", "3", "--temp", "0", "-ngl", "99",
+                               "--kv-gpu-window", "64", "--quiet"});
+        CHECK(r.status == 0);
+        CHECK(r.out == cpu.out);
+        CHECK(r.err ==
+              fmt::format("kvrun: warning: -ngl 99 --kv-gpu-window 64: {}; running on the CPU\n",
+                          why));
+        // -ngl 0 --device cuda fails as --device cuda does (it ran silently).
+        r = kvtest::run_kvrun(
+            {"-m", model, "-p", "Once", "-n", "3", "-ngl", "0", "--device", "cuda"});
+        CHECK(r.status == 2);
+        CHECK(r.err.find(why) != std::string::npos);
         r = kvtest::run_kvrun({"bench", "-m", model, "-p", "8", "-n", "2", "-r", "1", "-ngl", "1"});
         CHECK(r.status == 0);
         CHECK(r.err.find("running on the CPU") != std::string::npos);
