@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <chrono>
 #include <cstdio>
 #include <cstdint>
@@ -29,6 +30,57 @@ void append(std::vector<int32_t>& out, const std::vector<int32_t>& more) {
 }
 
 constexpr int kSaveVersion = 1;
+
+// nlohmann's DOM builder behind a SAX pass that polls a stop request every
+// few thousand events. (json::parse with a callback polls too, but its
+// builder scans the parent array for a discarded element at the end of every
+// object: quadratic in the turns, minutes for a file under the size cap.)
+class PollingDomBuilder {
+  public:
+    using json = nlohmann::json;
+    using number_integer_t = json::number_integer_t;
+    using number_unsigned_t = json::number_unsigned_t;
+    using number_float_t = json::number_float_t;
+    using string_t = json::string_t;
+    using binary_t = json::binary_t;
+
+    PollingDomBuilder(json& root, const std::function<bool()>& should_stop)
+        : dom_(root, true), should_stop_(should_stop) {}
+
+    // Whether the parse ended because a stop was requested.
+    bool stopped() const { return stopped_; }
+
+    bool null() { return poll() && dom_.null(); }
+    bool boolean(bool v) { return poll() && dom_.boolean(v); }
+    bool number_integer(number_integer_t v) { return poll() && dom_.number_integer(v); }
+    bool number_unsigned(number_unsigned_t v) { return poll() && dom_.number_unsigned(v); }
+    bool number_float(number_float_t v, const string_t& s) {
+        return poll() && dom_.number_float(v, s);
+    }
+    bool string(string_t& v) { return poll() && dom_.string(v); }
+    bool binary(binary_t& v) { return poll() && dom_.binary(v); }
+    bool start_object(std::size_t n) { return poll() && dom_.start_object(n); }
+    bool key(string_t& v) { return dom_.key(v); }
+    bool end_object() { return dom_.end_object(); }
+    bool start_array(std::size_t n) { return poll() && dom_.start_array(n); }
+    bool end_array() { return dom_.end_array(); }
+    template <class Exception>
+    bool parse_error(std::size_t at, const std::string& token, const Exception& e) {
+        return dom_.parse_error(at, token, e);
+    }
+
+  private:
+    bool poll() {
+        if (++events_ % 4096 != 0 || !should_stop_ || !should_stop_()) return true;
+        stopped_ = true;
+        return false; // ends the parse
+    }
+
+    nlohmann::detail::json_sax_dom_parser<json> dom_;
+    const std::function<bool()>& should_stop_;
+    size_t events_ = 0;
+    bool stopped_ = false;
+};
 
 } // namespace
 
@@ -387,13 +439,10 @@ std::string ChatSession::load(const std::string& path, const std::function<bool(
     size_t first_live = 0;
     try {
         // Checked every few thousand JSON events: a Ctrl-C stops the parse.
-        size_t events = 0;
-        const nlohmann::json::parser_callback_t poll = [&](int, nlohmann::json::parse_event_t,
-                                                           nlohmann::json&) {
-            if (++events % 4096 == 0) stopped();
-            return true;
-        };
-        const nlohmann::json j = nlohmann::json::parse(file.data, poll);
+        nlohmann::json j;
+        PollingDomBuilder builder(j, should_stop);
+        nlohmann::json::sax_parse(file.data, &builder);
+        if (builder.stopped()) stopped();
         if (!j.is_object() || j.value("format", std::string()) != "kvrun-chat")
             bad("no kvrun-chat format");
         if (j.at("version") != kSaveVersion) bad("version " + j.at("version").dump());

@@ -18,6 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "chat_session.h"
@@ -774,6 +775,27 @@ TEST_CASE("files: chat /load refuses oversized conversations by size, loads long
     CHECK(chat.session.cached_tokens() <= chat.session.n_ctx());
     chat.session.respond("And then", {});
     CHECK(chat.session.turns().size() == 60001);
+    // Hundreds of thousands of short turns, just under the cap: one linear
+    // pass (the parse was quadratic in the turns: 29 s for 300,000, minutes
+    // under the sanitizers).
+    {
+        nlohmann::json j = good;
+        j["turns"] = nlohmann::json::array();
+        const nlohmann::json tiny = {
+            {"user", "a"}, {"reply", ""}, {"reply_tokens", nlohmann::json::array()}};
+        const size_t n = kvrun::ChatSession::kMaxConversationBytes / (tiny.dump().size() + 1) - 100;
+        REQUIRE(n > 300000);
+        for (size_t i = 0; i < n; i++) j["turns"].push_back(tiny);
+        j["first_live_turn"] = n - 1;
+        spit(save + ".json", j.dump());
+        REQUIRE(fs::file_size(save + ".json") < kvrun::ChatSession::kMaxConversationBytes);
+        CHECK(chat.session.load(save).find(fmt::format("loaded {} turns", n)) != std::string::npos);
+        CHECK(chat.session.turns().size() == n);
+        spit(save + ".json", with_turns(60000));
+        chat.session.load(save);
+        chat.session.respond("And then", {});
+        REQUIRE(chat.session.turns().size() == 60001);
+    }
     // A stop request part way leaves the conversation as it was.
     int polls = 0;
     const auto stop_soon = [&] { return ++polls > 3; };
