@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
         {"chat", cli::run_chat},
     };
     cli::guard_standard_streams();
+    cli::install_interrupt_handler();
     try {
         if (argc > 1) {
             for (const Sub& s : subs)
@@ -47,7 +48,9 @@ int main(int argc, char** argv) {
     } catch (const Error& e) {
         std::fflush(stdout);
         fmt::print(stderr, "kvrun: error: {}\n", e.what());
-        return static_cast<int>(e.code());
+        // An interruption says which signal: 130 for Ctrl-C, 143 for SIGTERM.
+        return e.code() == Exit::interrupted ? cli::interrupted_status()
+                                             : static_cast<int>(e.code());
     } catch (const std::bad_alloc&) {
         fmt::print(stderr, "kvrun: error: out of memory\n");
         return static_cast<int>(Exit::out_of_memory);

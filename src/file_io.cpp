@@ -1,5 +1,7 @@
 #include "file_io.h"
 
+#include <atomic>
+
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -81,7 +83,31 @@ void remove_dead_temporaries(const std::string& path) {
     ::closedir(d);
 }
 
+// The temporaries being written, for remove_pending_temporaries: a signal
+// handler cannot walk a container, so a fixed table of pointers to the
+// AtomicFiles' own names (kvrun writes one or two files at a time; a writer
+// that finds the table full is only not removed by a signal).
+constexpr int kPendingSlots = 16;
+std::atomic<const char*> g_pending[kPendingSlots];
+
+int register_pending(const char* tmp) {
+    for (int i = 0; i < kPendingSlots; i++) {
+        const char* empty = nullptr;
+        if (g_pending[i].compare_exchange_strong(empty, tmp)) return i;
+    }
+    return -1;
+}
+
+void unregister_pending(int slot) {
+    if (slot >= 0) g_pending[slot].store(nullptr);
+}
+
 } // namespace
+
+void remove_pending_temporaries() noexcept {
+    for (auto& slot : g_pending)
+        if (const char* tmp = slot.exchange(nullptr)) ::unlink(tmp);
+}
 
 RegularFile::RegularFile(const std::string& path, const char* what, Exit code)
     : path_(path), what_(what), code_(code) {
@@ -172,14 +198,18 @@ AtomicFile::AtomicFile(std::string path, const char* what, const KindCheck& same
         tmp_.clear();
         fail(Exit::error, "cannot write {} '{}': {}", what_, path_, std::strerror(err));
     }
+    pending_slot_ = register_pending(tmp_.c_str());
 }
 
 AtomicFile::~AtomicFile() {
+    unregister_pending(pending_slot_);
     if (fd_ >= 0) ::close(fd_);
     if (!committed_ && !tmp_.empty()) ::unlink(tmp_.c_str());
 }
 
 void AtomicFile::fail_io(int err) {
+    unregister_pending(pending_slot_);
+    pending_slot_ = -1;
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
     if (!tmp_.empty()) ::unlink(tmp_.c_str());
@@ -206,6 +236,9 @@ void AtomicFile::commit() {
     if (::close(fd) != 0) fail_io(errno);
     if (::rename(tmp_.c_str(), path_.c_str()) != 0) fail_io(errno);
     committed_ = true;
+    // (A signal between the rename and this finds the name gone: unlink fails.)
+    unregister_pending(pending_slot_);
+    pending_slot_ = -1;
 }
 
 FileIdentity identity_of_fd(int fd) {

@@ -91,8 +91,14 @@ class AtomicFile {
     [[noreturn]] void fail_io(int err);
     std::string path_, tmp_, what_;
     int fd_ = -1;
+    int pending_slot_ = -1; // in the table remove_pending_temporaries walks
     bool committed_ = false;
 };
+
+// Removes the temporaries of every AtomicFile still being written, from a
+// signal handler that is about to end the process (async-signal-safe: no
+// allocation, no locks, only unlink). A killed writer leaves nothing.
+void remove_pending_temporaries() noexcept;
 
 // The identity of a file as the filesystem sees it: a file replaced or
 // modified in place (even with its mtime reset) has another one.

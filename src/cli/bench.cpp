@@ -255,7 +255,7 @@ int run_bench(int argc, char** argv) {
     const std::string spec_prompt =
         prompt_file.empty() ? std::string()
                             : read_regular_file(prompt_file, "prompt file", Exit::usage);
-    install_interrupt_handler();
+    const StopPoint stop_point; // its loops poll interrupted()
 
     std::vector<Row> rows;
     for (const std::string& path : models) {
@@ -424,7 +424,7 @@ int run_bench(int argc, char** argv) {
             j.push_back(o);
         }
         fmt::print("{}\n", j.dump(2));
-        return interrupted() ? static_cast<int>(Exit::interrupted) : 0;
+        return interrupted() ? interrupted_status() : 0;
     }
     // Markdown, one cell per column in every row; the drafts column only
     // when a row has drafts.
@@ -447,7 +447,7 @@ int run_bench(int argc, char** argv) {
     for (const Row& r : rows)
         if (r.profiled_tokens > 0) print_profile(r);
     // Ctrl-C stops the loops; what was measured is printed, and the status says it was cut short.
-    return interrupted() ? static_cast<int>(Exit::interrupted) : 0;
+    return interrupted() ? interrupted_status() : 0;
 }
 
 } // namespace kvrun::cli

@@ -86,6 +86,7 @@ int read_byte() {
     sigset_t block, orig;
     sigemptyset(&block);
     sigaddset(&block, SIGINT);
+    sigaddset(&block, SIGTERM);
     while (true) {
         pthread_sigmask(SIG_BLOCK, &block, &orig);
         if (interrupted()) {
@@ -155,6 +156,10 @@ std::optional<std::string> read_message() {
     while (true) {
         g_prompt_ctrl_c = false;
         char* line = readline(prompt);
+        if (!line && terminated()) {
+            out("\n");
+            return std::nullopt; // SIGTERM leaves, whatever was typed
+        }
         if (!line && (g_prompt_ctrl_c || interrupted())) {
             // libedit gives up the line on Ctrl-C: a first one discards the
             // input, a second in a row leaves.
@@ -298,7 +303,7 @@ int run_chat(int argc, char** argv) {
         return run_generate(static_cast<int>(words.size()), ptrs.data());
     }
 
-    install_interrupt_handler();
+    const StopPoint stop_point; // its loops poll interrupted()
     auto lm = LoadedModel::load(o.common.model, !offloads_every_layer(o.common));
     ChatTemplate tmpl = ChatTemplate::for_model(lm->file, lm->tokenizer, o.chat_template);
     const int threads = resolve_threads(o.common.threads);
@@ -394,7 +399,7 @@ int run_chat(int argc, char** argv) {
         out("> " + o.prompt + "\n"); // the transcript shows what was asked
         answer(o.prompt);
     }
-    while (true) {
+    while (!terminated()) { // SIGTERM: the answer or /save under way ends, then the REPL
         std::optional<std::string> msg = read_message();
         clear_interrupt(); // a Ctrl-C at the prompt must not stop the next answer
         if (!msg) break;
@@ -457,7 +462,7 @@ int run_chat(int argc, char** argv) {
             out(fmt::format("[unknown command {}; /help lists them]\n", cmd));
         }
     }
-    return 0;
+    return terminated() ? interrupted_status() : 0;
 }
 
 } // namespace kvrun::cli

@@ -25,32 +25,67 @@
 namespace kvrun::cli {
 
 namespace {
-// The one piece of process-wide state here: a signal handler has no other way
-// to reach the generation loop.
+// The process-wide state of a stop: a signal handler has no other way to
+// reach the generation loop. g_stop_signal is the first SIGINT or SIGTERM
+// (0: none), g_stop_points how many StopPoints are live.
 std::atomic<bool> g_interrupted{false};
+std::atomic<int> g_stop_signal{0};
+std::atomic<int> g_stop_points{0};
 
-void on_sigint(int) {
-    if (g_interrupted.exchange(true)) {
-        constexpr char msg[] = "\nkvrun: interrupted\n";
-        [[maybe_unused]] auto r = ::write(2, msg, sizeof msg - 1);
-        _exit(static_cast<int>(Exit::interrupted));
-    }
+// SIGINT (Ctrl-C) and SIGTERM (timeout, systemd, docker): where a loop polls
+// interrupted() (a StopPoint is live) the first one sets the flag and that
+// loop stops cleanly, finishing a write in progress; a second one, or the
+// first where nothing polls, ends the process at once, after removing the
+// temporaries of files being written. The status is 128 + the signal.
+void on_stop_signal(int sig) {
+    int none = 0;
+    g_stop_signal.compare_exchange_strong(none, sig);
+    const bool again = g_interrupted.exchange(true);
+    if (!again && g_stop_points.load() > 0) return;
+    remove_pending_temporaries();
+    constexpr char interrupted_msg[] = "\nkvrun: interrupted\n";
+    constexpr char terminated_msg[] = "\nkvrun: terminated\n";
+    [[maybe_unused]] auto r = sig == SIGTERM
+                                  ? ::write(2, terminated_msg, sizeof terminated_msg - 1)
+                                  : ::write(2, interrupted_msg, sizeof interrupted_msg - 1);
+    _exit(128 + sig);
 }
 } // namespace
 
 void install_interrupt_handler() {
     struct sigaction sa {};
-    sa.sa_handler = on_sigint;
+    sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
+    sigaddset(&sa.sa_mask, SIGINT);
+    sigaddset(&sa.sa_mask, SIGTERM);
     sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
+}
+
+StopPoint::StopPoint() {
+    g_stop_points.fetch_add(1);
+}
+StopPoint::~StopPoint() {
+    g_stop_points.fetch_sub(1);
 }
 
 bool interrupted() {
     return g_interrupted.load(std::memory_order_relaxed);
 }
 
+bool terminated() {
+    return g_stop_signal.load(std::memory_order_relaxed) == SIGTERM;
+}
+
+int interrupted_status() {
+    const int sig = g_stop_signal.load(std::memory_order_relaxed);
+    return sig != 0 ? 128 + sig : static_cast<int>(Exit::interrupted);
+}
+
 void clear_interrupt() {
+    if (terminated()) return; // SIGTERM ends the REPL too: it stays
     g_interrupted.store(false);
+    g_stop_signal.store(0);
 }
 
 CLI::Option* add_sampling_options(CLI::App& app, SamplerParams& s) {

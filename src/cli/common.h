@@ -95,11 +95,28 @@ bool stdin_has_data();
 // Prompt from -p and/or -f (FILE, or - for stdin); validated as UTF-8.
 std::string read_prompt(const std::string& text, const std::string& file, bool have_text);
 
-// Ctrl-C: the first sets the flag (the current generation stops cleanly);
-// a second one while the flag is still set exits at once with 130.
+// Ctrl-C (SIGINT) and SIGTERM: while a StopPoint is live, the first sets the
+// flag (the current generation stops cleanly, a file being written is
+// finished); a second one, or one while no StopPoint is live, removes the
+// temporaries of files being written and exits at once. Statuses: 130 for
+// SIGINT, 143 for SIGTERM (interrupted_status()).
 void install_interrupt_handler();
+// A scope whose loop polls interrupted() often (generation, perplexity,
+// bench, quantize, the chat REPL): a stop signal there only sets the flag.
+class StopPoint {
+  public:
+    StopPoint();
+    ~StopPoint();
+    StopPoint(const StopPoint&) = delete;
+    StopPoint& operator=(const StopPoint&) = delete;
+};
 bool interrupted();
-// The chat REPL: an answer was stopped, the next one may run.
+// The stop was SIGTERM's (the chat REPL leaves instead of clearing the line).
+bool terminated();
+// 128 + the signal that stopped the run (130 when none did).
+int interrupted_status();
+// The chat REPL: an answer was stopped, the next one may run (not after
+// SIGTERM, which stops the REPL as well).
 void clear_interrupt();
 
 // --temp, --top-k, --top-p, --min-p, --repeat-penalty, --repeat-last-n,

@@ -44,7 +44,7 @@ int run_perplexity(int argc, char** argv) {
     set_cache_types(c, req, false);
     const gl::Type tk = req.type_k, tv = req.type_v;
     const std::string text = read_prompt("", file, false);
-    install_interrupt_handler();
+    const StopPoint stop_point; // its loops poll interrupted()
     auto lm = LoadedModel::load(c.model, !offloads_every_layer(c));
     const Hparams& hp = lm->model.hp;
     const std::vector<int32_t> tokens = lm->tokenizer.encode(text, true, false);
@@ -92,7 +92,7 @@ int run_perplexity(int argc, char** argv) {
                        std::exp(nll / count));
     }
     if (progress) fmt::print(stderr, "\n");
-    if (interrupted()) return static_cast<int>(Exit::interrupted);
+    if (interrupted()) return interrupted_status();
     const double mean = nll / count;
     const double var = nll2 / count - mean * mean;
     const double ppl = std::exp(mean);

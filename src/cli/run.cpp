@@ -268,7 +268,7 @@ int run_generate(int argc, char** argv) {
     }
     if (o.chat && prompt.find_first_not_of(" \t\r\n") == std::string::npos)
         fail(Exit::usage, "nothing to answer: the chat message is empty");
-    install_interrupt_handler();
+    const StopPoint stop_point; // its loops poll interrupted()
     const auto t_load = Clock::now();
     auto lm = LoadedModel::load(o.common.model, !offloads_every_layer(o.common));
     const Hparams& hp = lm->model.hp;
@@ -476,7 +476,7 @@ int run_generate(int argc, char** argv) {
             "kvrun: stopped at a full context ({} tokens, -c); -n N keeps generating past it by "
             "sliding the window\n",
             n_ctx);
-    return interrupted() ? static_cast<int>(Exit::interrupted) : 0;
+    return interrupted() ? interrupted_status() : 0;
 }
 
 } // namespace kvrun::cli

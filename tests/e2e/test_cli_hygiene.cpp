@@ -6,10 +6,13 @@
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <unistd.h>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
@@ -515,6 +518,87 @@ TEST_CASE("cli signals: bench on SIGINT exits 130") {
            "kill -INT $pid; wait $pid; echo \"rc=$?\"");
     INFO(describe(r));
     CHECK(contains(r.out, "rc=130"));
+}
+
+namespace {
+// Runs COMMAND (writing TARGET through a temporary) in the background, waits
+// for its temporary to appear, freezes it there (SIGSTOP), sends SIG and lets
+// it go on: "rc=STATUS caught=1|0 left=N", N the temporaries still there.
+// caught=0 when the write was over before it could be caught.
+kvtest::RunResult signal_mid_write(const std::string& sig, const std::string& target,
+                                   const std::string& command) {
+    return sh("t='" + target + "'; " + command + " > /dev/null 2>&1 & pid=$!; caught=0; " +
+              R"SH(while [ $SECONDS -lt 60 ]; do
+                   read -r st < /proc/$pid/stat 2> /dev/null || break
+                   s=${st##*) }; [ "${s%% *}" = Z ] && break
+                   if compgen -G "$t.tmp.*" > /dev/null; then
+                     kill -STOP $pid
+                     if compgen -G "$t.tmp.*" > /dev/null; then caught=1; kill -)SH" +
+              sig + R"SH( $pid; fi
+                     kill -CONT $pid; break
+                   fi
+                 done
+                 wait $pid; rc=$?
+                 echo "rc=$rc caught=$caught left=$(compgen -G "$t.tmp.*" | wc -l)")SH");
+}
+} // namespace
+
+TEST_CASE("cli signals: SIGTERM and SIGINT in the middle of a write leave no temporary file") {
+    char tmpl[] = "/tmp/kvrun-sig-XXXXXX";
+    const std::string dir = mkdtemp(tmpl);
+    const std::string f16 = kvtest::shared("models/synthetic/tiny-f16.gguf");
+    const std::string q8 = kvtest::shared("models/synthetic/tiny-Q8_0.gguf");
+    std::string doc;
+    for (int i = 0; i < 60; i++) doc += "Sentence " + std::to_string(i) + " of the document. ";
+    for (const auto& [sig, status] : {std::pair<std::string, int>{"TERM", 143}, {"INT", 130}}) {
+        CAPTURE(sig);
+        // quantize writes its output at the end, where nothing polls: the
+        // signal ends it at once, and its temporary goes with it.
+        const std::string out = dir + "/q.gguf";
+        bool caught = false;
+        for (int attempt = 0; attempt < 10 && !caught; attempt++) {
+            const auto r =
+                signal_mid_write(sig, out, "\"$K\" quantize '" + f16 + "' \"$t\" Q8_0 -t 1");
+            INFO(describe(r));
+            caught = contains(r.out, "caught=1");
+            if (!caught) continue;
+            CHECK(contains(r.out, fmt::format("rc={} ", status)));
+            CHECK(contains(r.out, "left=0"));
+            CHECK(!std::filesystem::exists(out));
+        }
+        CHECK(caught);
+        // A run saving its prompt cache finishes the write, then stops with
+        // the signal's status: the file is whole, the next run reuses it.
+        const std::string pc = dir + "/p.cache";
+        caught = false;
+        for (int attempt = 0; attempt < 10 && !caught; attempt++) {
+            std::filesystem::remove(pc);
+            const auto r = signal_mid_write(sig, pc,
+                                            "\"$K\" -m '" + q8 + "' -p '" + doc +
+                                                "' -n 1 --temp 0 --prompt-cache \"$t\"");
+            INFO(describe(r));
+            caught = contains(r.out, "caught=1");
+            if (!caught) continue;
+            CHECK(contains(r.out, fmt::format("rc={} ", status)));
+            CHECK(contains(r.out, "left=0"));
+            const auto again =
+                run({"-m", q8, "-p", doc, "-n", "1", "--temp", "0", "--prompt-cache", pc});
+            CHECK(contains(again.err, "prompt cache: reused"));
+        }
+        CHECK(caught);
+    }
+    std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("cli signals: SIGTERM stops a generation cleanly with 143") {
+    const auto r =
+        sh("\"$K\" -m \"$S\" -p 'Once upon a time' -n 100000 -c 64 --ignore-eos "
+           "> /dev/null 2> \"${TMPDIR:-/tmp}/kvrun-term.$$\" & pid=$!; sleep 1; kill -TERM $pid; "
+           "wait $pid; echo \"rc=$?\"; cat \"${TMPDIR:-/tmp}/kvrun-term.$$\"; "
+           "rm -f \"${TMPDIR:-/tmp}/kvrun-term.$$\"");
+    INFO(describe(r));
+    CHECK(contains(r.out, "rc=143"));
+    CHECK(contains(r.out, "stop: interrupted")); // the stats line: a stop, not a kill
 }
 
 TEST_CASE("cli args: perplexity --chunks 0 says what it takes") {
