@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "ggml-like/backend.h"
+#include "ggml-like/cpu/gemm.h"
 #include "ggml-like/cpu/ops.h"
 #include "ggml-like/hadamard.h"
 #include "ggml-like/kernels.h"
@@ -93,6 +94,9 @@ class CpuBackend final : public Backend {
 } // namespace
 
 std::unique_ptr<Backend> make_cpu_backend(int n_threads, bool batch_invariant) {
+    // OpenBLAS loads here, before the pool's threads start: its load sets an
+    // environment variable (openblas.h), which no other thread may read then.
+    gemm::blas_enabled();
     return std::make_unique<CpuBackend>(n_threads, batch_invariant);
 }
 

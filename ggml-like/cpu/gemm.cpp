@@ -7,11 +7,7 @@
 
 #include "ggml-like/kernels.h"
 
-#if GL_USE_BLAS
-#include <cblas.h>
-
-#include <mutex>
-#endif
+#include "ggml-like/cpu/openblas.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -71,12 +67,11 @@ bool amx_present() {
 #if GL_HAVE_AMX
 // Per-thread scratch of matmul_tiles: one bf16 panel (hi and lo), one float row, alignment slack.
 size_t per_thread_bytes(int64_t n_in) {
-    return 2 * sizeof(uint16_t) * amx::kPanelRows * n_in + sizeof(float) * static_cast<size_t>(n_in) +
-           64;
+    return 2 * sizeof(uint16_t) * amx::kPanelRows * n_in +
+           sizeof(float) * static_cast<size_t>(n_in) + 64;
 }
 #endif
 
-#if GL_USE_BLAS
 // The OpenBLAS path: each thread of our pool dequantizes a panel of weight
 // rows to F32 and calls a single-threaded SGEMM for all tokens; OpenBLAS's own
 // threads would fight ours for the same cores.
@@ -87,16 +82,17 @@ size_t blas_per_thread_bytes(int64_t n_in) {
     return sizeof(float) * static_cast<size_t>(kBlasPanelRows * n_in) + 64;
 }
 
+// Not switched off, and the library loaded with kernels for this CPU
+// (openblas.h); pinned to one thread of its own once, when loaded.
 bool blas_allowed() {
-    static const bool ok = !switched_off("KVRUN_BLAS");
+    static const bool ok = [] {
+        if (switched_off("KVRUN_BLAS")) return false;
+        const openblas::Api* api = openblas::api();
+        if (api) api->set_num_threads(1);
+        return api != nullptr;
+    }();
     return ok;
 }
-
-void blas_single_threaded() {
-    static std::once_flag once;
-    std::call_once(once, [] { openblas_set_num_threads(1); });
-}
-#endif
 
 } // namespace
 
@@ -110,14 +106,10 @@ void force_off(bool off) {
 }
 
 bool blas_enabled() {
-#if GL_USE_BLAS
     // Not under KVRUN_ISA=scalar (or force_scalar): that mode is the plain
     // reference path, which tests compare everything against.
     return !g_forced_off.load(std::memory_order_relaxed) && blas_allowed() &&
            std::strcmp(cpu::isa_name(), "scalar") != 0;
-#else
-    return false;
-#endif
 }
 
 Path path_for(Type weight, int64_t n_in, int64_t n_tok) {
@@ -153,24 +145,23 @@ size_t scratch_bytes(int64_t n_in, int64_t n_tok, int n_threads) {
     size_t bytes = 0;
 #if GL_HAVE_AMX
     const int64_t n_tt = (n_tok + amx::kTileTokens - 1) / amx::kTileTokens;
-    const size_t tokens = 2 * sizeof(uint16_t) * static_cast<size_t>(n_tt * amx::kTileTokens * n_in);
+    const size_t tokens =
+        2 * sizeof(uint16_t) * static_cast<size_t>(n_tt * amx::kTileTokens * n_in);
     bytes = tokens + 64 + per_thread_bytes(n_in) * static_cast<size_t>(n_threads);
 #endif
-#if GL_USE_BLAS
-    bytes = std::max(bytes, blas_per_thread_bytes(n_in) * static_cast<size_t>(n_threads));
-#endif
+    if (blas_allowed())
+        bytes = std::max(bytes, blas_per_thread_bytes(n_in) * static_cast<size_t>(n_threads));
     (void)n_in, (void)n_tok, (void)n_threads;
     return bytes;
 }
 
 namespace {
 
-#if GL_USE_BLAS
 // y[t][r] for a panel of rows at a time: the weight rows dequantized once per
 // batch (F32 weights used in place), then one SGEMM against all n_tok tokens.
 void matmul_blas(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, float* y,
                  void* scratch) {
-    blas_single_threaded();
+    const auto sgemm = openblas::api()->sgemm;
     const int64_t n_in = w.ne0, n_out = w.ne1;
     auto* base = static_cast<uint8_t*>(scratch);
     const size_t per_thread = blas_per_thread_bytes(n_in);
@@ -193,14 +184,13 @@ void matmul_blas(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_to
                         cpu::dequantize_row(w.type, w.row(r0 + r), panel + r * n_in, n_in);
                 }
                 // y[t][r0 + r] = sum_k x[t][k] * a[r][k]
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n_tok),
-                            static_cast<int>(rows), static_cast<int>(n_in), 1.0f, x,
-                            static_cast<int>(n_in), a, lda, 0.0f, y + r0, static_cast<int>(n_out));
+                sgemm(openblas::kRowMajor, openblas::kNoTrans, openblas::kTrans,
+                      static_cast<int>(n_tok), static_cast<int>(rows), static_cast<int>(n_in), 1.0f,
+                      x, static_cast<int>(n_in), a, lda, 0.0f, y + r0, static_cast<int>(n_out));
             }
         },
         n_out * n_in * n_tok);
 }
-#endif
 
 void matmul_amx(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, float* y,
                 void* scratch) {
@@ -251,9 +241,7 @@ void matmul_tiles(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_t
     case Path::Amx:
         return matmul_amx(pool, w, x, n_tok, y, scratch);
     case Path::Blas:
-#if GL_USE_BLAS
         return matmul_blas(pool, w, x, n_tok, y, scratch);
-#endif
     case Path::None:
         break;
     }

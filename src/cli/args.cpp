@@ -12,6 +12,8 @@
 #include <fmt/format.h>
 
 #include "error.h"
+#include "ggml-like/cpu/gemm.h"
+#include "ggml-like/cpu/openblas.h"
 #include "ggml-like/kernels.h"
 #include "version_info.h"
 
@@ -370,8 +372,10 @@ std::string version_string() {
 #ifdef KVRUN_HAS_CUDA
     features += ", CUDA";
 #endif
-    return fmt::format("kvrun {} ({}, {}; this CPU: {})", KVRUN_VERSION, KVRUN_GIT_DESCRIBE,
-                       features, gl::cpu::isa_name());
+    return fmt::format("kvrun {} ({}, {}; this CPU: {}, prompt batches on {}; {})", KVRUN_VERSION,
+                       KVRUN_GIT_DESCRIBE, features, gl::cpu::isa_name(),
+                       gl::gemm::path_name(gl::gemm::path_for(gl::Type::Q4_0, 4096, 512)),
+                       gl::openblas::describe());
 }
 
 } // namespace kvrun::cli

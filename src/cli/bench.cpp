@@ -25,6 +25,7 @@
 #include "forward.h"
 #include "ggml-like/attention.h"
 #include "ggml-like/cpu/gemm.h"
+#include "ggml-like/cpu/openblas.h"
 #include "ggml-like/kernels.h"
 #include "ggml-like/cpu/thread_pool.h"
 #include "context.h"
@@ -279,11 +280,12 @@ int run_bench(int argc, char** argv) {
         const gl::Type wt = lm->model.layers.front().w_up.type;
         fmt::print(stderr,
                    "kvrun bench: {}: {} ({} weights), {} kernels, prompt batches on {}, "
-                   "generated tokens' F16 attention in {} products\n",
+                   "generated tokens' F16 attention in {} products; {}\n",
                    name, summary.file_type, gl::type_name(wt), gl::cpu::isa_name(),
                    deterministic ? "dot products (--deterministic)"
                                  : gl::gemm::path_name(gl::gemm::path_for(wt, hp.n_embd, batch)),
-                   !deterministic && gl::attention_half_products() ? "f16" : "f32");
+                   !deterministic && gl::attention_half_products() ? "f16" : "f32",
+                   gl::openblas::describe());
         std::mt19937 rng(42);
         const int max_pp = pps.empty() ? 0 : *std::max_element(pps.begin(), pps.end());
         const int max_tg = tgs.empty() ? 0 : *std::max_element(tgs.begin(), tgs.end());

@@ -9,7 +9,10 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/common.h"
+#include "ggml-like/cpu/gemm.h"
+#include "ggml-like/cpu/openblas.h"
 #include "ggml-like/cuda/cuda_backend.h"
+#include "ggml-like/kernels.h"
 #include "error.h"
 #include "kv_cache.h"
 #include "memory_plan.h"
@@ -185,6 +188,8 @@ int run_info(int argc, char** argv) {
                           [](const KvKind& k) { return k.kind == std::string("global"); });
     const uint64_t file_size = file.file_size();
 
+    // Quantized weights' path (float weights skip AMX's bf16 tiles).
+    const char* prompt_path = gl::gemm::path_name(gl::gemm::path_for(gl::Type::Q4_0, 4096, 512));
     const MemoryPlan plan = plan_memory(file, hp, n_ctx, tk, tv, 512, resolve_threads(0));
     // The GPU side: the plan for -ngl / --kv-gpu-window (metadata only, so it
     // also works in a build or on a machine without CUDA), and the device's
@@ -242,6 +247,9 @@ int run_info(int argc, char** argv) {
             layer_kinds.push_back(
                 {{"kind", k.kind}, {"layers", k.layers}, {"slots", k.slots}, {"bytes", k.bytes}});
         j["kv"]["layer_kinds"] = layer_kinds;
+        j["kernels"] = {{"isa", gl::cpu::isa_name()},
+                        {"prompt_batches", prompt_path},
+                        {"openblas", gl::openblas::describe()}};
         if (hp.swa_window > 0) j["kv"]["sliding_window"] = hp.swa_window;
         nlohmann::json dev = nullptr;
         if (have_gpu) dev = {{"id", dev_id}, {"free_bytes", dev_free}, {"total_bytes", dev_total}};
@@ -319,6 +327,8 @@ int run_info(int argc, char** argv) {
                human_bytes(plan.mem_available), human_bytes(plan.weights_resident),
                plan.fits() ? fmt::format("fits (up to -c {})", plan.max_ctx_that_fits)
                            : "does not fit: " + memory_advice(plan, hp, 0));
+    fmt::print("kernels:      {}; prompt batches on {} ({})\n", gl::cpu::isa_name(), prompt_path,
+               gl::openblas::describe());
     if (gp.n_gpu_layers > 0) {
         fmt::print(
             "GPU plan:     {} of {} layers on the GPU, output head on the {}; KV on the GPU: {}\n",

@@ -15,6 +15,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "ggml-like/cpu/openblas.h"
+#include "ggml-like/kernels.h"
 #include "test_util.h"
 
 using nlohmann::json;
@@ -263,6 +265,40 @@ TEST_CASE("cli args: --version prints the version and the build, without -m") {
         CHECK(r.err.empty());
     }
     CHECK(contains(run({"--help"}).out, "bench")); // the subcommand list names bench
+}
+
+TEST_CASE("cli kernels: OpenBLAS runs kernels chosen for this CPU, and --version, info and bench "
+          "say which") {
+    // What OpenBLAS does on its own here is this library's business (on a CPU
+    // newer than it, the generic Prescott kernels): kvrun names the core
+    // before the library loads, unless the user did.
+    const std::string blas = gl::openblas::describe();
+    if (contains(blas, "not found") || contains(blas, "without OpenBLAS")) {
+        MESSAGE("skipped: " << blas);
+        return;
+    }
+    const char* core = gl::openblas::core_for_this_cpu();
+    const auto mine = sh("env -u OPENBLAS_CORETYPE \"$K\" --version");
+    INFO(describe(mine));
+    if (core) {
+        CHECK(contains(mine.out, fmt::format("{} kernels chosen by kvrun for", core)));
+        CHECK(contains(mine.out, "prompt batches on openblas"));
+    } else {
+        CHECK(contains(mine.out, "kernels chosen by the library"));
+    }
+    // The user's choice stands, and is named as theirs.
+    const auto theirs = sh("OPENBLAS_CORETYPE=Haswell \"$K\" --version");
+    CHECK(contains(theirs.out, "Haswell kernels from $OPENBLAS_CORETYPE"));
+    const auto info = sh("env -u OPENBLAS_CORETYPE \"$K\" info -m \"$S\"");
+    CHECK(contains(info.out, "\nkernels:      " + std::string(gl::cpu::isa_name())));
+    if (core) CHECK(contains(info.out, fmt::format("{} kernels chosen by kvrun for", core)));
+    const auto bench = sh("env -u OPENBLAS_CORETYPE \"$K\" bench -m \"$S\" -p 16 -n 0 -r 1 -t 1");
+    if (core) CHECK(contains(bench.err, fmt::format("{} kernels chosen by kvrun for", core)));
+#if defined(__x86_64__)
+    // The kernel table kvrun picked and the core it asks OpenBLAS for agree.
+    if (std::string(gl::cpu::isa_name()) == "avx512") CHECK(core == std::string("SkylakeX"));
+    if (std::string(gl::cpu::isa_name()) == "avx2") CHECK(core != nullptr);
+#endif
 }
 
 TEST_CASE("cli args: --seed -1 is random and reported; other negative or huge seeds are refused") {
