@@ -77,14 +77,17 @@ Loaded load() {
     l.line = "built without OpenBLAS";
     return l;
 #else
-    const char* user_core = std::getenv("OPENBLAS_CORETYPE");
 #if GL_BLAS_STATIC
+    // The library's constructor has read the variable: the one set here goes.
     const bool chosen = g_core_chosen_here;
+    if (chosen) unsetenv("OPENBLAS_CORETYPE");
+    const char* user_core = std::getenv("OPENBLAS_CORETYPE");
     l.api.sgemm = cblas_sgemm;
     l.api.set_num_threads = openblas_set_num_threads;
     const char* (*corename)() = [] { return static_cast<const char*>(openblas_get_corename()); };
     const char* (*config)() = [] { return static_cast<const char*>(openblas_get_config()); };
 #else
+    const char* user_core = std::getenv("OPENBLAS_CORETYPE");
     // The variable is set for the load only: OpenBLAS reads it in its
     // constructor, and nothing else of kvrun's environment changes.
     const char* pick = user_core ? nullptr : core_for_this_cpu();
