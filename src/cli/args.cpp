@@ -46,6 +46,7 @@ constexpr Alias kAliases[] = {
     {"-ngl", AliasKind::rename, "--n-gpu-layers", nullptr},
     {"--gpu-layers", AliasKind::rename, "--n-gpu-layers", nullptr},
     {"-dev", AliasKind::rename, "--device", nullptr},
+    {"-pg", AliasKind::rename, "--pg", nullptr},
     {"-sys", AliasKind::rename, "--system", nullptr},
     {"--system-prompt", AliasKind::rename, "--system", nullptr},
     {"-sysf", AliasKind::rename, "--system-file", nullptr},

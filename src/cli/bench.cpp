@@ -1,11 +1,14 @@
-// `kvrun bench -m M -p 512 -n 128 -t 2 -r 5 [-d DEPTH] [--profile] [--json]`:
-// prompt-processing (pp) and generation (tg) speed, mean ± standard deviation
-// over repetitions, for one or more models and thread counts.
+// `kvrun bench -m M -p 512 -n 128 [-pg 512,128] -t 2 -r 5 [-d DEPTH] [--profile]
+// [-o md|csv|json]`: prompt-processing (pp) and generation (tg) speed, mean ±
+// standard deviation over repetitions, for one or more models and thread
+// counts; llama-bench's tests, names and CSV columns.
 //
-// pp: the prompt's tokens evaluated in batches from an empty cache.
-// tg: tokens evaluated one at a time after DEPTH tokens already in the cache
-//     (filled untimed), as generation does; --json gives the bytes each reads
-//     (weights + KV at that depth).
+// Every test runs after DEPTH tokens already in the cache (filled untimed;
+// "@dDEPTH" in its name when not 0):
+// pp: the prompt's tokens evaluated in batches.
+// tg: tokens evaluated one at a time, as generation does; --json gives the
+//     bytes each reads (weights + KV at that depth).
+// pp+tg (-pg): a prompt, then generated tokens, timed together.
 // The machine's read roof and the attention and matrix probes are lab
 // measurements, in kvrun-lab (tools/); scripts/bench.sh puts the two together.
 #include <chrono>
@@ -53,9 +56,39 @@ Stat stat_of(const std::vector<double>& v) {
     return s;
 }
 
+// One test: pp prompt tokens in batches, then tg generated one at a time
+// (llama-bench's -p, -n and -pg).
+struct PgTest {
+    int pp = 0, tg = 0;
+};
+
+// llama-bench's names: pp512, tg128, pp512+tg128, and @d4096 after DEPTH tokens.
+std::string test_name(const PgTest& t, int depth) {
+    std::string name = t.pp > 0 && t.tg > 0 ? fmt::format("pp{}+tg{}", t.pp, t.tg)
+                       : t.pp > 0           ? fmt::format("pp{}", t.pp)
+                                            : fmt::format("tg{}", t.tg);
+    return depth > 0 ? name + fmt::format("@d{}", depth) : name;
+}
+
+// "PP,TG" of -pg.
+PgTest parse_pg(const std::string& s) {
+    const std::vector<int> v = parse_count_list(s, "-pg");
+    if (v.size() != 2 || v[0] <= 0 || v[1] <= 0)
+        fail(Exit::usage, "-pg {}: expected PP,TG (prompt then generated tokens, e.g. 512,128)", s);
+    return {v[0], v[1]};
+}
+
+// A CSV field (RFC 4180): quoted when it holds a comma, a quote or a line break.
+std::string csv_field(const std::string& s) {
+    if (s.find_first_of(",\"\r\n") == std::string::npos) return s;
+    std::string q = "\"";
+    for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+    return q + "\"";
+}
+
 struct Row {
     std::string model;
-    std::string test; // "pp512", "tg128", "tg128@d4096"
+    std::string test; // "pp512", "tg128", "pp512+tg128", "tg128@d4096"
     int threads = 0;
     Stat tps;
     double bytes_per_token = 0; // tg only
@@ -70,7 +103,9 @@ struct Row {
     // What the model is (llama-bench's columns): its file type, weight bytes
     // and parameters; and where it ran.
     std::string type{}, size{}, params{}, backend{};
-    std::vector<double> samples{}; // tok/s of each repetition (--json)
+    std::vector<double> samples{};            // tok/s of each repetition (--json)
+    int n_prompt = 0, n_gen = 0, n_depth = 0; // the test's tokens (-o csv, --json)
+    uint64_t size_bytes = 0, n_params = 0;    // -o csv: numbers, as llama-bench writes them
 
     void attach(const OpProfile& p, double tokens, double seconds) {
         profile = p;
@@ -207,8 +242,13 @@ int run_bench(int argc, char** argv) {
         ->capture_default_str();
     app.add_option("-n,--n-gen", tg_s, "generated tokens, comma-separated (0 = skip)")
         ->capture_default_str();
-    app.add_option("-d,--depth", depth_s, "tokens already in the cache before tg, comma-separated")
+    app.add_option("-d,--depth", depth_s,
+                   "tokens already in the cache before each test, comma-separated (pp512@d4096)")
         ->capture_default_str();
+    std::vector<std::string> pg_s;
+    app.add_option("--pg", pg_s,
+                   "(-pg) PP,TG: a prompt of PP tokens then TG generated, timed together "
+                   "(pp512+tg128); repeatable");
     app.add_option("-t,--threads", threads_s, "thread counts, comma-separated (0 = physical cores)")
         ->capture_default_str();
     app.add_option("-r,--repetitions", reps, "repetitions")
@@ -228,7 +268,7 @@ int run_bench(int argc, char** argv) {
         "thread pool's hand-offs per generated token)");
     app.add_flag("--json", json, "print JSON instead of a markdown table");
     std::string output = "md";
-    app.add_option("-o,--output", output, "md (a markdown table) or json (as --json)")
+    app.add_option("-o,--output", output, "md (a markdown table), csv, or json (as --json)")
         ->capture_default_str();
     app.add_flag("--deterministic", deterministic,
                  "measure the batch-invariant arithmetic of --deterministic (CPU)");
@@ -240,8 +280,10 @@ int run_bench(int argc, char** argv) {
     if (const auto done = parse_command_line(app, argc, argv)) return *done;
     if (output == "json")
         json = true;
-    else if (output != "md")
-        fail(Exit::usage, "-o {}: expected md or json", output);
+    else if (output != "md" && output != "csv")
+        fail(Exit::usage, "-o {}: expected md, csv or json", output);
+    std::vector<PgTest> pgs;
+    for (const std::string& p : pg_s) pgs.push_back(parse_pg(p));
     const gl::Type tk = parse_cache_type(ctk, "--ctk"), tv = parse_cache_type(ctv, "--ctv");
     const std::vector<int> pps = parse_count_list(pp_s, "-p"), tgs = parse_count_list(tg_s, "-n"),
                            depths = parse_count_list(depth_s, "-d"),
@@ -249,7 +291,8 @@ int run_bench(int argc, char** argv) {
     const auto positive = [](const std::vector<int>& v) {
         return std::any_of(v.begin(), v.end(), [](int x) { return x > 0; });
     };
-    if (!positive(pps) && !positive(tgs)) fail(Exit::usage, "nothing to measure: -p and -n are 0");
+    if (!positive(pps) && !positive(tgs) && pgs.empty())
+        fail(Exit::usage, "nothing to measure: -p and -n are 0");
     if (speculative.any() && prompt_file.empty())
         fail(Exit::usage, "--lookup and --draft-model measure generation after a real prompt: give "
                           "one with -f FILE");
@@ -290,7 +333,10 @@ int run_bench(int argc, char** argv) {
         const int max_pp = pps.empty() ? 0 : *std::max_element(pps.begin(), pps.end());
         const int max_tg = tgs.empty() ? 0 : *std::max_element(tgs.begin(), tgs.end());
         const int max_depth = depths.empty() ? 0 : *std::max_element(depths.begin(), depths.end());
-        std::vector<int32_t> toks(std::max(max_pp, max_depth + max_tg) + 1);
+        int max_pg = 0;
+        for (const PgTest& t : pgs) max_pg = std::max(max_pg, t.pp + t.tg);
+        const int max_test = std::max({max_pp, max_tg, max_pg});
+        std::vector<int32_t> toks(max_depth + max_test + 1);
         for (auto& t : toks) t = static_cast<int32_t>(rng() % hp.n_vocab);
 
         for (int tc : thread_counts) {
@@ -308,7 +354,7 @@ int run_bench(int argc, char** argv) {
                      "before it is done (run without -ngl and --device cuda)");
             ContextRequest req;
             req.use = ContextRequest::Use::bench;
-            req.n_prompt = std::max(max_pp, max_depth + max_tg);
+            req.n_prompt = max_depth + max_test;
             if (speculative.any())
                 req.n_prompt = std::max<int64_t>(
                     req.n_prompt,
@@ -335,55 +381,52 @@ int run_bench(int argc, char** argv) {
             };
             eval_all(toks.data(),
                      std::min<int>(16, static_cast<int>(toks.size()))); // warm-up: fault weights in
-            for (int pp : pps) {
-                if (pp == 0) continue;
-                std::vector<double> v;
-                OpProfile prof;
-                double timed_s = 0;
-                for (int r = 0; r < reps && !interrupted(); r++) {
-                    session.clear();
-                    const double s = timed(prof, [&] { eval_all(toks.data(), pp); });
-                    v.push_back(pp / s);
-                    timed_s += s;
-                }
-                Row row{name, "pp" + std::to_string(pp), threads, stat_of(v), 0};
-                row.samples = v;
-                if (profile) row.attach(prof, static_cast<double>(pp) * v.size(), timed_s);
-                rows.push_back(row);
-            }
+            // llama-bench's tests, at each depth: the prompt lengths (pp),
+            // the generation lengths (tg), then the prompt-then-generation
+            // pairs (-pg: pp512+tg128). The depth's tokens are in the cache
+            // first, untimed, and evaluated once: later repetitions cut the
+            // cache back to them (a 4096-token prefill is a minute on a
+            // 2-core AVX2 machine).
+            std::vector<PgTest> tests;
+            for (int pp : pps)
+                if (pp > 0) tests.push_back({pp, 0});
+            for (int tg : tgs)
+                if (tg > 0) tests.push_back({0, tg});
+            tests.insert(tests.end(), pgs.begin(), pgs.end());
             for (int depth : depths)
-                for (int tg : tgs) {
-                    if (tg == 0) continue;
+                for (const PgTest& t : tests) {
                     std::vector<double> v;
                     double handoffs = 0;
                     OpProfile prof;
                     double timed_s = 0;
                     for (int r = 0; r < reps && !interrupted(); r++) {
-                        // The depth's tokens are evaluated once: later repetitions
-                        // cut the cache back to them (a 4096-token prefill is a
-                        // minute on a 2-core AVX2 machine).
                         if (r == 0 || !session.rewind(depth)) {
                             session.clear();
-                            eval_all(toks.data(), depth);
+                            if (depth > 0) eval_all(toks.data(), depth);
                         }
                         const uint64_t h0 = be.cpu ? be.cpu->handoffs() : 0;
                         const double s = timed(prof, [&] {
-                            for (int i = 0; i < tg; i++) session.step(toks[depth + i]);
+                            if (t.pp > 0) eval_all(toks.data() + depth, t.pp);
+                            for (int i = 0; i < t.tg; i++) session.step(toks[depth + t.pp + i]);
                         });
-                        v.push_back(tg / s);
+                        v.push_back((t.pp + t.tg) / s);
                         timed_s += s;
-                        handoffs = static_cast<double>((be.cpu ? be.cpu->handoffs() : 0) - h0) / tg;
+                        if (t.tg > 0)
+                            handoffs =
+                                static_cast<double>((be.cpu ? be.cpu->handoffs() : 0) - h0) / t.tg;
                     }
-                    Row row{name,
-                            "tg" + std::to_string(tg) + (depth ? "@d" + std::to_string(depth) : ""),
-                            threads, stat_of(v), 0};
+                    Row row{name, test_name(t, depth), threads, stat_of(v), 0};
+                    row.n_prompt = t.pp, row.n_gen = t.tg, row.n_depth = depth;
                     row.samples = v;
-                    // KV read per token at the mean depth of the run
-                    const double kv_bytes =
-                        static_cast<double>(KvCache::bytes_at_depth(plan.cache, depth + tg / 2));
-                    row.bytes_per_token = weight_bytes_per_token + kv_bytes;
-                    row.handoffs_per_token = handoffs;
-                    if (profile) row.attach(prof, static_cast<double>(tg) * v.size(), timed_s);
+                    if (t.pp == 0) {
+                        // KV read per token at the mean depth of the run
+                        const double kv_bytes = static_cast<double>(
+                            KvCache::bytes_at_depth(plan.cache, depth + t.tg / 2));
+                        row.bytes_per_token = weight_bytes_per_token + kv_bytes;
+                        row.handoffs_per_token = handoffs;
+                    }
+                    if (profile)
+                        row.attach(prof, static_cast<double>(t.pp + t.tg) * v.size(), timed_s);
                     rows.push_back(row);
                 }
             if (speculative.any())
@@ -401,17 +444,27 @@ int run_bench(int argc, char** argv) {
             rows[i].type = summary.file_type;
             rows[i].size = human_bytes(summary.weight_bytes);
             rows[i].params = params_text(summary.params);
+            rows[i].size_bytes = summary.weight_bytes;
+            rows[i].n_params = summary.params;
         }
     }
 
     if (json) {
         nlohmann::json j = nlohmann::json::array();
         for (const Row& r : rows) {
-            nlohmann::json o = {{"model", r.model},     {"type", r.type},
-                                {"size", r.size},       {"params", r.params},
-                                {"backend", r.backend}, {"test", r.test},
-                                {"threads", r.threads}, {"tokens_per_second", r.tps.mean},
-                                {"stddev", r.tps.sd},   {"samples", r.samples}};
+            nlohmann::json o = {{"model", r.model},
+                                {"type", r.type},
+                                {"size", r.size},
+                                {"params", r.params},
+                                {"backend", r.backend},
+                                {"test", r.test},
+                                {"n_prompt", r.n_prompt},
+                                {"n_gen", r.n_gen},
+                                {"n_depth", r.n_depth},
+                                {"threads", r.threads},
+                                {"tokens_per_second", r.tps.mean},
+                                {"stddev", r.tps.sd},
+                                {"samples", r.samples}};
             if (r.bytes_per_token > 0) o["bytes_per_token"] = r.bytes_per_token;
             // With the hand-off cost kvrun-lab roofline measures, the share of a
             // token spent handing work to the threads (scripts/bench.sh).
@@ -426,6 +479,21 @@ int run_bench(int argc, char** argv) {
             j.push_back(o);
         }
         fmt::print("{}\n", j.dump(2));
+        return interrupted() ? interrupted_status() : 0;
+    }
+    if (output == "csv") {
+        // llama-bench's column names where it has the column (avg_ts, n_prompt, ...).
+        fmt::print("model_filename,model_type,model_size,model_n_params,backend,n_threads,test,"
+                   "n_prompt,n_gen,n_depth,avg_ts,stddev_ts,samples_ts\n");
+        for (const Row& r : rows) {
+            std::string samples;
+            for (double x : r.samples)
+                samples += fmt::format("{}{:.4f}", samples.empty() ? "" : " ", x);
+            fmt::print("{},{},{},{},{},{},{},{},{},{},{:.4f},{:.4f},{}\n", csv_field(r.model),
+                       csv_field(r.type), r.size_bytes, r.n_params, csv_field(r.backend), r.threads,
+                       csv_field(r.test), r.n_prompt, r.n_gen, r.n_depth, r.tps.mean, r.tps.sd,
+                       samples);
+        }
         return interrupted() ? interrupted_status() : 0;
     }
     // Markdown, one cell per column in every row; the drafts column only

@@ -617,19 +617,22 @@ TEST_CASE("cli: bench --json reports pp and tg, and tg's bytes per token") {
     REQUIRE(j.is_array());
     std::vector<std::string> tests;
     for (const json& o : j) tests.push_back(o["test"].get<std::string>());
-    CHECK(tests == std::vector<std::string>{"pp32", "tg4", "tg4@d64"});
+    // As llama-bench: every test at every depth.
+    CHECK(tests == std::vector<std::string>{"pp32", "tg4", "pp32@d64", "tg4@d64"});
     for (const json& o : j) {
         INFO(o.dump());
         CHECK(o["tokens_per_second"].get<double>() > 0);
         // What scripts/bench.sh divides by kvrun-lab's roof; hand-offs only
         // with --profile.
-        CHECK(o.contains("bytes_per_token") == (o["test"] != "pp32"));
+        CHECK(o.contains("bytes_per_token") == (o["n_prompt"] == 0));
         CHECK(!o.contains("handoffs_per_token"));
     }
+    CHECK(j[2]["n_prompt"] == 32);
+    CHECK(j[2]["n_depth"] == 64);
     // The weights (F32: every matrix and one embedding row) plus the K/V a
     // token reads at the run's mean depth: 64 + 4 / 2 slots, 5 layers, K and
     // V of 32 F16 elements.
-    CHECK(j[2]["bytes_per_token"].get<double>() - j[1]["bytes_per_token"].get<double>() ==
+    CHECK(j[3]["bytes_per_token"].get<double>() - j[1]["bytes_per_token"].get<double>() ==
           5.0 * 64 * 2 * 32 * 2);
     const json p =
         bench_json({"-m", kStories, "-p", "0", "-n", "4", "-t", "2", "-r", "1", "--profile"});
@@ -691,5 +694,36 @@ TEST_CASE("cli: bench's table has a cell per column in every row, with the model
     CHECK(j[0]["type"] == "F32");
     CHECK(j[0]["params"] == "292.8K");
     CHECK(j[0]["samples"].size() == 2);
-    expect_usage_error(run({"bench", "-m", kStories, "-o", "csv"}));
+    expect_usage_error(run({"bench", "-m", kStories, "-o", "tsv"}));
+}
+
+TEST_CASE("cli: bench speaks llama-bench: -pg PP,TG, -d on prompt tests, -o csv") {
+    // -pg: a prompt then generated tokens, timed together, named as llama-bench names it.
+    const json j = bench_json({"-m", kStories, "-p", "0", "-n", "0", "-pg", "16,8", "-pg", "8,4",
+                               "-d", "0,32", "-t", "1", "-r", "1"});
+    std::vector<std::string> tests;
+    for (const json& o : j) tests.push_back(o["test"].get<std::string>());
+    CHECK(tests == std::vector<std::string>{"pp16+tg8", "pp8+tg4", "pp16+tg8@d32", "pp8+tg4@d32"});
+    CHECK(j[0]["n_prompt"] == 16);
+    CHECK(j[0]["n_gen"] == 8);
+    CHECK(j[3]["n_depth"] == 32);
+    for (const char* bad : {"16", "16,0", "x,8", "16,8,4"}) {
+        CAPTURE(bad);
+        expect_usage_error(run({"bench", "-m", kStories, "-pg", bad}));
+    }
+    // -d applies to every test, prompt tests included (pp16@d48); CSV has
+    // llama-bench's columns, sizes and parameters as numbers.
+    const auto c = run({"bench", "-m", kStories, "-p", "16", "-n", "4", "-pg", "8,4", "-d", "48",
+                        "-t", "1", "-r", "2", "-o", "csv"});
+    INFO(describe(c));
+    REQUIRE(c.status == 0);
+    const auto lines = kvtest::lines(c.out);
+    REQUIRE(lines.size() == 4);
+    CHECK(lines[0] == "model_filename,model_type,model_size,model_n_params,backend,n_threads,"
+                      "test,n_prompt,n_gen,n_depth,avg_ts,stddev_ts,samples_ts");
+    CHECK(starts_with(lines[1], "stories260K.gguf,F32,1171200,292800,cpu,1,pp16@d48,16,0,48,"));
+    CHECK(starts_with(lines[2], "stories260K.gguf,F32,1171200,292800,cpu,1,tg4@d48,0,4,48,"));
+    CHECK(starts_with(lines[3], "stories260K.gguf,F32,1171200,292800,cpu,1,pp8+tg4@d48,8,4,48,"));
+    for (size_t i = 1; i < lines.size(); i++)
+        CHECK(std::count(lines[i].begin(), lines[i].end(), ',') == 12);
 }
