@@ -115,6 +115,13 @@ ChatSession::ChatSession(const LoadedModel& lm, ChatTemplate tmpl, int n_ctx, gl
       sampler_(cfg.sampling, lm.model.hp.n_vocab), cfg_(std::move(cfg)),
       end_(reply_end(tmpl_, lm.tokenizer)) {}
 
+void ChatSession::set_sampling(const SamplerParams& p) {
+    cfg_.sampling = p;
+    sampler_ = Sampler(p, lm_.model.hp.n_vocab);
+    // The penalty's memory, as sync() built it: the cached tokens, in order.
+    for (int32_t t : s_.tokens()) sampler_.accept(t);
+}
+
 std::string ChatSession::effective_system() const {
     return system_.empty() ? tmpl_.default_system() : system_;
 }
@@ -399,13 +406,16 @@ void ChatSession::save(const std::string& path) const {
     }
     size_t skip = 0;
     for (; skip < first_live_ && bytes > kMaxConversationBytes; skip++) bytes -= sizes[skip];
-    if (bytes > kMaxConversationBytes)
-        fail(Exit::usage, "the conversation is {:.1f} MiB, more than a saved one can be ({} MiB)",
-             static_cast<double>(bytes) / (1 << 20), kMaxConversationBytes >> 20);
     j["first_live_turn"] = first_live_ - skip;
     j["turns"] = nlohmann::json::array();
     for (size_t i = skip; i < jturns.size(); i++) j["turns"].push_back(std::move(jturns[i]));
     const std::string text = dump(j, 1) + "\n";
+    // The bound said too large: the text itself decides, and its size is told
+    // in bytes ("16.0 MiB, more than 16 MiB" said nothing).
+    if (text.size() > kMaxConversationBytes)
+        fail(Exit::usage,
+             "the conversation is {} bytes, more than a saved one can be ({} bytes, {} MiB)",
+             text.size(), kMaxConversationBytes, kMaxConversationBytes >> 20);
     // The JSON goes to its temporary first, then the binary cache is saved,
     // then the JSON renamed: any failure before that leaves FILE.json as it
     // was (a cache that no longer matches it is only not reused).
@@ -420,8 +430,9 @@ std::string ChatSession::load(const std::string& path, const std::function<bool(
     const ReadResult file = try_read_regular_file(meta, kMaxConversationBytes);
     if (file.too_large)
         fail(Exit::usage,
-             "'{}' is {:.1f} MiB, more than a kvrun conversation can be ({} MiB): not loaded", meta,
-             static_cast<double>(file_bytes(meta)) / (1 << 20), kMaxConversationBytes >> 20);
+             "'{}' is {} bytes, more than a kvrun conversation can be ({} bytes, {} MiB): not "
+             "loaded",
+             meta, file_bytes(meta), kMaxConversationBytes, kMaxConversationBytes >> 20);
     if (!file.ok) fail(Exit::usage, "cannot read '{}': {}", meta, file.why);
     auto bad = [&](const std::string& why) -> void {
         fail(Exit::usage, "'{}' is not a kvrun conversation ({})", meta, why);

@@ -96,6 +96,14 @@ class ChatSession {
     // The system prompt in effect: system(), or the template's default.
     std::string effective_system() const;
 
+    // The sampling and reply length of the next answers (the REPL's /set
+    // parameter). The repetition penalty keeps the tokens it has seen; a new
+    // seed starts the generator afresh.
+    void set_sampling(const SamplerParams& p);
+    const SamplerParams& sampling() const { return cfg_.sampling; }
+    void set_n_predict(int64_t n) { cfg_.n_predict = n; }
+    int64_t n_predict() const { return cfg_.n_predict; }
+
     // Add a user message and generate the reply. Throws Error(context_overflow)
     // when the system prompt and this message alone do not fit (the message
     // is then dropped).

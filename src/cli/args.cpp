@@ -222,7 +222,13 @@ std::vector<std::string> rewrite(CLI::App& app, int argc, char** argv) {
                 break;
             case AliasKind::ignore:
                 if (app.get_option_no_throw(a->to)) {
-                    if (a->value && i + 1 < argc && is_switch_value(argv[i + 1])) i++;
+                    if (a->value && i + 1 < argc && is_switch_value(argv[i + 1])) {
+                        i++;
+                    } else if (a->value && i + 1 < argc && argv[i + 1][0] != '-') {
+                        // -fa 2: a value it does not take, not a stray word.
+                        fail(Exit::usage, "{} {}: expected on, off or auto (or 1, 0); {}", name,
+                             argv[i + 1], a->why);
+                    }
                     continue;
                 }
                 break;

@@ -3,6 +3,7 @@
 // answers one message (-p, or stdin when there is no -p) and exits: it never
 // waits for input that cannot come, and leaves stdin unread when -p is given.
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include <iterator>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <csignal>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -52,6 +54,9 @@ constexpr const char* kHelp =
     "  /retry         generate the last answer again\n"
     "  /reset, /clear forget the conversation (the system prompt stays)\n"
     "  /system [TEXT] show or set the system prompt\n"
+    "  /set parameter NAME VALUE   temperature, top_k, top_p, min_p, repeat_penalty,\n"
+    "                 repeat_last_n, seed, num_predict for the next answers (as Ollama);\n"
+    "                 /set system TEXT is /system TEXT\n"
     "  /save FILE     save the conversation and its cache (FILE, FILE.json)\n"
     "  /load FILE     load them (the cache is used only if it matches)\n"
     "  /help, /?      this text\n"
@@ -60,6 +65,73 @@ constexpr const char* kHelp =
     "two lines of \"\"\" (Ollama's multi-line input). Ctrl-C stops an answer or a\n"
     "/load; twice at the prompt exits. At --temp 0, /retry may still differ:\n"
     "the answer is evaluated after the turns before it, not as they were then.\n";
+
+// Ollama's /set, as far as kvrun has it: `/set system TEXT` and `/set
+// parameter NAME VALUE` for the sampling and reply length. What it has not is
+// refused with the kvrun spelling. The reply, without its brackets.
+std::string set_command(ChatSession& session, const std::string& arg) {
+    std::istringstream in(arg);
+    std::string what, name, value;
+    in >> what;
+    if (what == "system") {
+        const size_t at = arg.find_first_not_of(' ', arg.find("system") + 6);
+        const std::string text = at == std::string::npos ? "" : arg.substr(at);
+        if (!unicode::valid_utf8(text)) return "the system prompt is not valid UTF-8: not set";
+        session.set_system(text);
+        return text.empty() ? "system prompt cleared" : "system prompt set";
+    }
+    constexpr const char* kNames =
+        "temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, num_predict";
+    if (what != "parameter")
+        return fmt::format("/set {} is not supported here; kvrun has /set system TEXT and /set "
+                           "parameter NAME VALUE ({})",
+                           what, kNames);
+    in >> name >> value;
+    std::string rest;
+    if (name.empty() || value.empty() || (in >> rest))
+        return fmt::format("/set parameter NAME VALUE, one value ({})", kNames);
+    if (name == "num_ctx")
+        return "num_ctx is the cache's size, fixed for a chat: start kvrun chat with -c N";
+    if (name == "stop")
+        return "stop strings are fixed for a chat: start kvrun chat with --stop TEXT";
+    SamplerParams p = session.sampling();
+    char* end = nullptr;
+    errno = 0;
+    const double x = std::strtod(value.c_str(), &end);
+    const bool number = *end == '\0' && errno == 0 && std::isfinite(x);
+    const bool whole = number && x == std::floor(x);
+    auto bad = [&](const char* expect) {
+        return fmt::format("/set parameter {} {}: expected {}; unchanged", name, value, expect);
+    };
+    if (name == "temperature") {
+        if (!number || x < 0 || x > 100) return bad("a number from 0 (greedy) to 100");
+        p.temp = static_cast<float>(x);
+    } else if (name == "top_k") {
+        if (!whole || x < 0 || x > (1 << 30)) return bad("a whole number, 0 = off");
+        p.top_k = static_cast<int>(x);
+    } else if (name == "top_p" || name == "min_p") {
+        if (!number || x < 0 || x > 1) return bad("a number from 0 to 1");
+        (name == "top_p" ? p.top_p : p.min_p) = static_cast<float>(x);
+    } else if (name == "repeat_penalty") {
+        if (!number || x <= 0 || x > 100) return bad("a number above 0, 1 = off");
+        p.repeat_penalty = static_cast<float>(x);
+    } else if (name == "repeat_last_n") {
+        if (!whole || x < 0 || x > (1 << 20)) return bad("a whole number");
+        p.repeat_last_n = static_cast<int>(x);
+    } else if (name == "seed") {
+        if (!whole || x < 0) return bad("a whole number from 0");
+        p.seed = std::strtoull(value.c_str(), nullptr, 10);
+    } else if (name == "num_predict") {
+        if (!whole || x < -1 || x > (1 << 30))
+            return bad("a whole number, -1 = until the turn ends");
+        session.set_n_predict(static_cast<int64_t>(x));
+        return fmt::format("num_predict {} (-n)", value);
+    } else {
+        return fmt::format("unknown parameter {} (kvrun's: {})", name, kNames);
+    }
+    session.set_sampling(p);
+    return fmt::format("{} {}", name, value);
+}
 
 std::string rtrim(std::string s) {
     while (!s.empty() && std::strchr(" \t\r\n", s.back())) s.pop_back();
@@ -367,7 +439,7 @@ int run_chat(int argc, char** argv) {
         if (st.stop == "context full")
             fmt::print(stderr, "[answer cut: the context is full (-c {})]\n", n_ctx);
         else if (st.stop == "length")
-            fmt::print(stderr, "[answer cut at -n {} tokens]\n", o.n_predict);
+            fmt::print(stderr, "[answer cut at -n {} tokens]\n", session.n_predict());
     };
 
     use_utf8_ctype();
@@ -444,6 +516,8 @@ int run_chat(int argc, char** argv) {
                 out("[the system prompt is not valid UTF-8: not set]\n");
             else
                 session.set_system(arg), out("[system prompt set]\n");
+        } else if (cmd == "/set") {
+            out("[" + set_command(session, arg) + "]\n");
         } else if (cmd == "/save" || cmd == "/load") {
             if (arg.empty()) {
                 out(fmt::format("[{} needs a file name]\n", cmd));

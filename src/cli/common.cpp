@@ -11,6 +11,7 @@
 #include <iterator>
 #include <optional>
 #include <sstream>
+#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -333,22 +334,38 @@ Backends make_backends(const CommonOptions& o, int threads, const Hparams& hp) {
 }
 
 int resolve_threads(int requested) {
-    return requested > 0 ? requested : gl::ThreadPool::physical_cores();
+    if (requested <= 0) return gl::ThreadPool::physical_cores();
+    // More threads than CPUs: every step waits for a thread the scheduler
+    // left out (a launcher's -t 8 on a 4-core laptop). Said once per run.
+    static bool told = false;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    const int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+    if (cpus > 0 && requested > cpus && !told) {
+        fmt::print(stderr,
+                   "kvrun: warning: -t {} is more threads than the {} CPU{} this process may "
+                   "use; each step waits for the threads left out (leave -t out for {})\n",
+                   requested, cpus, cpus == 1 ? "" : "s", gl::ThreadPool::physical_cores());
+        told = true;
+    }
+    return requested;
 }
 
-gl::Type parse_cache_type(const std::string& name, const char* flag) {
+gl::Type parse_cache_type(const std::string& name, const char* flag, bool auto_ok) {
     gl::Type t;
     if (!gl::type_from_name(name.c_str(), &t) || !kv_cache_type_ok(t))
-        fail(Exit::usage, "{} {}: unsupported KV cache type (use {})", flag, name,
-             kv_cache_type_names());
+        fail(Exit::usage, "{} {}: unsupported KV cache type (use {}{})", flag, name,
+             auto_ok ? "auto, " : "", kv_cache_type_names());
     return t;
 }
 
 void set_cache_types(const CommonOptions& o, ContextRequest& req, bool auto_ok) {
     req.auto_k = auto_ok && is_auto(o.cache_type_k);
     req.auto_v = auto_ok && is_auto(o.cache_type_v);
-    req.type_k = req.auto_k ? gl::Type::F16 : parse_cache_type(o.cache_type_k, "--cache-type-k");
-    req.type_v = req.auto_v ? gl::Type::F16 : parse_cache_type(o.cache_type_v, "--cache-type-v");
+    req.type_k =
+        req.auto_k ? gl::Type::F16 : parse_cache_type(o.cache_type_k, "--cache-type-k", auto_ok);
+    req.type_v =
+        req.auto_v ? gl::Type::F16 : parse_cache_type(o.cache_type_v, "--cache-type-v", auto_ok);
     req.k_rotate = o.k_rotate;
     if (req.auto_k && o.k_rotate)
         fail(Exit::usage, "--ctk auto chooses whether keys are rotated: leave out --k-rotate");

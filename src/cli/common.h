@@ -71,7 +71,7 @@ int resolve_threads(int requested);
 // plan_context, with what it decided told on stderr ("kvrun: -c auto reduced
 // to ..."; the notes meant for -v only with `verbose`).
 ContextPlan plan_and_tell(const LoadedModel& lm, const ContextRequest& req, bool verbose);
-gl::Type parse_cache_type(const std::string& name, const char* flag);
+gl::Type parse_cache_type(const std::string& name, const char* flag, bool auto_ok = false);
 // The cache fields of a ContextRequest from --ctk, --ctv and --k-rotate;
 // "auto" accepted where `auto_ok` (run and chat: they have a memory plan).
 void set_cache_types(const CommonOptions& o, ContextRequest& req, bool auto_ok);

@@ -363,11 +363,13 @@ int run_generate(int argc, char** argv) {
     // Prompt, in batches, after whatever prefix a prompt-cache file supplies.
     const auto t_prompt = Clock::now();
     int64_t reused = 0, cache_held = 0;
+    std::string cache_unusable; // why the file's tokens could not be used (another mode...)
     uint64_t digest = 0;
     if (!o.prompt_cache.empty()) {
         digest = session.model_digest();
         const PromptCacheLoad pc = session.load_prompt_cache(o.prompt_cache, digest, tokens);
         cache_held = pc.held;
+        if (!pc.ok) cache_unusable = pc.why;
         if (pc.ok) {
             reused = pc.reused;
             fmt::print(stderr, "kvrun: prompt cache: reused {} of {} prompt tokens from {}\n",
@@ -399,7 +401,15 @@ int run_generate(int argc, char** argv) {
             session.save_prompt_cache(o.prompt_cache, digest);
             // A file with more than this run kept of it is replaced: say so,
             // since a later run of the longer prompt will reuse less.
-            if (cache_held > reused)
+            if (cache_held > 0 && !cache_unusable.empty())
+                // Not a shorter prefix: tokens this run could not use at all.
+                fmt::print(
+                    stderr,
+                    "kvrun: prompt cache {} replaced: its {} tokens could not be used ({}); it "
+                    "now holds "
+                    "this prompt's {}\n",
+                    o.prompt_cache, cache_held, cache_unusable, tokens.size());
+            else if (cache_held > reused)
                 fmt::print(stderr,
                            "kvrun: prompt cache {} replaced: it held {} tokens, of which this "
                            "prompt shares {}; it now holds this prompt's {}\n",

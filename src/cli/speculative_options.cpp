@@ -59,13 +59,21 @@ Speculation make_speculation(const SpeculativeOptions& o, const LoadedModel& tar
         return m.file.file_size() - m.file.data_offset();
     };
     const uint64_t tb = weight_bytes(target), db = weight_bytes(*s.draft);
-    if (db * 2 > tb)
+    const double ratio = static_cast<double>(db) / static_cast<double>(tb);
+    if (db > tb)
+        // Larger than the model (the two -m swapped?): a percentage over 100
+        // reads oddly; how many times the model's reads each draft costs.
+        fmt::print(stderr,
+                   "kvrun: warning: the draft model reads {} per token, {:.1f} times the model's "
+                   "{}: every drafted token costs more than the model's own step (swap -m and "
+                   "-md, use a draft several times smaller, or --lookup)\n",
+                   human_bytes(db), ratio, human_bytes(tb));
+    else if (db * 2 > tb)
         fmt::print(stderr,
                    "kvrun: warning: the draft model reads {} per token, {:.0f}% of the model's "
                    "{}: drafts cost about as much as they save (use a draft several times "
                    "smaller, or --lookup)\n",
-                   human_bytes(db), 100.0 * static_cast<double>(db) / static_cast<double>(tb),
-                   human_bytes(tb));
+                   human_bytes(db), 100.0 * ratio, human_bytes(tb));
     const Hparams& dh = s.draft->model.hp;
     const KvCacheConfig dc =
         KvCacheConfig::for_model(dh, cache.n_ctx, cache.keep, cache.type_k, cache.type_v);

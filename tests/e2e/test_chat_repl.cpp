@@ -327,6 +327,39 @@ TEST_CASE("chat repl: Ollama's habits: the -p message in the transcript, \"\"\" 
     std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("chat repl: Ollama's /set parameter and /set system work; the rest says what kvrun has") {
+    Repl r({"-n", "8", "--temp", "0"});
+    r.until("> ");
+    const std::string greedy = r.say("Hello");
+    // The reply length of the next answers (-n).
+    CHECK(r.say("/set parameter num_predict 3").find("[num_predict 3 (-n)]") != std::string::npos);
+    r.say("Tell me a story");
+    CHECK(r.stats().generated == 3);
+    CHECK(r.say("/set parameter num_predict 8").find("[num_predict 8") != std::string::npos);
+    r.say("/undo");
+    // Sampling: a seed set again gives the same draw; temperature 0 is greedy again.
+    CHECK(r.say("/set parameter temperature 2").find("[temperature 2]") != std::string::npos);
+    r.say("/set parameter seed 7");
+    const std::string hot = r.say("/retry");
+    r.say("/set parameter seed 7");
+    CHECK(r.say("/retry") == hot);
+    CHECK(hot != greedy); // 8 tokens drawn at temperature 2 (top-k 40) are not the argmax's
+    r.say("/set parameter temperature 0");
+    CHECK(r.say("/retry") == greedy);
+    // Refused with what kvrun has, the session unchanged.
+    CHECK(r.say("/set parameter temperature hot").find("expected a number") != std::string::npos);
+    CHECK(r.say("/set parameter num_ctx 4096").find("-c N") != std::string::npos);
+    CHECK(r.say("/set parameter mirostat 2").find("unknown parameter mirostat") !=
+          std::string::npos);
+    CHECK(r.say("/set verbose").find("/set verbose is not supported here") != std::string::npos);
+    CHECK(r.say("/retry") == greedy);
+    // /set system is /system.
+    CHECK(r.say("/set system You are a cat.").find("[system prompt set]") != std::string::npos);
+    CHECK(r.say("/system").find("[system] You are a cat.") != std::string::npos);
+    r.send("/bye\n");
+    CHECK(r.wait_exit() == 0);
+}
+
 TEST_CASE("run: -f - on a terminal says it is reading, then reads to Ctrl-D") {
     Repl r({"-m", kStories, "-f", "-", "-n", "3", "--temp", "0"}, 0, {}, false);
     r.until("reading the prompt from the terminal");

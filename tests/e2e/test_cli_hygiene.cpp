@@ -232,6 +232,21 @@ TEST_CASE("cli args: llama.cpp options kvrun lacks are unknown options, named wi
         a.insert(a.end(), x.begin(), x.end());
         CHECK(run_json(a)["text"] == plain["text"]);
     }
+    // -fa with a value it does not take names -fa's values (it was "unexpected
+    // argument '2' (a prompt goes after -p ...)").
+    const std::string fa = usage_line(run({"-m", kStories, "-p", kPrompt, "-fa", "2"}));
+    CHECK(contains(fa, "-fa 2: expected on, off or auto (or 1, 0)"));
+    CHECK(!contains(fa, "-p"));
+    // --ctk's error lists auto where auto is taken (run, chat), not elsewhere (bench).
+    CHECK(contains(usage_line(run({"-m", kStories, "-p", kPrompt, "--ctk", "q5"})),
+                   "(use auto, f32, f16"));
+    CHECK(contains(usage_line(run({"bench", "-m", kStories, "--ctk", "q5"})), "(use f32, f16"));
+    // -t above the CPUs this process may use: one warning.
+    const auto many = run({"-m", kStories, "-p", kPrompt, "-n", "2", "-t", "1000", "--quiet"});
+    CHECK(many.status == 0);
+    CHECK(many.err.find("kvrun: warning: -t 1000 is more threads than the ") == 0);
+    CHECK(kvtest::lines(many.err).size() == 1);
+    CHECK(run({"-m", kStories, "-p", kPrompt, "-n", "2", "-t", "1", "--quiet"}).err.empty());
     // Subcommands kvrun lacks.
     for (const char* sub : {"serve", "pull", "list"}) {
         CAPTURE(sub);

@@ -86,6 +86,14 @@ TEST_CASE("cli speculative: --lookup and --draft-model print plain decoding's an
                    "model's") != std::string::npos);
     const std::string plain_err = ok(std::vector<std::string>(base.begin(), base.end())).err;
     CHECK(plain_err.find("the draft model reads") == std::string::npos);
+    // A draft larger than the model (the two swapped): how many times its reads.
+    const std::string larger =
+        ok({"-m", kvtest::shared("models/synthetic/tiny-Q4_0.gguf"), "--draft-model",
+            kvtest::shared("models/synthetic/tiny-Q8_0.gguf"), "-p", "Hello", "-n", "4", "--temp",
+            "0"})
+            .err;
+    CHECK(larger.find(" times the model's ") != std::string::npos);
+    CHECK(larger.find("swap -m and -md") != std::string::npos);
 }
 
 TEST_CASE("cli speculative: a chat answer with --lookup is plain decoding's") {

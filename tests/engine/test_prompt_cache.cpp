@@ -110,6 +110,10 @@ TEST_CASE("prompt cache: a reused prefix gives the same greedy output") {
     auto plain = gen("tiny-Q8_0.gguf", kLonger, {"--prompt-cache", dpc});
     CHECK(!reused(plain));
     CHECK(plain.err.find("not used (made with --deterministic)") != std::string::npos);
+    // Its save replaces the file for the mode, not for a shorter prefix ("shares 0").
+    CHECK(plain.err.find("tokens could not be used (made with --deterministic); it now holds") !=
+          std::string::npos);
+    CHECK(plain.err.find("shares 0") == std::string::npos);
     auto det = gen("tiny-Q8_0.gguf", kLonger, {"--prompt-cache", dpc, "--deterministic"});
     CHECK(!reused(det));
     CHECK(det.err.find("not used (made without --deterministic)") != std::string::npos);
