@@ -39,14 +39,18 @@ class Backend {
     // y[t] = W x[t] for n_tok rows.
     virtual void matmul(const Tensor& w, const float* x, int64_t n_tok, float* y) = 0;
     // `rows` rows of n: out = rmsnorm(x) * w.
-    virtual void rmsnorm(const float* x, const float* w, int64_t n, int64_t rows, float eps, float* out) = 0;
+    virtual void rmsnorm(const float* x, const float* w, int64_t n, int64_t rows, float eps,
+                         float* out) = 0;
     // Rotate `rows` rows of n_heads heads; row r uses cos/sin + r * rope_dims/2.
-    virtual void rope(float* x, int64_t rows, int n_heads, int head_dim, int rope_dims, const float* cos,
-                      const float* sin, bool neox) = 0;
+    virtual void rope(float* x, int64_t rows, int n_heads, int head_dim, int rope_dims,
+                      const float* cos, const float* sin, bool neox) = 0;
     // `rows` rows of n floats: each run of `block` elements (a power of two
     // dividing n) rotated by the orthonormal Hadamard transform, in place
     // (gl::hadamard_rows; rotated keys, KvCacheConfig::k_rotate).
     virtual void hadamard_rows(float* x, int64_t rows, int64_t n, int block) = 0;
+    // The inverse, R^-1 (gl::hadamard_rows_inverse): attention's output back
+    // from rotated values (KvCacheConfig::v_rotate).
+    virtual void hadamard_rows_inverse(float* x, int64_t rows, int64_t n, int block) = 0;
     virtual void silu_mul(float* gate, const float* up, int64_t n) = 0;
     // gate[i] = gelu(gate[i]) * up[i], GELU by its tanh approximation
     // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (Gemma's gated FFN).

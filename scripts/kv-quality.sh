@@ -6,7 +6,8 @@
 # (defaults: ../shared/models/stories260K.gguf, ../shared/text/stories260K-samples.txt, 512)
 # The pairs: every K type with every V type of f16, q8_0 and q4_0 would be 9
 # (18 rotated and not); rotation changes nothing for float keys (one check
-# row) and nothing for V, so the table keeps the rows that tell something.
+# row), so the table keeps the rows that tell something. With q4_0 values,
+# --k-rotate rotates the values too (docs/kv-cache.md, "Rotated values").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:-../shared/models/stories260K.gguf}

@@ -61,7 +61,9 @@ std::vector<CacheTypes> cache_type_ladder(const Hparams& hp, const ContextReques
 std::string cache_types_text(gl::Type k, gl::Type v, int k_rotate) {
     // Rotated keys always name both types: "q4_0, keys rotated" would read as if V were rotated
     // too.
-    if (k_rotate > 0) return fmt::format("{}/{}, keys rotated", gl::type_name(k), gl::type_name(v));
+    if (k_rotate > 0)
+        return fmt::format("{}/{}, keys{} rotated", gl::type_name(k), gl::type_name(v),
+                           KvCacheConfig::values_rotated_with(v, k_rotate) ? " and values" : "");
     return k == v ? std::string(gl::type_name(k))
                   : fmt::format("{}/{}", gl::type_name(k), gl::type_name(v));
 }

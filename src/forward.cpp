@@ -202,11 +202,12 @@ void Forward::step(const int32_t* tokens, int n, int first, int64_t pos0, Pass p
                 for (int j = 0; j < hp.n_embd; j++) x[j] *= m_.embed_scale;
             pos_[i] = pos0 + i;
             const size_t at = static_cast<size_t>(i) * half;
-            gl::ops::rope_angles(static_cast<double>(pos0 + i), half, rope.inv_freq, cos_.data() + at,
-                                 sin_.data() + at);
+            gl::ops::rope_angles(static_cast<double>(pos0 + i), half, rope.inv_freq,
+                                 cos_.data() + at, sin_.data() + at);
             if (!cos_swa_.empty())
-                gl::ops::rope_angles(static_cast<double>(pos0 + i), half, m_.rope_inv_freq_swa.data(),
-                                     cos_swa_.data() + at, sin_swa_.data() + at);
+                gl::ops::rope_angles(static_cast<double>(pos0 + i), half,
+                                     m_.rope_inv_freq_swa.data(), cos_swa_.data() + at,
+                                     sin_swa_.data() + at);
         }
         if (rope.attn_factor != 1.0) // LongRoPE: the rotated dims of Q and K scaled
             for (size_t j = 0; j < static_cast<size_t>(n) * half; j++) {
@@ -269,11 +270,11 @@ void Forward::attention_block(int l, int n, int64_t pos0, Pass pass) {
     // of place through att_ (free until attention writes it) and copied back,
     // so no backend needs an in-place norm.
     if (!L.q_norm.empty()) {
-        be.rmsnorm(q_.data(), L.q_norm.data(), hp.head_dim, static_cast<int64_t>(n) * hp.n_head, hp.rms_eps,
-                   att_.data());
+        be.rmsnorm(q_.data(), L.q_norm.data(), hp.head_dim, static_cast<int64_t>(n) * hp.n_head,
+                   hp.rms_eps, att_.data());
         be.convert_rows(gl::Type::F32, att_.data(), qd, n, q_.data());
-        be.rmsnorm(k_.data(), L.k_norm.data(), hp.head_dim, static_cast<int64_t>(n) * hp.n_head_kv, hp.rms_eps,
-                   att_.data());
+        be.rmsnorm(k_.data(), L.k_norm.data(), hp.head_dim, static_cast<int64_t>(n) * hp.n_head_kv,
+                   hp.rms_eps, att_.data());
         be.convert_rows(gl::Type::F32, att_.data(), kvd, n, k_.data());
     }
     // Sinks keep their unrotated keys, re-rotated for queries past the window
@@ -300,6 +301,10 @@ void Forward::attention_block(int l, int n, int64_t pos0, Pass pass) {
         be.hadamard_rows(k_.data(), n, kvd, rot);
         if (any_slid) be.hadamard_rows(q_unrot_.data(), n, qd, rot);
     }
+    // Rotated values (4-bit V): stored rotated; the output, a weighted sum of
+    // them, is turned back below.
+    const int v_rot = kv_.config().v_rotate;
+    if (v_rot > 0) be.hadamard_rows(v_.data(), n, kvd, v_rot);
     be.convert_rows(kv_.config().type_k, k_.data(), kvd, n, kc_.data());
     be.convert_rows(kv_.config().type_v, v_.data(), kvd, n, vc_.data());
     other.reset();
@@ -331,6 +336,12 @@ void Forward::attention_block(int l, int n, int64_t pos0, Pass pass) {
             [&be](void* dst, const void* src, size_t bytes) { be.copy_to_host(src, dst, bytes); });
     }
 
+    if (v_rot > 0) {
+        // Each query head's output is a sum of its KV head's rotated values:
+        // R^-1 on the same blocks gives the sum of the values.
+        OpTimer t(profile_, Op::other);
+        be.hadamard_rows_inverse(att_.data(), n, qd, v_rot);
+    }
     matmul(be, Op::attn_output, L.wo, att_.data(), n, xb_.data());
     add_residual(be, n, L.post_attn_norm);
 }
@@ -351,7 +362,8 @@ void Forward::attend_each(gl::AttentionArgs a, int l, int n, int64_t pos0, bool 
     for (int i = 0; i < n; i++) {
         const int64_t p = pos0 + i;
         a.q = q_.data() + static_cast<size_t>(i) * qd;
-        a.q_unrot = any_slid && p >= n_slots ? q_unrot_.data() + static_cast<size_t>(i) * qd : nullptr;
+        a.q_unrot =
+            any_slid && p >= n_slots ? q_unrot_.data() + static_cast<size_t>(i) * qd : nullptr;
         a.pos = pos_.data() + i;
         a.k_new = kc_.data() + i * kv_.row_bytes_k();
         a.v_new = vc_.data() + i * kv_.row_bytes_v();

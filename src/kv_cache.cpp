@@ -11,9 +11,13 @@
 
 namespace kvrun {
 
-bool kv_cache_type_ok(gl::Type t) { return gl::type_info(t).kv_cache; }
+bool kv_cache_type_ok(gl::Type t) {
+    return gl::type_info(t).kv_cache;
+}
 
-const char* kv_cache_type_names() { return gl::kv_type_names(); }
+const char* kv_cache_type_names() {
+    return gl::kv_type_names();
+}
 
 int KvCacheConfig::swa_count() const {
     int n = 0;
@@ -29,7 +33,9 @@ size_t slot_bytes(const KvCacheConfig& c) {
 }
 } // namespace
 
-size_t KvCache::bytes_per_token(const KvCacheConfig& c) { return static_cast<size_t>(c.n_layer) * slot_bytes(c); }
+size_t KvCache::bytes_per_token(const KvCacheConfig& c) {
+    return static_cast<size_t>(c.n_layer) * slot_bytes(c);
+}
 
 size_t KvCache::bytes_at_depth(const KvCacheConfig& c, int64_t depth) {
     const int64_t n_swa = c.swa_count(), n_global = c.n_layer - n_swa;
@@ -38,7 +44,9 @@ size_t KvCache::bytes_at_depth(const KvCacheConfig& c, int64_t depth) {
     return static_cast<size_t>(rows) * slot_bytes(c);
 }
 
-size_t KvCache::ring_bytes_for(const KvCacheConfig& c) { return bytes_at_depth(c, c.n_ctx); }
+size_t KvCache::ring_bytes_for(const KvCacheConfig& c) {
+    return bytes_at_depth(c, c.n_ctx);
+}
 
 int64_t KvCache::max_ctx_for_bytes(const KvCacheConfig& c, uint64_t bytes) {
     const uint64_t row = slot_bytes(c);
@@ -49,24 +57,30 @@ int64_t KvCache::max_ctx_for_bytes(const KvCacheConfig& c, uint64_t bytes) {
     const int64_t below = static_cast<int64_t>(all_rows / c.n_layer);
     if (n_swa == 0 || below < c.swa_window) return below;
     if (n_global == 0) return int64_t{1} << 30; // the rings stop growing at the window
-    return static_cast<int64_t>((all_rows - static_cast<uint64_t>(n_swa) * c.swa_window) / n_global);
+    return static_cast<int64_t>((all_rows - static_cast<uint64_t>(n_swa) * c.swa_window) /
+                                n_global);
 }
 
 KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg) {
     if (cfg.n_ctx < 2) fail(Exit::usage, "context size {} is too small (at least 2)", cfg.n_ctx);
-    KV_ASSERT(cfg.swa_layers.empty() || (static_cast<int>(cfg.swa_layers.size()) == cfg.n_layer && cfg.swa_window >= 1));
+    KV_ASSERT(cfg.swa_layers.empty() ||
+              (static_cast<int>(cfg.swa_layers.size()) == cfg.n_layer && cfg.swa_window >= 1));
     if (cfg.keep < 0 || cfg.keep >= cfg.n_ctx)
-        fail(Exit::usage, "--keep {} must be at least 0 and smaller than the context ({})", cfg.keep, cfg.n_ctx);
+        fail(Exit::usage, "--keep {} must be at least 0 and smaller than the context ({})",
+             cfg.keep, cfg.n_ctx);
     for (gl::Type t : {cfg.type_k, cfg.type_v}) {
         if (!kv_cache_type_ok(t))
-            fail(Exit::usage, "KV cache type {} is not supported (use {})", gl::type_name(t), kv_cache_type_names());
+            fail(Exit::usage, "KV cache type {} is not supported (use {})", gl::type_name(t),
+                 kv_cache_type_names());
         if (!gl::row_size_ok(t, kv_dim()))
-            fail(Exit::usage, "KV cache type {} needs rows that are a multiple of {} elements; this model's are {}",
+            fail(Exit::usage,
+                 "KV cache type {} needs rows that are a multiple of {} elements; this model's are "
+                 "{}",
                  gl::type_name(t), gl::type_info(t).block_size, kv_dim());
     }
-    const int rot = cfg.k_rotate;
-    KV_ASSERT(rot == 0 ||
-              (rot <= gl::kHadamardMaxBlock && (rot & (rot - 1)) == 0 && cfg.head_dim % rot == 0));
+    for (const int rot : {cfg.k_rotate, cfg.v_rotate})
+        KV_ASSERT(rot == 0 || (rot <= gl::kHadamardMaxBlock && (rot & (rot - 1)) == 0 &&
+                               cfg.head_dim % rot == 0));
     row_k_ = gl::row_size(cfg.type_k, kv_dim());
     row_v_ = gl::row_size(cfg.type_v, kv_dim());
     // One block for every layer's K and V slots, each 64-byte aligned (SIMD
@@ -92,7 +106,9 @@ KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg) {
     sink_k_.assign(static_cast<size_t>(cfg.n_layer) * cfg.keep * kv_dim(), 0.0f);
 }
 
-size_t KvCache::ring_bytes() const { return ring_bytes_for(cfg_); }
+size_t KvCache::ring_bytes() const {
+    return ring_bytes_for(cfg_);
+}
 
 void KvCache::attention_slots(int layer, gl::AttentionArgs& a) const {
     a.k_type = cfg_.type_k;
@@ -113,10 +129,14 @@ void KvCache::attention_slots(int layer, gl::AttentionArgs& a) const {
     a.sink_k = r.keep > 0 ? sink_k(layer) : nullptr;
 }
 
-size_t KvCache::sink_bytes() const { return sink_k_.size() * sizeof(float); }
+size_t KvCache::sink_bytes() const {
+    return sink_k_.size() * sizeof(float);
+}
 
 namespace {
-void copy_bytes(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+void copy_bytes(void* dst, const void* src, size_t bytes) {
+    std::memcpy(dst, src, bytes);
+}
 } // namespace
 
 void KvCache::write(int layer, int64_t pos0, int n, const void* k_rows, const void* v_rows) {
@@ -129,7 +149,8 @@ void KvCache::write(int layer, int64_t pos0, int n, const void* k_rows, const vo
     // When the batch is longer than the window only its newest tokens survive;
     // skip the ones that would be overwritten within the same batch.
     const Ring& r = ring(layer);
-    const int first = n > r.window() ? static_cast<int>(n - r.window()) : 0; // sinks are never skipped (below)
+    const int first =
+        n > r.window() ? static_cast<int>(n - r.window()) : 0; // sinks are never skipped (below)
     for (int i = 0; i < n; i++) {
         const int64_t p = pos0 + i;
         if (i < first && p >= r.keep) continue;
@@ -141,8 +162,8 @@ void KvCache::write(int layer, int64_t pos0, int n, const void* k_rows, const vo
 
 void KvCache::write_row(int layer, int64_t pos, const void* k_row, const void* v_row) {
     KV_ASSERT(layer >= 0 && layer < cfg_.n_layer && pos >= n_past_);
-    put_row(layer, slot_of(layer, pos), static_cast<const uint8_t*>(k_row), static_cast<const uint8_t*>(v_row),
-            copy_bytes);
+    put_row(layer, slot_of(layer, pos), static_cast<const uint8_t*>(k_row),
+            static_cast<const uint8_t*>(v_row), copy_bytes);
 }
 
 void KvCache::set_head_major(bool on) {
@@ -325,7 +346,8 @@ void KvCache::store_sinks(int layer, int64_t pos0, int n, const float* k_unrot, 
         const int64_t j = pos0 + i;
         float* dst = sink_k(layer) + j * kvd;
         std::memcpy(dst, k_unrot + static_cast<size_t>(i) * kvd, sizeof(float) * kvd);
-        gl::ops::rope_angles(-static_cast<double>(cfg_.n_ctx - 1 - j), half, rope.inv_freq, cs.data(), sn.data());
+        gl::ops::rope_angles(-static_cast<double>(cfg_.n_ctx - 1 - j), half, rope.inv_freq,
+                             cs.data(), sn.data());
         if (rope.attn_factor != 1.0) { // the query they meet is unrotated: both factors here
             const float f2 = static_cast<float>(rope.attn_factor * rope.attn_factor);
             for (int p = 0; p < half; p++) {
@@ -333,7 +355,8 @@ void KvCache::store_sinks(int layer, int64_t pos0, int n, const float* k_unrot, 
                 sn[p] *= f2;
             }
         }
-        gl::ops::rope(dst, cfg_.n_head_kv, cfg_.head_dim, rope.dims, cs.data(), sn.data(), rope.neox);
+        gl::ops::rope(dst, cfg_.n_head_kv, cfg_.head_dim, rope.dims, cs.data(), sn.data(),
+                      rope.neox);
         if (cfg_.k_rotate > 0) gl::hadamard_rows(dst, 1, kvd, cfg_.k_rotate);
     }
 }
@@ -342,7 +365,8 @@ void KvCache::reseat_sinks(int layer, int64_t n_ctx_then, const Rope& rope) {
     const int half = rope.dims / 2;
     std::vector<float> cs(half), sn(half);
     // Stored rotated by -(n_ctx_then - 1 - j); wanted -(n_ctx - 1 - j).
-    gl::ops::rope_angles(static_cast<double>(n_ctx_then - cfg_.n_ctx), half, rope.inv_freq, cs.data(), sn.data());
+    gl::ops::rope_angles(static_cast<double>(n_ctx_then - cfg_.n_ctx), half, rope.inv_freq,
+                         cs.data(), sn.data());
     float* dst = sink_k(layer);
     for (int j = 0; j < cfg_.keep; j++)
         rope_stored(dst + static_cast<size_t>(j) * kv_dim(), rope, cs.data(), sn.data());

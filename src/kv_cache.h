@@ -48,11 +48,29 @@ struct KvCacheConfig {
     // one that meets the sinks) the same way. q·k is unchanged; a 4-bit block
     // no longer has to hold a head's outlier channels at their full size.
     int k_rotate = 0;
+    // Rotated values: 0 for none, else the block every value is rotated in
+    // (R, as the keys) before it is stored; attention's output, a sum of
+    // rotated values, is turned back by R^-1 per head. Set with k_rotate for
+    // 4-bit values, where it helps (docs/kv-cache.md, "Rotated values").
+    int v_rotate = 0;
 
     static KvCacheConfig for_model(const Hparams& hp, int n_ctx, int keep, gl::Type type_k,
                                    gl::Type type_v, int k_rotate = 0) {
-        return {hp.n_layer, hp.n_head_kv, hp.head_dim,   n_ctx,         keep,
-                type_k,     type_v,       hp.swa_window, hp.swa_layers, k_rotate};
+        return {hp.n_layer,
+                hp.n_head_kv,
+                hp.head_dim,
+                n_ctx,
+                keep,
+                type_k,
+                type_v,
+                hp.swa_window,
+                hp.swa_layers,
+                k_rotate,
+                values_rotated_with(type_v, k_rotate)};
+    }
+    // The v_rotate that goes with rotated keys: the keys' block for a 4-bit V.
+    static int values_rotated_with(gl::Type type_v, int k_rotate) {
+        return type_v == gl::Type::Q4_0 ? k_rotate : 0;
     }
     bool is_swa(int layer) const { return !swa_layers.empty() && swa_layers[layer] != 0; }
     int swa_count() const;
@@ -120,7 +138,9 @@ class KvCache {
     void set_head_major(bool on);
     bool head_major() const { return head_major_; }
     size_t slot_bytes_v() const { return head_major_ ? row_v_ / cfg_.n_head_kv : row_v_; }
-    size_t head_bytes_k(int layer) const { return head_major_ ? row_k_ / cfg_.n_head_kv * slots(layer) : 0; }
+    size_t head_bytes_k(int layer) const {
+        return head_major_ ? row_k_ / cfg_.n_head_kv * slots(layer) : 0;
+    }
     size_t head_bytes_v(int layer) const { return head_major_ ? slot_bytes_v() * slots(layer) : 0; }
     // A layer's cached slots for gl::attention: the cache fields of `a`
     // (types, row sizes, n_ctx, slots in either layout, the positions they

@@ -15,8 +15,10 @@ namespace kvrun {
 namespace {
 
 constexpr char kMagic[8] = {'K', 'V', 'R', 'U', 'N', 'P', 'C', '\0'};
-constexpr uint32_t kVersion =
-    3; // 2: sliding-window rings saved slot by slot; 3: the digest covers the weights
+// 2: sliding-window rings saved slot by slot; 3: the digest covers the
+// weights; 4: rotated keys with 4-bit values rotate the values too (older
+// files of that kind hold unrotated values).
+constexpr uint32_t kVersion = 4;
 
 struct Header {
     char magic[8];
@@ -26,7 +28,8 @@ struct Header {
     uint32_t keep;
     uint32_t n_ctx;     // the context the sink copies were rotated for
     uint32_t swa_slots; // slots of a sliding-window layer's ring, 0 = none
-    uint32_t k_rotate;  // KvCacheConfig::k_rotate (0: keys not rotated; before it, always 0)
+    uint32_t k_rotate;  // KvCacheConfig::k_rotate (0: keys not rotated; before it, always 0),
+                        // and v_rotate << 16
     uint64_t digest;
     uint64_t n_tokens;
 };
@@ -84,7 +87,7 @@ void save_prompt_cache(const std::string& path, uint64_t digest, const KvCache& 
     h.keep = c.keep;
     h.n_ctx = c.n_ctx;
     h.swa_slots = c.swa_count() > 0 ? std::min(c.swa_window, c.n_ctx) : 0;
-    h.k_rotate = static_cast<uint32_t>(c.k_rotate);
+    h.k_rotate = static_cast<uint32_t>(c.k_rotate) | static_cast<uint32_t>(c.v_rotate) << 16;
     h.digest = digest;
     h.n_tokens = n;
     std::string out;
@@ -146,11 +149,16 @@ PromptCacheLoad load_prompt_cache(const std::string& path, uint64_t digest, KvCa
     if (h.digest != digest) return r.why = "made with a different model", r;
     if (h.type_k != static_cast<uint32_t>(c.type_k) || h.type_v != static_cast<uint32_t>(c.type_v))
         return r.why = "made with other cache types", r;
-    if (h.k_rotate != static_cast<uint32_t>(c.k_rotate))
-        return r.why = h.k_rotate == 0   ? "its keys are not rotated (this run has --k-rotate)"
+    const uint32_t k_rot = h.k_rotate & 0xffff, v_rot = h.k_rotate >> 16;
+    if (k_rot != static_cast<uint32_t>(c.k_rotate))
+        return r.why = k_rot == 0        ? "its keys are not rotated (this run has --k-rotate)"
                        : c.k_rotate == 0 ? "its keys are rotated (--k-rotate)"
                                          : "its keys are rotated in other blocks",
                r;
+    // (The same types and key blocks give the same value blocks: only a file
+    // kvrun did not write differs here.)
+    if (v_rot != static_cast<uint32_t>(c.v_rotate))
+        return r.why = "its values are rotated otherwise", r;
     if (h.n_layer != static_cast<uint32_t>(c.n_layer) ||
         h.n_head_kv != static_cast<uint32_t>(c.n_head_kv) ||
         h.head_dim != static_cast<uint32_t>(c.head_dim))

@@ -54,6 +54,9 @@ class CpuBackend final : public Backend {
     void hadamard_rows(float* x, int64_t rows, int64_t n, int block) override {
         gl::hadamard_rows(x, rows, n, block);
     }
+    void hadamard_rows_inverse(float* x, int64_t rows, int64_t n, int block) override {
+        gl::hadamard_rows_inverse(x, rows, n, block);
+    }
 
     void silu_mul(float* gate, const float* up, int64_t n) override {
         pool_.parallel_for(

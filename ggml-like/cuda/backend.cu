@@ -184,6 +184,17 @@ void CudaBackend::hadamard_rows(float* x, int64_t rows, int64_t n, int block) {
     });
 }
 
+void CudaBackend::hadamard_rows_inverse(float* x, int64_t rows, int64_t n, int block) {
+    if (rows <= 0 || n <= 0 || block <= 1) return;
+    op(OpKind::other, [&] {
+        const size_t xb = sizeof(float) * static_cast<size_t>(rows * n);
+        const Out r = inout(x, xb, kX);
+        cuda::hadamard_rows_inverse(static_cast<float*>(r.dev), rows * n / block, block, s_);
+        GL_CUDA(cudaGetLastError());
+        finish({r});
+    });
+}
+
 void CudaBackend::convert_rows(Type t, const float* x, int64_t n, int64_t rows, void* dst) {
     if (!cuda::convert_supported(t))
         throw std::runtime_error(std::string("CUDA backend: cannot convert rows to ") +

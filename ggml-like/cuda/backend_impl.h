@@ -63,6 +63,7 @@ class CudaBackend final : public Backend {
     void rope(float* x, int64_t rows, int n_heads, int head_dim, int rope_dims, const float* cos,
               const float* sin, bool neox) override;
     void hadamard_rows(float* x, int64_t rows, int64_t n, int block) override;
+    void hadamard_rows_inverse(float* x, int64_t rows, int64_t n, int block) override;
     void silu_mul(float* gate, const float* up, int64_t n) override {
         binary(gate, up, n, Binary::silu_mul);
     }

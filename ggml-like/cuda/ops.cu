@@ -59,12 +59,14 @@ __global__ void rope_kernel(float* x, int64_t rows, int n_heads, int head_dim, i
 // block's elements in shared memory, scaled and sign-flipped, then log2(b)
 // passes with a barrier between them: the same operations in the same order
 // as gl::hadamard_rows.
-__global__ void hadamard_kernel(float* x, int block, float scale) {
+// `inverse`: R^-1 = D H / sqrt(b), the factor applied after the butterflies
+// instead of before (gl::hadamard_rows_inverse).
+__global__ void hadamard_kernel(float* x, int block, float scale, bool inverse) {
     extern __shared__ float v[];
     float* g = x + static_cast<int64_t>(blockIdx.x) * block;
     // D / sqrt(b) first, as one factor (gl::hadamard_sign, repeated here).
     for (int i = threadIdx.x; i < block; i += blockDim.x)
-        v[i] = __fmul_rn(g[i], __popc(i & (i >> 1) & 0x55) & 1 ? -scale : scale);
+        v[i] = inverse ? g[i] : __fmul_rn(g[i], __popc(i & (i >> 1) & 0x55) & 1 ? -scale : scale);
     __syncthreads();
     for (int h = 1; h < block; h *= 2) {
         const int p = threadIdx.x;             // pair p of block / 2
@@ -74,7 +76,8 @@ __global__ void hadamard_kernel(float* x, int block, float scale) {
         v[j + h] = __fsub_rn(a, c);
         __syncthreads();
     }
-    for (int i = threadIdx.x; i < block; i += blockDim.x) g[i] = v[i];
+    for (int i = threadIdx.x; i < block; i += blockDim.x)
+        g[i] = inverse ? __fmul_rn(v[i], __popc(i & (i >> 1) & 0x55) & 1 ? -scale : scale) : v[i];
 }
 
 __global__ void silu_mul_kernel(float* gate, const float* __restrict__ up, int64_t n) {
@@ -162,7 +165,14 @@ void hadamard_rows(float* x, int64_t n_blocks, int block, cudaStream_t s) {
     if (n_blocks <= 0 || block <= 1) return;
     const float scale = static_cast<float>(1.0 / sqrt(static_cast<double>(block)));
     hadamard_kernel<<<static_cast<unsigned>(n_blocks), block / 2, sizeof(float) * block, s>>>(
-        x, block, scale);
+        x, block, scale, false);
+}
+
+void hadamard_rows_inverse(float* x, int64_t n_blocks, int block, cudaStream_t s) {
+    if (n_blocks <= 0 || block <= 1) return;
+    const float scale = static_cast<float>(1.0 / sqrt(static_cast<double>(block)));
+    hadamard_kernel<<<static_cast<unsigned>(n_blocks), block / 2, sizeof(float) * block, s>>>(
+        x, block, scale, true);
 }
 
 void gelu_mul(float* gate, const float* up, int64_t n, cudaStream_t s) {

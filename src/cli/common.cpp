@@ -170,7 +170,8 @@ void add_runtime_options(CLI::App& app, CommonOptions& o, bool auto_types) {
         ->capture_default_str();
     app.add_flag("--k-rotate", o.k_rotate,
                  "store keys rotated by an orthonormal Hadamard transform per head (queries too; "
-                 "scores unchanged): 4-bit keys keep their quality (--ctk q4_0 --k-rotate)");
+                 "scores unchanged): 4-bit keys keep their quality (--ctk q4_0 --k-rotate); "
+                 "4-bit values are rotated too (the output turned back)");
     app.add_flag("-v,--verbose", o.verbose, "log model and cache details to stderr");
     app.add_option(
         "--device", o.device,

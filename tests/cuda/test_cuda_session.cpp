@@ -110,7 +110,8 @@ int first_difference(const std::vector<int32_t>& a, const std::vector<int32_t>& 
 
 } // namespace
 
-TEST_CASE("cuda rotated keys: the Hadamard kernel is gl::hadamard_rows bit for bit") {
+TEST_CASE("cuda rotated keys: the Hadamard kernel and its inverse are gl::hadamard_rows(_inverse) "
+          "bit for bit") {
     std::string why;
     if (!gl::cuda_available(&why)) {
         MESSAGE("CUDA tests skipped: ", why);
@@ -133,6 +134,11 @@ TEST_CASE("cuda rotated keys: the Hadamard kernel is gl::hadamard_rows bit for b
                 gl::hadamard_rows_reference(ref.data(), rows, n, block);
                 CHECK(std::memcmp(host.data(), dev.data(), sizeof(float) * x.size()) == 0);
                 CHECK(worst_diff(dev, ref) < 1e-4);
+                // The inverse (rotated values' output), bit for bit too, and back to x.
+                gl::hadamard_rows_inverse(host.data(), rows, n, block);
+                cuda->hadamard_rows_inverse(dev.data(), rows, n, block);
+                CHECK(std::memcmp(host.data(), dev.data(), sizeof(float) * x.size()) == 0);
+                CHECK(worst_diff(dev, x) < 1e-4);
             }
 }
 

@@ -380,12 +380,13 @@ TEST_CASE("cli output: the stats line and -v name both cache types when they dif
     CHECK(r.status == 0);
     CHECK(contains(r.err, "(q8_0/q4_0)"));
     CHECK(contains(r.err, "per token, q8_0/q4_0)"));
-    // Rotated keys are named with both types, in -v and the stats line.
+    // Rotated keys are named with both types, in -v and the stats line (4-bit values
+    // rotated with them).
     const auto rot = run({"-m", kStories, "-p", kPrompt, "-n", "2", "--ctk", "q4_0", "--ctv",
                           "q4_0", "--k-rotate", "-v"});
     CHECK(rot.status == 0);
-    CHECK(contains(rot.err, "per token, q4_0/q4_0, keys rotated)"));
-    CHECK(contains(rot.err, "(q4_0/q4_0, keys rotated)"));
+    CHECK(contains(rot.err, "per token, q4_0/q4_0, keys and values rotated)"));
+    CHECK(contains(rot.err, "(q4_0/q4_0, keys and values rotated)"));
     // The stats line is not preceded by an empty line when stdout is not the terminal.
     const auto s = run({"-m", kStories, "-p", kPrompt, "-n", "2"});
     CHECK(starts_with(s.err, "[kvrun]"));
@@ -403,8 +404,9 @@ TEST_CASE("cli output: info gives quantized KV types' bytes per element with the
         r.out, "KV per token: 260 B = 5 layers × 4 KV heads × 8 dims × (1.0625 + 0.5625 bytes)"));
     // --k-rotate: the same bytes, and the block of the rotation (the heads are 8 wide).
     const auto rot = run({"info", "-m", kStories, "--ctk", "q4_0", "--ctv", "q4_0", "--k-rotate"});
-    CHECK(contains(rot.out,
-                   "(0.5625 + 0.5625 bytes) (q4_0/q4_0, keys rotated in Hadamard blocks of 8)"));
+    CHECK(contains(
+        rot.out,
+        "(0.5625 + 0.5625 bytes) (q4_0/q4_0, keys and values rotated in Hadamard blocks of 8)"));
 }
 
 TEST_CASE(

@@ -20,7 +20,7 @@ using kvtest::Shape;
 namespace {
 
 void compare_with_reference(const Shape& s, double tol, int keep = 4, int64_t longrope_orig_ctx = 0,
-                            int k_rotate = 0) {
+                            int k_rotate = 0, int v_rotate = 0) {
     const std::vector<uint8_t> bytes = random_model(s, 1234, longrope_orig_ctx);
     GgufFile f = GgufFile::parse(bytes.data(), bytes.size(), "random");
     Model m = Model::load(f);
@@ -31,7 +31,10 @@ void compare_with_reference(const Shape& s, double tol, int keep = 4, int64_t lo
     for (auto& t : toks) t = static_cast<int32_t>(rng() % 512);
     kvtest::ReferenceModel ref(m, n_ctx, keep);
     auto be = gl::make_cpu_backend(2);
-    KvCache kv(KvCacheConfig::for_model(m.hp, n_ctx, keep, gl::Type::F32, gl::Type::F32, k_rotate));
+    KvCacheConfig cfg =
+        KvCacheConfig::for_model(m.hp, n_ctx, keep, gl::Type::F32, gl::Type::F32, k_rotate);
+    cfg.v_rotate = v_rotate; // F32 values: only a test rotates them
+    KvCache kv(cfg);
     Forward fwd(m, kv, *be, 5);
     double worst = 0;
     for (int i = 0; i < n_tok;) {
@@ -47,7 +50,8 @@ void compare_with_reference(const Shape& s, double tol, int keep = 4, int64_t lo
     const std::string what =
         std::string(s.arch) + " heads " + std::to_string(s.n_head) + "/" +
         std::to_string(s.n_head_kv) + " " + gl::type_name(s.wtype) +
-        (k_rotate ? " keys rotated in blocks of " + std::to_string(k_rotate) : "");
+        (k_rotate ? " keys rotated in blocks of " + std::to_string(k_rotate) : "") +
+        (v_rotate ? " values rotated in blocks of " + std::to_string(v_rotate) : "");
     MESSAGE(what, ": max |diff| ", worst);
     CHECK(worst < tol);
 }
@@ -97,6 +101,29 @@ TEST_CASE("forward: rotated keys match the reference through sliding rings and s
     compare_with_reference({"phi3", 64, 4, 2, 96, 2, gl::Type::F32}, 1e-5, 4, 32, 16);
     compare_with_reference({"llama", 64, 4, 2, 96, 2, gl::Type::F32}, 1e-5, 0, 0, 16);  // no sinks
     compare_with_reference({"gemma3", 64, 4, 2, 96, 6, gl::Type::F32}, 1e-5, 4, 0, 16); // two rings
+}
+
+// Rotated values (KvCacheConfig::v_rotate, on with rotated keys for 4-bit V):
+// stored as R v, the output turned back by R^-1; with F32 values the logits
+// are the reference's, whatever the blocks, the heads sharing a KV head or the
+// ring's slides. (A forward transform in place of the inverse is off by the
+// whole output.)
+TEST_CASE("forward: rotated values match the reference") {
+    compare_with_reference({"llama", 64, 4, 1, 96, 2, gl::Type::F32}, 1e-5, 4, 0, 0, 16);
+    compare_with_reference({"llama", 96, 6, 2, 64, 2, gl::Type::F32}, 1e-5, 4, 0, 16, 16);
+    compare_with_reference({"qwen2", 64, 4, 2, 96, 2, gl::Type::F32}, 1e-5, 4, 0, 8, 8);
+    compare_with_reference({"gemma3", 64, 4, 2, 96, 6, gl::Type::F32}, 1e-5, 4, 0, 16, 16);
+}
+
+TEST_CASE("kv cache: rotated keys rotate 4-bit values too, not others") {
+    Hparams hp;
+    hp.n_layer = 2, hp.n_head_kv = 2, hp.head_dim = 64;
+    using gl::Type;
+    CHECK(KvCacheConfig::for_model(hp, 64, 4, Type::Q4_0, Type::Q4_0, 32).v_rotate == 32);
+    CHECK(KvCacheConfig::for_model(hp, 64, 4, Type::Q8_0, Type::Q4_0, 32).v_rotate == 32);
+    CHECK(KvCacheConfig::for_model(hp, 64, 4, Type::Q4_0, Type::Q8_0, 32).v_rotate == 0);
+    CHECK(KvCacheConfig::for_model(hp, 64, 4, Type::Q4_0, Type::F16, 32).v_rotate == 0);
+    CHECK(KvCacheConfig::for_model(hp, 64, 4, Type::Q4_0, Type::Q4_0, 0).v_rotate == 0);
 }
 
 TEST_CASE("forward: gemma3 per-layer rings match explicit per-layer eviction") {

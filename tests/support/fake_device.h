@@ -90,6 +90,9 @@ class FakeDeviceBackend final : public ForwardingBackend {
     void hadamard_rows(float* x, int64_t rows, int64_t n, int block) override {
         inner().hadamard_rows(inout(x, 4 * rows * n), rows, n, block);
     }
+    void hadamard_rows_inverse(float* x, int64_t rows, int64_t n, int block) override {
+        inner().hadamard_rows_inverse(inout(x, 4 * rows * n), rows, n, block);
+    }
     void silu_mul(float* gate, const float* up, int64_t n) override {
         const float* u = in(up, 4 * n);
         inner().silu_mul(inout(gate, 4 * n), u, n);

@@ -45,6 +45,9 @@ class ForwardingBackend : public gl::Backend {
     void hadamard_rows(float* x, int64_t rows, int64_t n, int block) override {
         inner_->hadamard_rows(x, rows, n, block);
     }
+    void hadamard_rows_inverse(float* x, int64_t rows, int64_t n, int block) override {
+        inner_->hadamard_rows_inverse(x, rows, n, block);
+    }
     void silu_mul(float* gate, const float* up, int64_t n) override {
         inner_->silu_mul(gate, up, n);
     }
