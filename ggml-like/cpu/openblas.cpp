@@ -53,6 +53,7 @@ void choose_core(int, char**, char**) {
                                                                           char**) = choose_core;
 #endif
 
+#if GL_USE_BLAS
 // Kernels older than Haswell's (SSE/AVX without FMA): what a DYNAMIC_ARCH
 // OpenBLAS falls back to on a CPU it does not know.
 bool generic_core(std::string_view core) {
@@ -64,6 +65,7 @@ bool generic_core(std::string_view core) {
             return true;
     return false;
 }
+#endif
 
 struct Loaded {
     Api api;
