@@ -173,26 +173,23 @@ void CudaBackend::rope(float* x, int64_t rows, int n_heads, int head_dim, int ro
     });
 }
 
-void CudaBackend::hadamard_rows(float* x, int64_t rows, int64_t n, int block) {
+void CudaBackend::hadamard(float* x, int64_t rows, int64_t n, int block, bool inverse) {
     if (rows <= 0 || n <= 0 || block <= 1) return;
     op(OpKind::other, [&] {
         const size_t xb = sizeof(float) * static_cast<size_t>(rows * n);
         const Out r = inout(x, xb, kX);
-        cuda::hadamard_rows(static_cast<float*>(r.dev), rows * n / block, block, s_);
+        cuda::hadamard_rows(static_cast<float*>(r.dev), rows * n / block, block, inverse, s_);
         GL_CUDA(cudaGetLastError());
         finish({r});
     });
 }
 
+void CudaBackend::hadamard_rows(float* x, int64_t rows, int64_t n, int block) {
+    hadamard(x, rows, n, block, false);
+}
+
 void CudaBackend::hadamard_rows_inverse(float* x, int64_t rows, int64_t n, int block) {
-    if (rows <= 0 || n <= 0 || block <= 1) return;
-    op(OpKind::other, [&] {
-        const size_t xb = sizeof(float) * static_cast<size_t>(rows * n);
-        const Out r = inout(x, xb, kX);
-        cuda::hadamard_rows_inverse(static_cast<float*>(r.dev), rows * n / block, block, s_);
-        GL_CUDA(cudaGetLastError());
-        finish({r});
-    });
+    hadamard(x, rows, n, block, true);
 }
 
 void CudaBackend::convert_rows(Type t, const float* x, int64_t n, int64_t rows, void* dst) {

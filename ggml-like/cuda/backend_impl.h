@@ -89,6 +89,8 @@ class CudaBackend final : public Backend {
 
   private:
     static unsigned long long ull(uint64_t v) { return static_cast<unsigned long long>(v); }
+    // hadamard_rows and its inverse: one kernel, the sign flip before or after.
+    void hadamard(float* x, int64_t rows, int64_t n, int block, bool inverse);
 
     // ---- one operation: eager, or recorded into the step's graph ----------------------
 

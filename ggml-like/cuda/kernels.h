@@ -31,9 +31,8 @@ void rope(float* x, int64_t rows, int n_heads, int head_dim, int rope_dims, cons
 // n_blocks runs of `block` floats (a power of two, at most
 // kHadamardMaxBlock), each rotated by the orthonormal Hadamard transform in
 // place (gl::hadamard_rows).
-void hadamard_rows(float* x, int64_t n_blocks, int block, cudaStream_t s);
-// The inverse (gl::hadamard_rows_inverse): butterflies first, then D / sqrt(b).
-void hadamard_rows_inverse(float* x, int64_t n_blocks, int block, cudaStream_t s);
+// `inverse`: R^-1 (gl::hadamard_rows_inverse), butterflies first, then D / sqrt(b).
+void hadamard_rows(float* x, int64_t n_blocks, int block, bool inverse, cudaStream_t s);
 void silu_mul(float* gate, const float* up, int64_t n, cudaStream_t s);
 void gelu_mul(float* gate, const float* up, int64_t n, cudaStream_t s);
 void add(float* y, const float* x, int64_t n, cudaStream_t s);

@@ -161,18 +161,11 @@ void rope(float* x, int64_t rows, int n_heads, int head_dim, int rope_dims, cons
                                                        neox);
 }
 
-void hadamard_rows(float* x, int64_t n_blocks, int block, cudaStream_t s) {
+void hadamard_rows(float* x, int64_t n_blocks, int block, bool inverse, cudaStream_t s) {
     if (n_blocks <= 0 || block <= 1) return;
     const float scale = static_cast<float>(1.0 / sqrt(static_cast<double>(block)));
     hadamard_kernel<<<static_cast<unsigned>(n_blocks), block / 2, sizeof(float) * block, s>>>(
-        x, block, scale, false);
-}
-
-void hadamard_rows_inverse(float* x, int64_t n_blocks, int block, cudaStream_t s) {
-    if (n_blocks <= 0 || block <= 1) return;
-    const float scale = static_cast<float>(1.0 / sqrt(static_cast<double>(block)));
-    hadamard_kernel<<<static_cast<unsigned>(n_blocks), block / 2, sizeof(float) * block, s>>>(
-        x, block, scale, true);
+        x, block, scale, inverse);
 }
 
 void gelu_mul(float* gate, const float* up, int64_t n, cudaStream_t s) {
