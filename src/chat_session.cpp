@@ -13,6 +13,7 @@
 #include "error.h"
 #include "file_io.h"
 #include "prompt_cache.h"
+#include "speculative.h"
 #include "stop_sequences.h"
 
 namespace kvrun {
@@ -47,9 +48,6 @@ class PollingDomBuilder {
     PollingDomBuilder(json& root, const std::function<bool()>& should_stop)
         : dom_(root, true), should_stop_(should_stop) {}
 
-    // Whether the parse ended because a stop was requested.
-    bool stopped() const { return stopped_; }
-
     bool null() { return poll() && dom_.null(); }
     bool boolean(bool v) { return poll() && dom_.boolean(v); }
     bool number_integer(number_integer_t v) { return poll() && dom_.number_integer(v); }
@@ -70,16 +68,12 @@ class PollingDomBuilder {
     }
 
   private:
-    bool poll() {
-        if (++events_ % 4096 != 0 || !should_stop_ || !should_stop_()) return true;
-        stopped_ = true;
-        return false; // ends the parse
-    }
+    // False ends the parse: sax_parse then returns false.
+    bool poll() { return ++events_ % 4096 != 0 || !should_stop_ || !should_stop_(); }
 
     nlohmann::detail::json_sax_dom_parser<json> dom_;
     const std::function<bool()>& should_stop_;
     size_t events_ = 0;
-    bool stopped_ = false;
 };
 
 } // namespace
@@ -115,11 +109,20 @@ ChatSession::ChatSession(const LoadedModel& lm, ChatTemplate tmpl, int n_ctx, gl
       sampler_(cfg.sampling, lm.model.hp.n_vocab), cfg_(std::move(cfg)),
       end_(reply_end(tmpl_, lm.tokenizer)) {}
 
-void ChatSession::set_sampling(const SamplerParams& p) {
+void ChatSession::set_sampling(const SamplerParams& p, bool reseed) {
+    const Sampler::State before = sampler_.state();
     cfg_.sampling = p;
     sampler_ = Sampler(p, lm_.model.hp.n_vocab);
     // The penalty's memory, as sync() built it: the cached tokens, in order.
     for (int32_t t : s_.tokens()) sampler_.accept(t);
+    // The generator goes on where it was unless a seed was set (a /set of
+    // the temperature must not replay the draws the answers began with).
+    if (!reseed) {
+        Sampler::State now = sampler_.state();
+        std::copy(std::begin(before.rng), std::end(before.rng), std::begin(now.rng));
+        sampler_.restore(now);
+    }
+    if (cfg_.speculate) cfg_.speculate->set_sampling(p); // a draft model samples with it
 }
 
 std::string ChatSession::effective_system() const {
@@ -452,8 +455,11 @@ std::string ChatSession::load(const std::string& path, const std::function<bool(
         // Checked every few thousand JSON events: a Ctrl-C stops the parse.
         nlohmann::json j;
         PollingDomBuilder builder(j, should_stop);
-        nlohmann::json::sax_parse(file.data, &builder);
-        if (builder.stopped()) stopped();
+        // Parse errors throw; a false return is a stop request, whatever
+        // should_stop says when asked again.
+        if (!nlohmann::json::sax_parse(file.data, &builder))
+            fail(Exit::interrupted, "loading '{}' interrupted: the conversation is as it was",
+                 meta);
         if (!j.is_object() || j.value("format", std::string()) != "kvrun-chat")
             bad("no kvrun-chat format");
         if (j.at("version") != kSaveVersion) bad("version " + j.at("version").dump());

@@ -97,9 +97,9 @@ class ChatSession {
     std::string effective_system() const;
 
     // The sampling and reply length of the next answers (the REPL's /set
-    // parameter). The repetition penalty keeps the tokens it has seen; a new
-    // seed starts the generator afresh.
-    void set_sampling(const SamplerParams& p);
+    // parameter). The repetition penalty keeps the tokens it has seen; the
+    // generator goes on, or starts afresh from p.seed with `reseed`.
+    void set_sampling(const SamplerParams& p, bool reseed = false);
     const SamplerParams& sampling() const { return cfg_.sampling; }
     void set_n_predict(int64_t n) { cfg_.n_predict = n; }
     int64_t n_predict() const { return cfg_.n_predict; }

@@ -52,6 +52,10 @@ ModelDrafter::ModelDrafter(const LoadedModel& lm, const KvCacheConfig& cfg, Plac
       sampler_(draft_sampling(target_sampling), lm.model.hp.n_vocab), p_min_(p_min),
       name_(std::move(name)) {}
 
+void ModelDrafter::set_sampling(const SamplerParams& target_sampling) {
+    sampler_ = Sampler(draft_sampling(target_sampling), s_.model().model.hp.n_vocab);
+}
+
 void ModelDrafter::prepare(std::span<const int32_t> context) {
     const auto t0 = std::chrono::steady_clock::now();
     catch_up(context);

@@ -37,6 +37,7 @@ class ModelDrafter final : public Drafter {
     int max_tokens() const override;
     // Evaluate `context` now (after the prompt), so the first round does not.
     void prepare(std::span<const int32_t> context);
+    void set_sampling(const SamplerParams& target_sampling) override;
 
   private:
     // Make the draft's cache hold context[offset_ ..] and its logits those

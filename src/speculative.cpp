@@ -66,6 +66,11 @@ int32_t accept_or_resample(Sampler& sampler, const Candidates& p,
     return tok;
 }
 
+void Speculator::set_sampling(const SamplerParams& p) {
+    drafter_->set_sampling(p);
+    length_.reset(); // made again at the next round, for the new mode
+}
+
 bool Speculator::round(Session& target, Sampler& sampler, int32_t pending, int limit,
                        std::vector<SpeculatedToken>& out) {
     const auto t0 = std::chrono::steady_clock::now();

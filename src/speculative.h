@@ -58,6 +58,9 @@ class Drafter {
     // The most tokens one round may draft: a draft model's sliding-window
     // rings can take back (checkpoint) no more steps than they hold.
     virtual int max_tokens() const { return 1 << 30; }
+    // The target's sampling changed (the chat REPL's /set parameter): a
+    // drafter that samples follows it.
+    virtual void set_sampling(const SamplerParams&) {}
 };
 
 class LookupDrafter final : public Drafter {
@@ -113,6 +116,9 @@ class Speculator {
     // The caller evaluated a token without a round (round() said no): how
     // long it took, for the draft length's comparison (draft_length.h).
     void plain_step_took(double seconds);
+    // The target's sampling changed: the drafter follows, and the draft
+    // length starts again (greedy and sampled targets time rounds differently).
+    void set_sampling(const SamplerParams& p);
 
   private:
     std::unique_ptr<Drafter> drafter_;

@@ -214,6 +214,7 @@ int run(int argc, char** argv) {
         return app.exit(e) == 0 ? 0 : static_cast<int>(Exit::usage);
     }
     cli::install_interrupt_handler();
+    const cli::StopPoint stop_point; // the probes' loops poll interrupted()
     if (roof->parsed()) return roofline(o);
     if (att->parsed()) return attention(o);
     return matrices(o);

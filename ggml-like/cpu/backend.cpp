@@ -99,7 +99,7 @@ class CpuBackend final : public Backend {
 std::unique_ptr<Backend> make_cpu_backend(int n_threads, bool batch_invariant) {
     // OpenBLAS loads here, before the pool's threads start: its load sets an
     // environment variable (openblas.h), which no other thread may read then.
-    gemm::blas_enabled();
+    gemm::load_blas();
     return std::make_unique<CpuBackend>(n_threads, batch_invariant);
 }
 

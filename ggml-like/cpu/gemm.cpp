@@ -45,7 +45,7 @@ bool probe_amx() {
 #endif
 
 // KVRUN_AMX=0 / KVRUN_BLAS=0 switch a path off.
-[[maybe_unused]] bool switched_off(const char* env) {
+bool switched_off(const char* env) {
     const char* e = std::getenv(env);
     return e && std::strcmp(e, "0") == 0;
 }
@@ -110,6 +110,15 @@ bool blas_enabled() {
     // reference path, which tests compare everything against.
     return !g_forced_off.load(std::memory_order_relaxed) && blas_allowed() &&
            std::strcmp(cpu::isa_name(), "scalar") != 0;
+}
+
+void load_blas() {
+    blas_allowed();
+}
+
+std::string blas_description() {
+    if (switched_off("KVRUN_BLAS")) return "OpenBLAS switched off (KVRUN_BLAS=0)";
+    return openblas::describe();
 }
 
 Path path_for(Type weight, int64_t n_in, int64_t n_tok) {

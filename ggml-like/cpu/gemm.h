@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "ggml-like/tensor.h"
 #include "ggml-like/cpu/thread_pool.h"
@@ -31,6 +32,12 @@ void force_off(bool off);
 
 // OpenBLAS linked in, not switched off, and the kernels are not forced scalar.
 bool blas_enabled();
+// Load OpenBLAS now, unless KVRUN_BLAS=0: its load sets an environment
+// variable (openblas.h), so call it while no other thread runs.
+void load_blas();
+// What the OpenBLAS path runs, for --version, info and bench
+// (openblas::describe), or that KVRUN_BLAS=0 switched it off (not loaded then).
+std::string blas_description();
 
 enum class Path { None, Amx, Blas };
 // Which path matmul takes for this weight type and batch.

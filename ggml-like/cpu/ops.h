@@ -25,7 +25,8 @@ void add(float* y, const float* x, int64_t n);
 void rope_angles(double pos, int n_pairs, const double* inv_freq, float* cos_out, float* sin_out);
 // Rotate the first rope_dims of each head. `neox`: pairs (i, i + rope_dims/2)
 // (GPT-NeoX / Qwen2 layout) instead of adjacent pairs (2i, 2i+1) (llama).
-void rope(float* x, int n_heads, int head_dim, int rope_dims, const float* cos, const float* sin, bool neox);
+void rope(float* x, int n_heads, int head_dim, int rope_dims, const float* cos, const float* sin,
+          bool neox);
 
 // Bytes of scratch matmul needs for n_tok activation rows of n_in elements on
 // n_threads threads: the rows converted to the weight type's activation type,
@@ -36,8 +37,8 @@ size_t matmul_scratch_bytes(Type weight, int64_t n_in, int64_t n_tok, int n_thre
 // gemm::matmul_tiles where it applies, else one dot product per (row, token).
 // With tiles_ok false, always the dot products: each token's outputs are then
 // the same whatever the batch (--deterministic).
-void matmul(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, float* y, void* scratch,
-            bool tiles_ok = true);
+void matmul(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, float* y,
+            void* scratch, bool tiles_ok = true);
 
 // Weight rows per work unit of matmul's parallel loop (one dot product per
 // row and token): enough to amortize the loop, small enough that both

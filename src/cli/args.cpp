@@ -13,7 +13,6 @@
 
 #include "error.h"
 #include "ggml-like/cpu/gemm.h"
-#include "ggml-like/cpu/openblas.h"
 #include "ggml-like/kernels.h"
 #include "version_info.h"
 
@@ -382,7 +381,7 @@ std::string version_string() {
     return fmt::format("kvrun {} ({}, {}; this CPU: {}, prompt batches on {}; {})", KVRUN_VERSION,
                        KVRUN_GIT_DESCRIBE, features, gl::cpu::isa_name(),
                        gl::gemm::path_name(gl::gemm::path_for(gl::Type::Q4_0, 4096, 512)),
-                       gl::openblas::describe());
+                       gl::gemm::blas_description());
 }
 
 } // namespace kvrun::cli

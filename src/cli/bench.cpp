@@ -28,7 +28,6 @@
 #include "forward.h"
 #include "ggml-like/attention.h"
 #include "ggml-like/cpu/gemm.h"
-#include "ggml-like/cpu/openblas.h"
 #include "ggml-like/kernels.h"
 #include "ggml-like/cpu/thread_pool.h"
 #include "context.h"
@@ -306,6 +305,7 @@ int run_bench(int argc, char** argv) {
         CommonOptions placement;
         placement.device = device;
         placement.n_gpu_layers = offload.n_gpu_layers;
+        placement.kv_gpu_window = offload.kv_gpu_window;
         auto lm = LoadedModel::load(path, !offloads_every_layer(placement));
         const Hparams& hp = lm->model.hp;
         const std::string name = path.substr(path.find_last_of('/') + 1);
@@ -328,7 +328,7 @@ int run_bench(int argc, char** argv) {
                    deterministic ? "dot products (--deterministic)"
                                  : gl::gemm::path_name(gl::gemm::path_for(wt, hp.n_embd, batch)),
                    !deterministic && gl::attention_half_products() ? "f16" : "f32",
-                   gl::openblas::describe());
+                   gl::gemm::blas_description());
         std::mt19937 rng(42);
         const int max_pp = pps.empty() ? 0 : *std::max_element(pps.begin(), pps.end());
         const int max_tg = tgs.empty() ? 0 : *std::max_element(tgs.begin(), tgs.end());
@@ -400,7 +400,9 @@ int run_bench(int argc, char** argv) {
                     OpProfile prof;
                     double timed_s = 0;
                     for (int r = 0; r < reps && !interrupted(); r++) {
-                        if (r == 0 || !session.rewind(depth)) {
+                        // The cache always holds a prefix of toks: cut it back.
+                        if (static_cast<int64_t>(session.tokens().size()) < depth ||
+                            !session.rewind(depth)) {
                             session.clear();
                             if (depth > 0) eval_all(toks.data(), depth);
                         }

@@ -119,8 +119,12 @@ std::string set_command(ChatSession& session, const std::string& arg) {
         if (!whole || x < 0 || x > (1 << 20)) return bad("a whole number");
         p.repeat_last_n = static_cast<int>(x);
     } else if (name == "seed") {
-        if (!whole || x < 0) return bad("a whole number from 0");
-        p.seed = std::strtoull(value.c_str(), nullptr, 10);
+        char* seed_end = nullptr;
+        errno = 0;
+        const uint64_t seed = std::strtoull(value.c_str(), &seed_end, 10);
+        if (value[0] == '-' || *seed_end != '\0' || errno != 0)
+            return bad("a whole number from 0 to 18446744073709551615");
+        p.seed = seed;
     } else if (name == "num_predict") {
         if (!whole || x < -1 || x > (1 << 30))
             return bad("a whole number, -1 = until the turn ends");
@@ -129,7 +133,7 @@ std::string set_command(ChatSession& session, const std::string& arg) {
     } else {
         return fmt::format("unknown parameter {} (kvrun's: {})", name, kNames);
     }
-    session.set_sampling(p);
+    session.set_sampling(p, name == "seed"); // a seed set restarts the draws
     return fmt::format("{} {}", name, value);
 }
 

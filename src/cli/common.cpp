@@ -17,6 +17,7 @@
 
 #include "error.h"
 #include "file_io.h"
+#include "ggml-like/cpu/gemm.h"
 #include "ggml-like/cuda/cuda_backend.h"
 #include "ggml-like/cpu/thread_pool.h"
 #include "kv_cache.h"
@@ -84,9 +85,11 @@ int interrupted_status() {
 }
 
 void clear_interrupt() {
-    if (terminated()) return; // SIGTERM ends the REPL too: it stays
+    // SIGTERM ends the REPL too: it stays. Cleared only if no SIGTERM came
+    // in between (it would then be lost, or taken for a Ctrl-C).
+    int sig = g_stop_signal.load();
+    if (sig == SIGTERM || !g_stop_signal.compare_exchange_strong(sig, 0)) return;
     g_interrupted.store(false);
-    g_stop_signal.store(0);
 }
 
 CLI::Option* add_sampling_options(CLI::App& app, SamplerParams& s) {
@@ -303,6 +306,9 @@ std::string Backends::describe() const {
 }
 
 Backends make_backends(const CommonOptions& o, int threads, const Hparams& hp) {
+    // OpenBLAS first, before the CUDA runtime's threads: its load sets an
+    // environment variable (ggml-like/cpu/openblas.h).
+    gl::gemm::load_blas();
     const int n_layer = hp.n_layer;
     Backends b;
     b.n_layer = n_layer;

@@ -102,7 +102,8 @@ std::string read_prompt(const std::string& text, const std::string& file, bool h
 // SIGINT, 143 for SIGTERM (interrupted_status()).
 void install_interrupt_handler();
 // A scope whose loop polls interrupted() often (generation, perplexity,
-// bench, quantize, the chat REPL): a stop signal there only sets the flag.
+// bench, the chat REPL, the lab's probes): a stop signal there only sets the
+// flag. (quantize has none: a signal ends it, its output's temporary removed.)
 class StopPoint {
   public:
     StopPoint();

@@ -10,7 +10,6 @@
 
 #include "cli/common.h"
 #include "ggml-like/cpu/gemm.h"
-#include "ggml-like/cpu/openblas.h"
 #include "ggml-like/cuda/cuda_backend.h"
 #include "ggml-like/kernels.h"
 #include "error.h"
@@ -249,7 +248,7 @@ int run_info(int argc, char** argv) {
         j["kv"]["layer_kinds"] = layer_kinds;
         j["kernels"] = {{"isa", gl::cpu::isa_name()},
                         {"prompt_batches", prompt_path},
-                        {"openblas", gl::openblas::describe()}};
+                        {"openblas", gl::gemm::blas_description()}};
         if (hp.swa_window > 0) j["kv"]["sliding_window"] = hp.swa_window;
         nlohmann::json dev = nullptr;
         if (have_gpu) dev = {{"id", dev_id}, {"free_bytes", dev_free}, {"total_bytes", dev_total}};
@@ -328,7 +327,7 @@ int run_info(int argc, char** argv) {
                plan.fits() ? fmt::format("fits (up to -c {})", plan.max_ctx_that_fits)
                            : "does not fit: " + memory_advice(plan, hp, 0));
     fmt::print("kernels:      {}; prompt batches on {} ({})\n", gl::cpu::isa_name(), prompt_path,
-               gl::openblas::describe());
+               gl::gemm::blas_description());
     if (gp.n_gpu_layers > 0) {
         fmt::print(
             "GPU plan:     {} of {} layers on the GPU, output head on the {}; KV on the GPU: {}\n",

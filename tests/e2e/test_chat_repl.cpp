@@ -353,11 +353,22 @@ TEST_CASE("chat repl: Ollama's /set parameter and /set system work; the rest say
           std::string::npos);
     CHECK(r.say("/set verbose").find("/set verbose is not supported here") != std::string::npos);
     CHECK(r.say("/retry") == greedy);
+    CHECK(r.say("/set parameter seed 1e3").find("expected a whole number") != std::string::npos);
     // /set system is /system.
     CHECK(r.say("/set system You are a cat.").find("[system prompt set]") != std::string::npos);
     CHECK(r.say("/system").find("[system] You are a cat.") != std::string::npos);
     r.send("/bye\n");
     CHECK(r.wait_exit() == 0);
+    // With a draft model, greedy then sampled: the drafter samples with the
+    // new settings (it kept the greedy ones and the verification aborted).
+    Repl d({"-n", "24", "--temp", "0", "--draft-model", kStories});
+    d.until("> ");
+    CHECK(!d.say("Hello").empty());
+    d.say("/set parameter temperature 0.8");
+    CHECK(!d.say("Tell me a story").empty());
+    CHECK(d.stats().generated == 24);
+    d.send("/bye\n");
+    CHECK(d.wait_exit() == 0);
 }
 
 TEST_CASE("run: -f - on a terminal says it is reading, then reads to Ctrl-D") {
