@@ -7,9 +7,9 @@
 #include <fmt/format.h>
 
 #if GL_USE_BLAS && !GL_BLAS_STATIC
-#include <csignal>
 #include <dlfcn.h>
-#include <pthread.h>
+
+#include "ggml-like/cpu/thread_pool.h"
 #endif
 
 #if GL_BLAS_STATIC
@@ -96,16 +96,12 @@ Loaded load() {
     // constructor, and nothing else of kvrun's environment changes.
     const char* pick = user_core ? nullptr : core_for_this_cpu();
     if (pick) setenv("OPENBLAS_CORETYPE", pick, 1);
-    // Its threads start in its constructor: with SIGINT and SIGTERM blocked,
-    // as the pool's, so that the thread polling for a stop handles it.
-    sigset_t stop, before;
-    sigemptyset(&stop);
-    sigaddset(&stop, SIGINT);
-    sigaddset(&stop, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &stop, &before);
-    void* h = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
-    if (!h) h = dlopen("libopenblas.so", RTLD_NOW | RTLD_LOCAL);
-    pthread_sigmask(SIG_SETMASK, &before, nullptr);
+    void* h = nullptr;
+    {
+        const StopSignalsBlocked for_its_threads; // they start in its constructor
+        h = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
+        if (!h) h = dlopen("libopenblas.so", RTLD_NOW | RTLD_LOCAL);
+    }
     if (pick) unsetenv("OPENBLAS_CORETYPE");
     if (!h) {
         l.line = "OpenBLAS not found (libopenblas.so.0)";

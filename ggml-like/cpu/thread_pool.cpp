@@ -1,6 +1,5 @@
 #include "ggml-like/cpu/thread_pool.h"
 
-#include <csignal>
 #include <pthread.h>
 
 #include <cstdlib>
@@ -28,16 +27,20 @@ constexpr int kSpinIters = 20000;
 ThreadPool::ThreadPool(int n_threads)
     : n_threads_(n_threads < 1 ? 1 : n_threads), blocks_(static_cast<size_t>(n_threads_)) {
     threads_.reserve(n_threads_ - 1);
-    // The workers start with SIGINT and SIGTERM blocked (a thread inherits
-    // its creator's mask): a stop signal is handled by the thread that polls
-    // for it and may be waiting for it (ppoll), never by a worker.
-    sigset_t stop, before;
+    const StopSignalsBlocked for_the_workers; // inherited: they never take a stop signal
+    for (int i = 1; i < n_threads_; i++) threads_.emplace_back([this, i] { worker(i); });
+}
+
+StopSignalsBlocked::StopSignalsBlocked() {
+    sigset_t stop;
     sigemptyset(&stop);
     sigaddset(&stop, SIGINT);
     sigaddset(&stop, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &stop, &before);
-    for (int i = 1; i < n_threads_; i++) threads_.emplace_back([this, i] { worker(i); });
-    pthread_sigmask(SIG_SETMASK, &before, nullptr);
+    pthread_sigmask(SIG_BLOCK, &stop, &before_);
+}
+
+StopSignalsBlocked::~StopSignalsBlocked() {
+    pthread_sigmask(SIG_SETMASK, &before_, nullptr);
 }
 
 ThreadPool::~ThreadPool() {

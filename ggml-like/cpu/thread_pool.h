@@ -18,11 +18,26 @@
 #pragma once
 
 #include <atomic>
+#include <csignal>
 #include <cstdint>
 #include <thread>
 #include <vector>
 
 namespace gl {
+
+// SIGINT and SIGTERM blocked in this thread while it lives: threads started
+// meanwhile (the pool's workers, a library's) inherit the mask, so a stop
+// signal is handled by the thread that polls for it, never by a worker.
+class StopSignalsBlocked {
+  public:
+    StopSignalsBlocked();
+    ~StopSignalsBlocked();
+    StopSignalsBlocked(const StopSignalsBlocked&) = delete;
+    StopSignalsBlocked& operator=(const StopSignalsBlocked&) = delete;
+
+  private:
+    sigset_t before_;
+};
 
 class ThreadPool {
   public:
