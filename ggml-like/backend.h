@@ -114,7 +114,10 @@ class Backend {
 // batch_invariant (--deterministic): every output of a token is the same
 // whatever the batch it was evaluated in and the thread count (dot-product
 // matmuls, AttentionArgs::batch_invariant, row-layout KV), at the cost of the
-// prompt paths' tiles.
-std::unique_ptr<Backend> make_cpu_backend(int n_threads, bool batch_invariant = false);
+// prompt paths' tiles. precise (--precise): prompt batches keep F32
+// activations (AMX or OpenBLAS tiles, or the dot products) instead of the
+// integer GEMM's 8-bit ones.
+std::unique_ptr<Backend> make_cpu_backend(int n_threads, bool batch_invariant = false,
+                                          bool precise = false);
 
 } // namespace gl

@@ -17,6 +17,32 @@ namespace gl {
 // column; F32 for float weights and for types kvrun cannot compute with).
 constexpr Type vec_dot_type(Type weight) { return type_info(weight).vec_dot_type; }
 
+// Prompt activations for a GEMM (KernelTable::gemm): n_tok rows of Q8_0
+// blocks, row t at rows + t * row_bytes, and each block's sum of its 32
+// values at sums[t * (n / 32) + b] (the weights' offset term needs it).
+struct Q8Tokens {
+    const void* rows;
+    size_t row_bytes;
+    const int32_t* sums;
+    int64_t n_tok;
+};
+
+// Types whose reference dot product is the block-chain arithmetic: each
+// 32-element block's products summed exactly in integers, then y =
+// fma(d_w * d_a, isum, y) block after block, in float. A GEMM that computes
+// exactly this (KernelTable::gemm, for one token or many, on any ISA with
+// FMA) gives a token the same bits whatever its batch, its place in it or the
+// thread count. (The tables' own vec_dot and matvec may sum in another order.)
+constexpr bool block_chain(Type weight) { return weight == Type::Q4_0 || weight == Type::Q8_0; }
+
+// Bytes of scratch one caller of KernelTable::gemm needs for rows of n
+// elements: two panels of kGemmPanelBlockBytes a block (the AVX-512 layout,
+// the largest any table uses) and alignment slack.
+inline constexpr size_t kGemmPanelBlockBytes = 8 * 64 + 16 * sizeof(float);
+constexpr size_t gemm_scratch_bytes(int64_t n) {
+    return 2 * static_cast<size_t>(n / 32) * kGemmPanelBlockBytes + 64;
+}
+
 namespace ref {
 // n elements; n is a multiple of the block size. Supported types only.
 void dequantize_row(Type t, const void* src, float* dst, int64_t n);
@@ -27,6 +53,9 @@ float vec_dot(Type weight, int64_t n, const void* w, const void* a);
 // matrix-vector product over consecutive rows sharing one activation row.
 void matvec(Type weight, int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
             float* y);
+// y[t * y_stride + r] = vec_dot(weight, n, row r, token t) for r < n_rows, t < a.n_tok.
+void gemm(Type weight, int64_t n, const void* w, size_t row_bytes, int64_t n_rows,
+          const Q8Tokens& a, float* y, size_t y_stride);
 // y[i] += alpha * x[i] for x of type F32, F16 or BF16 (used to accumulate V rows)
 void axpy(Type x_type, int64_t n, float alpha, const void* x, float* y);
 
@@ -82,6 +111,11 @@ struct KernelTable {
     // between rows pays; null means a vec_dot per row.
     void (*matvec[kTypeIdLimit])(int64_t n, const void* w, size_t row_bytes, int64_t n_rows,
                                  const void* a, float* y);
+    // Any number of tokens at once, bit-identical to ref::gemm (the
+    // block-chain arithmetic): block-chain types only. `scratch` holds
+    // gemm_scratch_bytes(n) bytes, any alignment; null: no GEMM.
+    void (*gemm[kTypeIdLimit])(int64_t n, const void* w, size_t row_bytes, int64_t n_rows,
+                               const Q8Tokens& a, float* y, size_t y_stride, void* scratch);
 };
 
 // Kernel tables compiled into this binary and usable on this CPU, best first;
@@ -95,6 +129,11 @@ const char* isa_name();
 float vec_dot(Type weight, int64_t n, const void* w, const void* a);
 void matvec(Type weight, int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,
             float* y);
+// Whether the active table has a GEMM kernel for this weight type.
+bool has_gemm(Type weight);
+// The active table's GEMM; requires has_gemm(weight).
+void gemm(Type weight, int64_t n, const void* w, size_t row_bytes, int64_t n_rows,
+          const Q8Tokens& a, float* y, size_t y_stride, void* scratch);
 void quantize_row(Type t, const float* src, void* dst, int64_t n);
 void dequantize_row(Type t, const void* src, float* dst, int64_t n);
 void axpy(Type x_type, int64_t n, float alpha, const void* x, float* y);

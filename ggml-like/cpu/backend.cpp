@@ -15,11 +15,12 @@ namespace {
 
 class CpuBackend final : public Backend {
   public:
-    CpuBackend(int n_threads, bool batch_invariant)
-        : pool_(n_threads), batch_invariant_(batch_invariant) {}
+    CpuBackend(int n_threads, bool batch_invariant, bool precise)
+        : pool_(n_threads), batch_invariant_(batch_invariant), precise_(precise) {}
 
     std::string name() const override {
-        return std::string("cpu/") + cpu::isa_name() + (batch_invariant_ ? " (deterministic)" : "");
+        return std::string("cpu/") + cpu::isa_name() +
+               (batch_invariant_ ? " (deterministic)" : "") + (precise_ ? " (precise)" : "");
     }
     int n_threads() const override { return pool_.size(); }
     uint64_t handoffs() const override { return pool_.handoffs(); }
@@ -30,7 +31,8 @@ class CpuBackend final : public Backend {
     }
 
     void matmul(const Tensor& w, const float* x, int64_t n_tok, float* y) override {
-        ops::matmul(pool_, w, x, n_tok, y, matmul_scratch_.data(), !batch_invariant_);
+        ops::matmul(pool_, w, x, n_tok, y, matmul_scratch_.data(),
+                    {.tiles = !batch_invariant_, .int8 = !precise_, .invariant = batch_invariant_});
     }
 
     void rmsnorm(const float* x, const float* w, int64_t n, int64_t rows, float eps,
@@ -87,20 +89,23 @@ class CpuBackend final : public Backend {
 
   private:
     ThreadPool pool_;
-    // --deterministic: dot-product matmuls only and AttentionArgs::batch_invariant,
-    // so that no result depends on the batch or the thread count.
+    // --deterministic: no batch-dependent matmul path and
+    // AttentionArgs::batch_invariant, so that no result depends on the batch
+    // or the thread count.
     bool batch_invariant_ = false;
+    // --precise: prompts keep F32 activations (no integer GEMM).
+    bool precise_ = false;
     std::vector<uint8_t> matmul_scratch_;
     std::vector<float> att_scratch_;
 };
 
 } // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(int n_threads, bool batch_invariant) {
+std::unique_ptr<Backend> make_cpu_backend(int n_threads, bool batch_invariant, bool precise) {
     // OpenBLAS loads here, before the pool's threads start: its load sets an
     // environment variable (openblas.h), which no other thread may read then.
     gemm::load_blas();
-    return std::make_unique<CpuBackend>(n_threads, batch_invariant);
+    return std::make_unique<CpuBackend>(n_threads, batch_invariant, precise);
 }
 
 } // namespace gl

@@ -32,7 +32,7 @@ namespace {
 
 // All members null: every entry falls back to gl::ref.
 constexpr KernelTable kScalarTable = {"scalar", {}, {}, {},      {},      {}, {},
-                                      {},       {}, {}, nullptr, nullptr, {}};
+                                      {},       {}, {}, nullptr, nullptr, {}, {}};
 
 #if defined(__x86_64__)
 // Asked through cpuid because older clang's __builtin_cpu_supports does not
@@ -166,6 +166,16 @@ void matvec(Type weight, int64_t n, const void* w, size_t row_bytes, int64_t n_r
     }
     const auto* row = static_cast<const uint8_t*>(w);
     for (int64_t r = 0; r < n_rows; r++) y[r] = vec_dot(weight, n, row + r * row_bytes, a);
+}
+
+bool has_gemm(Type weight) {
+    const uint32_t id = static_cast<uint32_t>(weight);
+    return id < kTypeIdLimit && active().gemm[id] != nullptr;
+}
+
+void gemm(Type weight, int64_t n, const void* w, size_t row_bytes, int64_t n_rows,
+          const Q8Tokens& a, float* y, size_t y_stride, void* scratch) {
+    active().gemm[static_cast<uint32_t>(weight)](n, w, row_bytes, n_rows, a, y, y_stride, scratch);
 }
 
 void quantize_row(Type t, const float* src, void* dst, int64_t n) {

@@ -78,35 +78,128 @@ void rope(float* x, int n_heads, int head_dim, int rope_dims, const float* cos, 
     }
 }
 
+namespace {
+
+// Quantized activation rows of n_in elements (type at), then, for the integer
+// GEMM, each Q8_0 block's sum, then one GEMM scratch per thread.
+struct ActivationLayout {
+    size_t row_bytes, rows_bytes, sums_bytes, gemm_bytes;
+    ActivationLayout(Type at, int64_t n_in, int64_t n_tok, bool int8)
+        : row_bytes(at == Type::F32 ? 0 : row_size(at, n_in)),
+          rows_bytes(align64(row_bytes * static_cast<size_t>(n_tok))),
+          sums_bytes(int8 ? align64(sizeof(int32_t) * static_cast<size_t>(n_in / 32 * n_tok)) : 0),
+          gemm_bytes(int8 ? align64(gemm_scratch_bytes(n_in)) : 0) {}
+    static size_t align64(size_t b) { return (b + 63) / 64 * 64; }
+    size_t total(int n_threads) const {
+        return rows_bytes + sums_bytes + gemm_bytes * static_cast<size_t>(n_threads);
+    }
+};
+
+bool int8_applies(Type weight, int64_t n_tok, MatmulPaths paths) {
+    return paths.int8 && (n_tok >= kInt8MinTokens || paths.invariant) && block_chain(weight) &&
+           cpu::has_gemm(weight);
+}
+
+// Each token's row quantized to the activation type (and its block sums).
+void quantize_tokens(ThreadPool& pool, Type at, const float* x, int64_t n_in, int64_t n_tok,
+                     uint8_t* dst, size_t row_bytes, int32_t* sums) {
+    pool.parallel_for(
+        n_tok,
+        [&](int64_t b, int64_t e, int) {
+            for (int64_t t = b; t < e; t++) {
+                uint8_t* row = dst + t * row_bytes;
+                cpu::quantize_row(at, x + t * n_in, row, n_in);
+                if (!sums) continue;
+                const auto* blocks = reinterpret_cast<const BlockQ8_0*>(row);
+                for (int64_t i = 0; i < n_in / QK8_0; i++) {
+                    int32_t s = 0;
+                    for (int8_t q : blocks[i].qs) s += q;
+                    sums[t * (n_in / QK8_0) + i] = s;
+                }
+            }
+        },
+        n_tok * n_in);
+}
+
+} // namespace
+
 size_t matmul_scratch_bytes(Type weight, int64_t n_in, int64_t n_tok, int n_threads) {
     const Type at = vec_dot_type(weight);
-    const size_t dot = at == Type::F32 ? 0 : row_size(at, n_in) * static_cast<size_t>(n_tok);
-    // The tiled path is decided per call (it may be switched off), so room for both.
+    // The path is decided per call (paths may be switched off), so room for all.
+    const bool int8 = block_chain(weight);
+    const size_t dot = ActivationLayout(at, n_in, n_tok, int8).total(n_threads);
     const size_t tiles =
         n_tok >= gemm::kMinTokens ? gemm::scratch_bytes(n_in, n_tok, n_threads) : 0;
     return std::max(dot, tiles);
 }
 
+namespace {
+
+enum class BatchPath { Tiles, Int8, Dots };
+
+BatchPath batch_path(Type weight, int64_t n_in, int64_t n_tok, MatmulPaths paths) {
+    const gemm::Path tile_path =
+        paths.tiles ? gemm::path_for(weight, n_in, n_tok) : gemm::Path::None;
+    const bool int8 = int8_applies(weight, n_tok, paths);
+    // AMX tiles before the integer GEMM (faster where they exist); the
+    // integer GEMM before OpenBLAS.
+    if (tile_path == gemm::Path::Amx || (tile_path != gemm::Path::None && !int8))
+        return BatchPath::Tiles;
+    return int8 ? BatchPath::Int8 : BatchPath::Dots;
+}
+
+} // namespace
+
+std::string batch_path_name(Type weight, int64_t n_in, int64_t n_tok, MatmulPaths paths) {
+    switch (batch_path(weight, n_in, n_tok, paths)) {
+    case BatchPath::Tiles:
+        return gemm::path_name(gemm::path_for(weight, n_in, n_tok));
+    case BatchPath::Int8:
+        return std::string("int8 gemm (") + cpu::isa_name() + ")";
+    case BatchPath::Dots:
+        break;
+    }
+    return "dot products";
+}
+
+std::string batch_paths_summary() {
+    const std::string chain = batch_path_name(Type::Q4_0, 4096, 512);
+    const std::string rest = batch_path_name(Type::Q4_K, 4096, 512);
+    return chain == rest ? chain : chain + " for Q4_0, Q8_0; " + rest + " for the rest";
+}
+
 void matmul(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, float* y,
-            void* scratch, bool tiles_ok) {
-    if (tiles_ok && gemm::applies(w.type, w.ne0, n_tok))
-        return gemm::matmul_tiles(pool, w, x, n_tok, y, scratch);
+            void* scratch, MatmulPaths paths) {
+    const BatchPath path = batch_path(w.type, w.ne0, n_tok, paths);
+    if (path == BatchPath::Tiles) return gemm::matmul_tiles(pool, w, x, n_tok, y, scratch);
+    const bool int8 = path == BatchPath::Int8;
     const Type at = vec_dot_type(w.type);
     const int64_t n_in = w.ne0, n_out = w.ne1;
+    const ActivationLayout lay(at, n_in, n_tok, int8);
+    auto* base = static_cast<uint8_t*>(scratch);
     const void* act = x;
     size_t act_row = static_cast<size_t>(n_in) * sizeof(float);
     if (at != Type::F32) {
         // Quantize each activation row once; every weight row then reuses it.
-        act_row = row_size(at, n_in);
-        uint8_t* dst = static_cast<uint8_t*>(scratch);
+        act_row = lay.row_bytes;
+        quantize_tokens(pool, at, x, n_in, n_tok, base, act_row,
+                        int8 ? reinterpret_cast<int32_t*>(base + lay.rows_bytes) : nullptr);
+        act = base;
+    }
+    if (int8) {
+        const Q8Tokens tokens{act, act_row, reinterpret_cast<const int32_t*>(base + lay.rows_bytes),
+                              n_tok};
+        uint8_t* per_thread = base + lay.rows_bytes + lay.sums_bytes;
+        const int64_t n_chunks = (n_out + kGemmRows - 1) / kGemmRows;
         pool.parallel_for(
-            n_tok,
-            [&](int64_t b, int64_t e, int) {
-                for (int64_t t = b; t < e; t++)
-                    cpu::quantize_row(at, x + t * n_in, dst + t * act_row, n_in);
+            n_chunks,
+            [&](int64_t cb, int64_t ce, int ith) {
+                const int64_t r0 = cb * kGemmRows, r1 = std::min(n_out, ce * kGemmRows);
+                cpu::gemm(w.type, n_in, w.row(r0), w.row_bytes, r1 - r0, tokens, y + r0,
+                          static_cast<size_t>(n_out), per_thread + lay.gemm_bytes * ith);
             },
-            n_tok * n_in);
-        act = scratch;
+            n_out * n_in * n_tok);
+        return;
     }
     const int64_t n_chunks = (n_out + kRowChunk - 1) / kRowChunk;
     pool.parallel_for(

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "ggml-like/tensor.h"
 #include "ggml-like/cpu/thread_pool.h"
@@ -32,17 +33,48 @@ void rope(float* x, int n_heads, int head_dim, int rope_dims, const float* cos, 
 // n_threads threads: the rows converted to the weight type's activation type,
 // or the tiled path's packed tokens and per-thread panels (gemm.h).
 size_t matmul_scratch_bytes(Type weight, int64_t n_in, int64_t n_tok, int n_threads);
+// Which batch paths matmul may take.
+struct MatmulPaths {
+    // gemm::matmul_tiles (AMX or OpenBLAS on F32 activations): its results
+    // depend on the batch. Off under --deterministic.
+    bool tiles = true;
+    // The kernel table's integer GEMM (block-chain types, 8-bit activations):
+    // the reference's block-chain arithmetic whatever the batch. Off under
+    // --precise, which keeps F32 activations for prompts.
+    bool int8 = true;
+    // Every batch of a block-chain type through the integer GEMM, one token
+    // too, so that each token's outputs are the same bits whatever its batch
+    // (--deterministic). Otherwise batches of fewer than kInt8MinTokens take
+    // the table's own dot products, which sum in their own order.
+    bool invariant = false;
+};
 // y[t][r] = dot(W.row(r), x[t]) for t < n_tok, r < W.ne1.
-// x: n_tok rows of W.ne0 floats; y: n_tok rows of W.ne1 floats. Batches go to
-// gemm::matmul_tiles where it applies, else one dot product per (row, token).
-// With tiles_ok false, always the dot products: each token's outputs are then
-// the same whatever the batch (--deterministic).
+// x: n_tok rows of W.ne0 floats; y: n_tok rows of W.ne1 floats. Batches go
+// to AMX tiles where they exist, else to the integer GEMM where the type has
+// one, else to the OpenBLAS tiles, else one dot product per (row, token);
+// each path only where `paths` allows it. The dot products, and the integer
+// GEMM, each give a token the same outputs whatever its batch; with
+// paths.invariant every batch of a block-chain type takes the GEMM.
 void matmul(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, float* y,
-            void* scratch, bool tiles_ok = true);
+            void* scratch, MatmulPaths paths = {});
+// What matmul runs for this weight type and batch: "amx-bf16", "openblas",
+// "int8 gemm (<isa>)" or "dot products" (for --version, info and bench).
+std::string batch_path_name(Type weight, int64_t n_in, int64_t n_tok, MatmulPaths paths = {});
+// The default paths of a 512-token batch: one name, or the block-chain
+// types' and the others' ("int8 gemm (avx512) for Q4_0, Q8_0; openblas for
+// the rest").
+std::string batch_paths_summary();
+// Batches of at least this many tokens take the integer GEMM (outside the
+// invariant mode). Below it, verification batches of speculative decoding
+// (up to 15 tokens) use the one-token kernels, so that they give plain
+// decoding's answers bit for bit.
+inline constexpr int64_t kInt8MinTokens = 16;
 
 // Weight rows per work unit of matmul's parallel loop (one dot product per
 // row and token): enough to amortize the loop, small enough that both
 // threads stay busy on the narrow matrices of small models.
 inline constexpr int64_t kRowChunk = 16;
+// Weight rows per work unit of the integer GEMM: two of its 16-row panels.
+inline constexpr int64_t kGemmRows = 32;
 
 } // namespace gl::ops

@@ -155,31 +155,38 @@ template <typename Load> float dot_float(int64_t n, const void* w, const float* 
     return static_cast<float>(sum);
 }
 
+// The block-chain arithmetic (kernels.h's block_chain): exact integer block
+// sums, then one float FMA per block in block order. The scale product is
+// rounded to float first, as every kernel does.
+float chain_step(float y, uint16_t dw, uint16_t da, int32_t isum) {
+    return std::fma(fp16_to_fp32(dw) * fp16_to_fp32(da), static_cast<float>(isum), y);
+}
+
 float dot_q8_0(int64_t n, const void* w, const void* a) {
     const auto* x = static_cast<const BlockQ8_0*>(w);
     const auto* y = static_cast<const BlockQ8_0*>(a);
-    double sum = 0.0;
+    float sum = 0.0f;
     for (int64_t i = 0; i < n / QK8_0; i++) {
         int32_t isum = 0;
         for (int j = 0; j < QK8_0; j++) isum += x[i].qs[j] * y[i].qs[j];
-        sum += static_cast<double>(fp16_to_fp32(x[i].d)) * fp16_to_fp32(y[i].d) * isum;
+        sum = chain_step(sum, x[i].d, y[i].d, isum);
     }
-    return static_cast<float>(sum);
+    return sum;
 }
 
 float dot_q4_0(int64_t n, const void* w, const void* a) {
     const auto* x = static_cast<const BlockQ4_0*>(w);
     const auto* y = static_cast<const BlockQ8_0*>(a);
-    double sum = 0.0;
+    float sum = 0.0f;
     for (int64_t i = 0; i < n / QK4_0; i++) {
         int32_t isum = 0;
         for (int j = 0; j < QK4_0 / 2; j++) {
             isum += ((x[i].qs[j] & 0x0f) - 8) * y[i].qs[j];
             isum += ((x[i].qs[j] >> 4) - 8) * y[i].qs[j + QK4_0 / 2];
         }
-        sum += static_cast<double>(fp16_to_fp32(x[i].d)) * fp16_to_fp32(y[i].d) * isum;
+        sum = chain_step(sum, x[i].d, y[i].d, isum);
     }
-    return static_cast<float>(sum);
+    return sum;
 }
 
 float load_f32(const void* p, int64_t i) {
@@ -261,6 +268,13 @@ void quantize_row(Type t, const float* src, void* dst, int64_t n) {
 float vec_dot(Type weight, int64_t n, const void* w, const void* a) {
     if (auto f = kernels(weight).vec_dot) return f(n, w, a);
     unsupported("vec_dot", weight);
+}
+
+void gemm(Type weight, int64_t n, const void* w, size_t row_bytes, int64_t n_rows,
+          const Q8Tokens& a, float* y, size_t y_stride) {
+    for (int64_t t = 0; t < a.n_tok; t++)
+        matvec(weight, n, w, row_bytes, n_rows,
+               static_cast<const uint8_t*>(a.rows) + t * a.row_bytes, y + t * y_stride);
 }
 
 void matvec(Type weight, int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const void* a,

@@ -13,6 +13,7 @@
 
 #include "error.h"
 #include "ggml-like/cpu/gemm.h"
+#include "ggml-like/cpu/ops.h"
 #include "ggml-like/kernels.h"
 #include "version_info.h"
 
@@ -380,8 +381,7 @@ std::string version_string() {
 #endif
     return fmt::format("kvrun {} ({}, {}; this CPU: {}, prompt batches on {}; {})", KVRUN_VERSION,
                        KVRUN_GIT_DESCRIBE, features, gl::cpu::isa_name(),
-                       gl::gemm::path_name(gl::gemm::path_for(gl::Type::Q4_0, 4096, 512)),
-                       gl::gemm::blas_description());
+                       gl::ops::batch_paths_summary(), gl::gemm::blas_description());
 }
 
 } // namespace kvrun::cli

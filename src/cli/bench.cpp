@@ -28,6 +28,7 @@
 #include "forward.h"
 #include "ggml-like/attention.h"
 #include "ggml-like/cpu/gemm.h"
+#include "ggml-like/cpu/ops.h"
 #include "ggml-like/kernels.h"
 #include "ggml-like/cpu/thread_pool.h"
 #include "context.h"
@@ -219,7 +220,7 @@ int run_bench(int argc, char** argv) {
     std::string device;    // "" = cpu, or cuda with -ngl
     CommonOptions offload; // -ngl, --kv-gpu-window
     int reps = 5, batch = 512;
-    bool json = false, profile = false, deterministic = false;
+    bool json = false, profile = false, deterministic = false, precise = false;
     SpeculativeOptions speculative;
     std::string prompt_file;
     // The lab's measurements moved to kvrun-lab (tools/): say where, rather
@@ -271,6 +272,8 @@ int run_bench(int argc, char** argv) {
         ->capture_default_str();
     app.add_flag("--deterministic", deterministic,
                  "measure the batch-invariant arithmetic of --deterministic (CPU)");
+    app.add_flag("--precise", precise,
+                 "measure --precise: F32 activations for prompt batches (CPU)");
     add_speculative_options(app, speculative);
     app.add_option("-f,--file", prompt_file,
                    "with --lookup or --draft-model: generation after this prompt (greedy, -n "
@@ -325,8 +328,11 @@ int run_bench(int argc, char** argv) {
                    "kvrun bench: {}: {} ({} weights), {} kernels, prompt batches on {}, "
                    "generated tokens' F16 attention in {} products; {}\n",
                    name, summary.file_type, gl::type_name(wt), gl::cpu::isa_name(),
-                   deterministic ? "dot products (--deterministic)"
-                                 : gl::gemm::path_name(gl::gemm::path_for(wt, hp.n_embd, batch)),
+                   gl::ops::batch_path_name(
+                       wt, hp.n_embd, batch,
+                       {.tiles = !deterministic, .int8 = !precise, .invariant = deterministic}) +
+                       (deterministic ? " (--deterministic)" : "") +
+                       (precise ? " (--precise)" : ""),
                    !deterministic && gl::attention_half_products() ? "f16" : "f32",
                    gl::gemm::blas_description());
         std::mt19937 rng(42);
@@ -346,6 +352,7 @@ int run_bench(int argc, char** argv) {
             co.n_gpu_layers = offload.n_gpu_layers;
             co.kv_gpu_window = offload.kv_gpu_window;
             co.deterministic = deterministic;
+            co.precise = precise;
             const Backends be = make_backends(co, threads, hp);
             const size_t rows_at_threads = rows.size();
             if (profile && be.gpu)

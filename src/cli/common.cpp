@@ -183,6 +183,9 @@ void add_runtime_options(CLI::App& app, CommonOptions& o, bool auto_types) {
     app.add_flag("--deterministic", o.deterministic,
                  "the same tokens whatever -b, -t, a reused prompt cache or chat history "
                  "(CPU only; slower prompts, see README)");
+    app.add_flag("--precise", o.precise,
+                 "prompts keep F32 activations on the CPU instead of the integer GEMM's 8-bit ones "
+                 "(the arithmetic the reference logits assume; slower prompts)");
 }
 
 void add_offload_options(CLI::App& app, CommonOptions& o) {
@@ -228,7 +231,7 @@ std::unique_ptr<gl::Backend> make_cuda(const std::string& d, const std::string& 
 
 std::unique_ptr<gl::Backend> make_backend(const CommonOptions& o, int threads) {
     const std::string& d = o.device;
-    if (d.empty() || d == "cpu") return gl::make_cpu_backend(threads, o.deterministic);
+    if (d.empty() || d == "cpu") return gl::make_cpu_backend(threads, o.deterministic, o.precise);
     if (o.deterministic)
         fail(Exit::usage, "--deterministic runs on the CPU only (not with --device {})", d);
     if (is_cuda_device(d)) return make_cuda(d, "--device " + d, {o.kv_gpu_window, threads});
@@ -336,7 +339,7 @@ Backends make_backends(const CommonOptions& o, int threads, const Hparams& hp) {
         b.gpu = make_cuda(d, what, {o.kv_gpu_window, threads});
         b.kv_gpu_window = o.kv_gpu_window;
     }
-    if (b.n_gpu_layers < n_layer) b.cpu = gl::make_cpu_backend(threads, o.deterministic);
+    if (b.n_gpu_layers < n_layer) b.cpu = gl::make_cpu_backend(threads, o.deterministic, o.precise);
     return b;
 }
 

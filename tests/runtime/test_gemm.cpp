@@ -67,7 +67,9 @@ double worst_over_shapes(const std::vector<Type>& types, gl::gemm::Path path) {
                     std::vector<uint8_t> scratch(
                         gl::ops::matmul_scratch_bytes(t, n_in, n_tok, pool.size()));
                     std::vector<float> y(static_cast<size_t>(n_tok * n_out), NAN);
-                    gl::ops::matmul(pool, w, x.data(), n_tok, y.data(), scratch.data());
+                    // The tiles, not the integer GEMM the block-chain types take first.
+                    gl::ops::matmul(pool, w, x.data(), n_tok, y.data(), scratch.data(),
+                                    {.tiles = true, .int8 = false});
                     const double e = worst_relative(w, x, n_tok, y);
                     CHECK(std::isfinite(e));
                     worst = std::max(worst, e);

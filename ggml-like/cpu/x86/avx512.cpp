@@ -14,6 +14,7 @@
 // Float rows use 512-bit registers with masked loads for the tail.
 #include "ggml-like/kernels.h"
 #include "ggml-like/cpu/q8_1.h"
+#include "ggml-like/cpu/x86/avx512_chain.h"
 #include "ggml-like/blocks_k.h"
 #include "ggml-like/cpu/static_count.h"
 
@@ -751,7 +752,7 @@ constexpr uint32_t id(Type t) {
 }
 
 constexpr KernelTable make_table() {
-    KernelTable t = {"avx512", {}, {}, {}, {}, {}, {}, {}, {}, {}, nullptr, nullptr, {}};
+    KernelTable t = {"avx512", {}, {}, {}, {}, {}, {}, {}, {}, {}, nullptr, nullptr, {}, {}};
     t.vec_dot[id(Type::F32)] = vec_dot_float<F32>;
     t.vec_dot[id(Type::F16)] = vec_dot_float<F16>;
     t.vec_dot[id(Type::BF16)] = vec_dot_float<BF16>;
@@ -759,6 +760,10 @@ constexpr KernelTable make_table() {
     t.vec_dot[id(Type::Q4_0)] = vec_dot_q4_0;
     t.matvec[id(Type::Q4_0)] = matvec_rows4<Q4Rows>;
     t.matvec[id(Type::Q8_0)] = matvec_rows4<Q8Rows>;
+    // The block-chain GEMM (x86/avx512_chain.cpp): prompts, and every batch
+    // of a batch-invariant backend.
+    t.gemm[id(Type::Q4_0)] = avx512_chain::gemm_q4_0;
+    t.gemm[id(Type::Q8_0)] = avx512_chain::gemm_q8_0;
     t.quantize_row[id(Type::Q8_0)] = quantize_row_q8_0;
     t.quantize_row[id(Type::Q8_1)] = quantize_row_q8_1<quantize_block_q8_0>;
     t.quantize_row[id(Type::F16)] = quantize_row_f16;

@@ -1,0 +1,14 @@
+// The AVX-512 VNNI kernels of the block-chain types (avx512_chain.cpp), for
+// the AVX-512 kernel table.
+#pragma once
+
+#include "ggml-like/kernels.h"
+
+namespace gl::avx512_chain {
+
+void gemm_q4_0(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
+               float* y, size_t y_stride, void* scratch);
+void gemm_q8_0(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
+               float* y, size_t y_stride, void* scratch);
+
+} // namespace gl::avx512_chain

@@ -1,0 +1,163 @@
+// The block-chain types (kernels.h's block_chain: Q4_0, Q8_0): every
+// table's GEMM gives the scalar reference's bits for any number of tokens,
+// on shapes that leave partial row groups, panels and token tiles; and
+// ops::matmul in its batch-invariant mode gives a token the same bits
+// whatever its batch, its place in it and the thread count.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ggml-like/cpu/ops.h"
+#include "ggml-like/cpu/thread_pool.h"
+#include "ggml-like/kernels.h"
+#include "test_util.h"
+
+namespace {
+
+using gl::Type;
+
+// Rows of random blocks: every byte value (Q8_0's -128 included), scales
+// over two decades, so the float chain rounds at almost every step.
+std::vector<uint8_t> random_rows(Type t, int64_t n, int64_t rows, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<int> byte(0, 255);
+    std::uniform_real_distribution<float> scale(0.001f, 0.1f);
+    std::vector<uint8_t> out(gl::row_size(t, n) * static_cast<size_t>(rows));
+    const size_t bs = gl::type_info(t).type_size;
+    for (size_t b = 0; b < out.size(); b += bs) {
+        const uint16_t d = gl::fp32_to_fp16(scale(rng));
+        std::memcpy(&out[b], &d, 2);
+        for (size_t j = 2; j < bs; j++) out[b + j] = static_cast<uint8_t>(byte(rng));
+    }
+    return out;
+}
+
+// n_tok activation rows quantized by the reference, and their block sums.
+struct Tokens {
+    std::vector<uint8_t> rows;
+    std::vector<int32_t> sums;
+    size_t row_bytes;
+    int64_t n_tok;
+    Tokens(int64_t n, int64_t n_tok_, uint32_t seed)
+        : row_bytes(gl::row_size(Type::Q8_0, n)), n_tok(n_tok_) {
+        const auto x = kvtest::random_floats(static_cast<size_t>(n * n_tok), seed);
+        rows.resize(row_bytes * static_cast<size_t>(n_tok));
+        for (int64_t t = 0; t < n_tok; t++) {
+            uint8_t* r = rows.data() + t * row_bytes;
+            gl::ref::quantize_row(Type::Q8_0, x.data() + t * n, r, n);
+            const auto* blocks = reinterpret_cast<const gl::BlockQ8_0*>(r);
+            for (int64_t b = 0; b < n / 32; b++) {
+                int32_t s = 0;
+                for (int8_t q : blocks[b].qs) s += q;
+                sums.push_back(s);
+            }
+        }
+    }
+    const uint8_t* row(int64_t t) const { return rows.data() + t * row_bytes; }
+    gl::Q8Tokens view() const { return {rows.data(), row_bytes, sums.data(), n_tok}; }
+};
+
+bool same_bits(float a, float b) {
+    return std::memcmp(&a, &b, sizeof a) == 0;
+}
+
+} // namespace
+
+TEST_CASE("block chain: every table's gemm gives the reference's bits, 1 to 9 tokens") {
+    uint32_t seed = 11;
+    for (Type t : {Type::Q4_0, Type::Q8_0}) {
+        REQUIRE(gl::block_chain(t));
+        for (int64_t n : {32, 96, 160, 2048 + 96})
+            for (int64_t n_rows : {1, 15, 16, 17, 33, 47, 70}) {
+                const size_t rb = gl::row_size(t, n);
+                const auto w = random_rows(t, n, n_rows, seed++);
+                const int64_t n_tok = 9;
+                const Tokens a(n, n_tok, seed++);
+                std::vector<float> want(static_cast<size_t>(n_tok * n_rows));
+                for (int64_t tk = 0; tk < n_tok; tk++)
+                    for (int64_t r = 0; r < n_rows; r++)
+                        want[tk * n_rows + r] =
+                            gl::ref::vec_dot(t, n, w.data() + r * rb, a.row(tk));
+                for (int i = 0; i < gl::kernel_table_count(); i++) {
+                    const gl::KernelTable& k = gl::kernel_table(i);
+                    const auto id = static_cast<uint32_t>(t);
+                    int bad = 0;
+                    std::vector<float> got(want.size());
+                    // Tables without a GEMM (the scalar one: ref::gemm's dot
+                    // products are the reference itself) have nothing to check.
+                    if (auto f = k.gemm[id]) {
+                        std::vector<uint8_t> scratch(gl::gemm_scratch_bytes(n) + 1);
+                        // Every token count up to n_tok: full and partial token tiles.
+                        for (int64_t m = 1; m <= n_tok; m++) {
+                            gl::Q8Tokens v = a.view();
+                            v.n_tok = m;
+                            std::fill(got.begin(), got.end(), -1.0f);
+                            // An odd scratch address: the kernel aligns it itself.
+                            f(n, w.data(), rb, n_rows, v, got.data(), static_cast<size_t>(n_rows),
+                              scratch.data() + 1);
+                            for (size_t j = 0; j < static_cast<size_t>(m * n_rows); j++)
+                                bad += !same_bits(got[j], want[j]);
+                            // Nothing written past the m tokens' rows.
+                            for (size_t j = static_cast<size_t>(m * n_rows); j < got.size(); j++)
+                                bad += got[j] != -1.0f;
+                        }
+                    }
+                    CHECK(bad == 0);
+                }
+            }
+    }
+}
+
+TEST_CASE("block chain: ops::matmul gives a token the same bits alone, in any batch, on 1 or 2 "
+          "threads") {
+    uint32_t seed = 91;
+    for (Type t : {Type::Q4_0, Type::Q8_0}) {
+        const int64_t n_in = 320, n_out = 67;
+        const size_t rb = gl::row_size(t, n_in);
+        const auto wq = random_rows(t, n_in, n_out, seed++);
+        const gl::Tensor w{t, n_in, n_out, rb, wq.data()};
+        const int64_t n_tok = 37;
+        const auto x = kvtest::random_floats(static_cast<size_t>(n_in * n_tok), seed++);
+        auto run = [&](gl::ThreadPool& pool, const float* xs, int64_t m) {
+            std::vector<uint8_t> scratch(gl::ops::matmul_scratch_bytes(t, n_in, m, pool.size()));
+            std::vector<float> y(static_cast<size_t>(m * n_out));
+            // Only the batch-invariant paths: without AMX/OpenBLAS tiles.
+            gl::ops::matmul(pool, w, xs, m, y.data(), scratch.data(),
+                            {.tiles = false, .int8 = true, .invariant = true});
+            return y;
+        };
+        gl::ThreadPool two(2), one(1);
+        const auto batch = run(two, x.data(), n_tok);
+        const auto batch1 = run(one, x.data(), n_tok);
+        int bad = 0;
+        for (int64_t tk = 0; tk < n_tok; tk++) {
+            const auto alone = run(two, x.data() + tk * n_in, 1);
+            // The same token at place 2 of a batch of 5 (a partial token tile).
+            const int64_t at = 2;
+            std::vector<float> five(x.begin(), x.begin() + 5 * n_in);
+            std::copy(x.begin() + tk * n_in, x.begin() + (tk + 1) * n_in, five.begin() + at * n_in);
+            const auto in_five = run(two, five.data(), 5);
+            for (int64_t r = 0; r < n_out; r++) {
+                const float b = batch[tk * n_out + r];
+                bad += !same_bits(b, alone[r]);
+                bad += !same_bits(b, batch1[tk * n_out + r]);
+                bad += !same_bits(b, in_five[at * n_out + r]);
+            }
+        }
+        INFO("type ", std::string(gl::type_name(t)),
+             " integer GEMM in this table: ", gl::cpu::has_gemm(t));
+        CHECK(bad == 0);
+        // And the batch agrees with the reference's dot products within the
+        // chain's own rounding: it is the same arithmetic.
+        for (int64_t tk = 0; tk < n_tok; tk += 9) {
+            std::vector<uint8_t> q(gl::row_size(Type::Q8_0, n_in));
+            gl::ref::quantize_row(Type::Q8_0, x.data() + tk * n_in, q.data(), n_in);
+            for (int64_t r = 0; r < n_out; r += 7)
+                CHECK(same_bits(batch[tk * n_out + r],
+                                gl::ref::vec_dot(t, n_in, wq.data() + r * rb, q.data())));
+        }
+    }
+}
