@@ -28,17 +28,22 @@ struct Q8Tokens {
 };
 
 // Types whose reference dot product is the block-chain arithmetic: each
-// 32-element block's products summed exactly in integers, then y =
-// fma(d_w * d_a, isum, y) block after block, in float. A GEMM that computes
-// exactly this (KernelTable::gemm, for one token or many, on any ISA with
-// FMA) gives a token the same bits whatever its batch, its place in it or the
-// thread count. (The tables' own vec_dot and matvec may sum in another order.)
-constexpr bool block_chain(Type weight) { return weight == Type::Q4_0 || weight == Type::Q8_0; }
+// block's products summed exactly in integers (a K-quant's super-block: its
+// sub-blocks' sums times their integer scales, and the mins' term apart),
+// then y = fma(d_w * d_a, isum, y) block after block in float (K-quants with
+// mins: then y = fma(-(dmin_w * d_a), msum, y)). A GEMM that computes exactly
+// this (KernelTable::gemm, for one token or many, on any ISA with FMA) gives
+// a token the same bits whatever its batch, its place in it or the thread
+// count. (The tables' own vec_dot and matvec may sum in another order.)
+constexpr bool block_chain(Type weight) {
+    return weight == Type::Q4_0 || weight == Type::Q8_0 || weight == Type::Q4_K ||
+           weight == Type::Q6_K;
+}
 
 // Bytes of scratch one caller of KernelTable::gemm needs for rows of n
-// elements: two panels of kGemmPanelBlockBytes a block (the AVX-512 layout,
-// the largest any table uses) and alignment slack.
-inline constexpr size_t kGemmPanelBlockBytes = 8 * 64 + 16 * sizeof(float);
+// elements: two panels of kGemmPanelBlockBytes per 32 elements (the AVX-512
+// layout of Q6_K, the largest any table uses) and alignment slack.
+inline constexpr size_t kGemmPanelBlockBytes = 712;
 constexpr size_t gemm_scratch_bytes(int64_t n) {
     return 2 * static_cast<size_t>(n / 32) * kGemmPanelBlockBytes + 64;
 }

@@ -87,7 +87,9 @@ struct ActivationLayout {
     ActivationLayout(Type at, int64_t n_in, int64_t n_tok, bool int8)
         : row_bytes(at == Type::F32 ? 0 : row_size(at, n_in)),
           rows_bytes(align64(row_bytes * static_cast<size_t>(n_tok))),
-          sums_bytes(int8 ? align64(sizeof(int32_t) * static_cast<size_t>(n_in / 32 * n_tok)) : 0),
+          sums_bytes(int8 && at == Type::Q8_0
+                         ? align64(sizeof(int32_t) * static_cast<size_t>(n_in / 32 * n_tok))
+                         : 0),
           gemm_bytes(int8 ? align64(gemm_scratch_bytes(n_in)) : 0) {}
     static size_t align64(size_t b) { return (b + 63) / 64 * 64; }
     size_t total(int n_threads) const {
@@ -164,8 +166,8 @@ std::string batch_path_name(Type weight, int64_t n_in, int64_t n_tok, MatmulPath
 
 std::string batch_paths_summary() {
     const std::string chain = batch_path_name(Type::Q4_0, 4096, 512);
-    const std::string rest = batch_path_name(Type::Q4_K, 4096, 512);
-    return chain == rest ? chain : chain + " for Q4_0, Q8_0; " + rest + " for the rest";
+    const std::string rest = batch_path_name(Type::Q4_1, 4096, 512);
+    return chain == rest ? chain : chain + " for Q4_0, Q8_0, Q4_K, Q6_K; " + rest + " for the rest";
 }
 
 void matmul(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, float* y,
@@ -183,7 +185,8 @@ void matmul(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, fl
         // Quantize each activation row once; every weight row then reuses it.
         act_row = lay.row_bytes;
         quantize_tokens(pool, at, x, n_in, n_tok, base, act_row,
-                        int8 ? reinterpret_cast<int32_t*>(base + lay.rows_bytes) : nullptr);
+                        lay.sums_bytes ? reinterpret_cast<int32_t*>(base + lay.rows_bytes)
+                                       : nullptr);
         act = base;
     }
     if (int8) {

@@ -304,7 +304,7 @@ template <typename Block, auto Unpack> float dot_k(int64_t n, const void* w, con
 float dot_q4_K(int64_t n, const void* w, const void* a) {
     const auto* x = static_cast<const BlockQ4_K*>(w);
     const auto* y = static_cast<const BlockQ8_K*>(a);
-    double sum = 0.0;
+    float sum = 0.0f;
     for (int64_t i = 0; i < n / QK_K; i++) {
         int64_t qsum = 0, msum = 0;
         for (int c = 0; c < 4; c++) {
@@ -323,16 +323,18 @@ float dot_q4_K(int64_t n, const void* w, const void* a) {
             qsum += sc0 * lo + sc1 * hi;
             msum += m0 * alo + m1 * ahi;
         }
-        sum += static_cast<double>(y[i].d) * (static_cast<double>(half(x[i].d)) * qsum -
-                                              static_cast<double>(half(x[i].dmin)) * msum);
+        // The block-chain arithmetic (kernels.h): both sums fit int32.
+        sum = std::fma(half(x[i].d) * y[i].d, static_cast<float>(static_cast<int32_t>(qsum)), sum);
+        sum = std::fma(-(half(x[i].dmin) * y[i].d), static_cast<float>(static_cast<int32_t>(msum)),
+                       sum);
     }
-    return static_cast<float>(sum);
+    return sum;
 }
 
 float dot_q6_K(int64_t n, const void* w, const void* a) {
     const auto* x = static_cast<const BlockQ6_K*>(w);
     const auto* y = static_cast<const BlockQ8_K*>(a);
-    double sum = 0.0;
+    float sum = 0.0f;
     for (int64_t i = 0; i < n / QK_K; i++) {
         int64_t qsum = 0;
         for (int h = 0; h < 2; h++) {
@@ -353,9 +355,9 @@ float dot_q6_K(int64_t n, const void* w, const void* a) {
                 }
             }
         }
-        sum += static_cast<double>(y[i].d) * half(x[i].d) * static_cast<double>(qsum);
+        sum = std::fma(half(x[i].d) * y[i].d, static_cast<float>(static_cast<int32_t>(qsum)), sum);
     }
-    return static_cast<float>(sum);
+    return sum;
 }
 
 // 32-blocks against Q8_0 (no min) or Q8_1 (min: its s must equal d * sum(q)

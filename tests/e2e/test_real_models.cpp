@@ -33,20 +33,32 @@ nlohmann::json run_json(const std::vector<std::string>& args) {
 } // namespace
 
 // ../shared/golden-real/README.md: the reference engine on the F32 twins,
-// F32 cache, -c 512 over the whole file. Measured: 10.7172 and 12.3211.
-TEST_CASE("real: perplexity within 1% of the reference engine's F32 figures") {
+// F32 cache, -c 512 over the whole file. Measured with --precise (F32
+// prompt activations): 10.7172 and 12.3211; by default (the integer GEMM's
+// 8-bit activations in Gemma 3's Q4_K/Q6_K and SmolLM2's Q8_0 matrices):
+// 10.7517 (+0.32%) and 12.3294 (+0.20%).
+TEST_CASE("real: perplexity within 0.5% of the reference engine's F32 figures, both modes") {
     struct Case {
         const char* model;
         double ppl;
     };
     for (Case c : {Case{kGemma, 10.7170}, Case{kSmol, 12.3051}}) {
         if (!kvtest::have_real_model(c.model)) continue;
-        const auto j =
-            run_json({"perplexity", "-m", kvtest::real_model(c.model), "-f",
-                      kvtest::shared("text/stories260K-samples.txt"), "-c", "512", "--json"});
-        INFO(c.model, ": ", j.dump());
-        CHECK(j["chunks"].get<int>() == 27);
-        CHECK(std::abs(j["ppl"].get<double>() / c.ppl - 1) < 0.01);
+        for (bool precise : {false, true}) {
+            std::vector<std::string> args = {"perplexity",
+                                             "-m",
+                                             kvtest::real_model(c.model),
+                                             "-f",
+                                             kvtest::shared("text/stories260K-samples.txt"),
+                                             "-c",
+                                             "512",
+                                             "--json"};
+            if (precise) args.push_back("--precise");
+            const auto j = run_json(args);
+            INFO(c.model, precise ? " --precise: " : ": ", j.dump());
+            CHECK(j["chunks"].get<int>() == 27);
+            CHECK(std::abs(j["ppl"].get<double>() / c.ppl - 1) < 0.005);
+        }
     }
 }
 

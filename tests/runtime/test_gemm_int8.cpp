@@ -1,4 +1,4 @@
-// The block-chain types (kernels.h's block_chain: Q4_0, Q8_0): every
+// The block-chain types (kernels.h's block_chain: Q4_0, Q8_0, Q4_K, Q6_K): every
 // table's GEMM gives the scalar reference's bits for any number of tokens,
 // on shapes that leave partial row groups, panels and token tiles; and
 // ops::matmul in its batch-invariant mode gives a token the same bits
@@ -22,6 +22,15 @@ using gl::Type;
 // Rows of random blocks: every byte value (Q8_0's -128 included), scales
 // over two decades, so the float chain rounds at almost every step.
 std::vector<uint8_t> random_rows(Type t, int64_t n, int64_t rows, uint32_t seed) {
+    if (t != Type::Q4_0 && t != Type::Q8_0) {
+        // K-quants: random floats through the reference quantizer (their
+        // scales are packed and must be valid).
+        const auto f = kvtest::random_floats(static_cast<size_t>(n * rows), seed);
+        std::vector<uint8_t> out(gl::row_size(t, n) * static_cast<size_t>(rows));
+        for (int64_t r = 0; r < rows; r++)
+            gl::ref::quantize_row(t, f.data() + r * n, out.data() + r * gl::row_size(t, n), n);
+        return out;
+    }
     std::mt19937 rng(seed);
     std::uniform_int_distribution<int> byte(0, 255);
     std::uniform_real_distribution<float> scale(0.001f, 0.1f);
@@ -35,19 +44,21 @@ std::vector<uint8_t> random_rows(Type t, int64_t n, int64_t rows, uint32_t seed)
     return out;
 }
 
-// n_tok activation rows quantized by the reference, and their block sums.
+// n_tok activation rows for weights of type w quantized by the reference
+// (Q8_0 or Q8_K), and Q8_0's block sums.
 struct Tokens {
     std::vector<uint8_t> rows;
     std::vector<int32_t> sums;
     size_t row_bytes;
     int64_t n_tok;
-    Tokens(int64_t n, int64_t n_tok_, uint32_t seed)
-        : row_bytes(gl::row_size(Type::Q8_0, n)), n_tok(n_tok_) {
+    Tokens(Type w, int64_t n, int64_t n_tok_, uint32_t seed)
+        : row_bytes(gl::row_size(gl::vec_dot_type(w), n)), n_tok(n_tok_) {
         const auto x = kvtest::random_floats(static_cast<size_t>(n * n_tok), seed);
         rows.resize(row_bytes * static_cast<size_t>(n_tok));
         for (int64_t t = 0; t < n_tok; t++) {
             uint8_t* r = rows.data() + t * row_bytes;
-            gl::ref::quantize_row(Type::Q8_0, x.data() + t * n, r, n);
+            gl::ref::quantize_row(gl::vec_dot_type(w), x.data() + t * n, r, n);
+            if (gl::vec_dot_type(w) != Type::Q8_0) continue;
             const auto* blocks = reinterpret_cast<const gl::BlockQ8_0*>(r);
             for (int64_t b = 0; b < n / 32; b++) {
                 int32_t s = 0;
@@ -57,7 +68,9 @@ struct Tokens {
         }
     }
     const uint8_t* row(int64_t t) const { return rows.data() + t * row_bytes; }
-    gl::Q8Tokens view() const { return {rows.data(), row_bytes, sums.data(), n_tok}; }
+    gl::Q8Tokens view() const {
+        return {rows.data(), row_bytes, sums.empty() ? nullptr : sums.data(), n_tok};
+    }
 };
 
 bool same_bits(float a, float b) {
@@ -68,14 +81,15 @@ bool same_bits(float a, float b) {
 
 TEST_CASE("block chain: every table's gemm gives the reference's bits, 1 to 9 tokens") {
     uint32_t seed = 11;
-    for (Type t : {Type::Q4_0, Type::Q8_0}) {
+    for (Type t : {Type::Q4_0, Type::Q8_0, Type::Q4_K, Type::Q6_K}) {
         REQUIRE(gl::block_chain(t));
-        for (int64_t n : {32, 96, 160, 2048 + 96})
+        const int64_t bs = gl::type_info(t).block_size;
+        for (int64_t n : {bs, 3 * bs, 5 * bs, 2048 + 3 * bs})
             for (int64_t n_rows : {1, 15, 16, 17, 33, 47, 70}) {
                 const size_t rb = gl::row_size(t, n);
                 const auto w = random_rows(t, n, n_rows, seed++);
                 const int64_t n_tok = 9;
-                const Tokens a(n, n_tok, seed++);
+                const Tokens a(t, n, n_tok, seed++);
                 std::vector<float> want(static_cast<size_t>(n_tok * n_rows));
                 for (int64_t tk = 0; tk < n_tok; tk++)
                     for (int64_t r = 0; r < n_rows; r++)
@@ -114,8 +128,8 @@ TEST_CASE("block chain: every table's gemm gives the reference's bits, 1 to 9 to
 TEST_CASE("block chain: ops::matmul gives a token the same bits alone, in any batch, on 1 or 2 "
           "threads") {
     uint32_t seed = 91;
-    for (Type t : {Type::Q4_0, Type::Q8_0}) {
-        const int64_t n_in = 320, n_out = 67;
+    for (Type t : {Type::Q4_0, Type::Q8_0, Type::Q4_K, Type::Q6_K}) {
+        const int64_t n_in = gl::type_info(t).block_size == 32 ? 320 : 768, n_out = 67;
         const size_t rb = gl::row_size(t, n_in);
         const auto wq = random_rows(t, n_in, n_out, seed++);
         const gl::Tensor w{t, n_in, n_out, rb, wq.data()};
@@ -153,8 +167,8 @@ TEST_CASE("block chain: ops::matmul gives a token the same bits alone, in any ba
         // And the batch agrees with the reference's dot products within the
         // chain's own rounding: it is the same arithmetic.
         for (int64_t tk = 0; tk < n_tok; tk += 9) {
-            std::vector<uint8_t> q(gl::row_size(Type::Q8_0, n_in));
-            gl::ref::quantize_row(Type::Q8_0, x.data() + tk * n_in, q.data(), n_in);
+            std::vector<uint8_t> q(gl::row_size(gl::vec_dot_type(t), n_in));
+            gl::ref::quantize_row(gl::vec_dot_type(t), x.data() + tk * n_in, q.data(), n_in);
             for (int64_t r = 0; r < n_out; r += 7)
                 CHECK(same_bits(batch[tk * n_out + r],
                                 gl::ref::vec_dot(t, n_in, wq.data() + r * rb, q.data())));

@@ -1,30 +1,30 @@
-// AVX-512 VNNI kernels of the block-chain types (Q4_0 and Q8_0 weights,
-// Q8_0 activations; kernels.h's block_chain): one row, sixteen rows at a
-// time for generation, and the GEMM for prompt batches.
+// AVX-512 VNNI GEMM of the block-chain types (kernels.h's block_chain: Q4_0
+// and Q8_0 weights with Q8_0 activations, Q4_K and Q6_K with Q8_K ones), for
+// prompt batches and for every batch of a batch-invariant backend.
 //
-// Each computes, for every output, the exact integer sum of each 32-element
-// block and then y = fma(d_w * d_a, isum, y) block after block: the scalar
-// reference's arithmetic. So the three agree bit for bit with the reference
-// and with each other, and a token's result does not depend on which of them
-// its batch size picked.
+// For every output they compute exact integer sums per block (Q4_0, Q8_0)
+// or super-block (K-quants) and then FMAs in block order: the scalar
+// reference's arithmetic (ref/quants.cpp, ref/quants_k.cpp), so they agree
+// with it bit for bit whatever the number of tokens.
 //
 // vpdpbusd multiplies unsigned by signed bytes: weights enter as unsigned
 // u = q + offset (Q4_0: the nibble itself, offset 8; Q8_0: q ^ 0x80, offset
-// 128), activations as they are, and offset * sum(a) is subtracted (the
-// accumulator starts from it).
+// 128; Q6_K: q, offset 32; Q4_K: q, and its mins), activations as they are,
+// and the offset or min times the activations' sums is taken off.
 //
-// Generation (matvec) reads the weights where they lie: two rows' blocks per
-// 512-bit register, one vpdpbusd per two row-blocks, then the eight lanes of
-// each row-block summed across registers (unpack/add steps) so that one
-// vector holds sixteen rows' block sums and one FMA advances sixteen chains.
+// Batches of many tokens repack sixteen rows at a time into a panel whose
+// 512-bit words hold four consecutive weights of each of the sixteen rows
+// (lane = row): one vpdpbusd with four of a token's activations broadcast
+// advances all sixteen rows' sums, and no horizontal sum is needed. The
+// panel is made once per batch and read for every group of four tokens;
+// 2 panels x 4 tokens per inner step keep the accumulators in registers.
 //
-// Prompts (gemm) repack sixteen rows at a time into a panel whose 512-bit
-// words hold four consecutive weights of each of the sixteen rows (lane =
-// row): one vpdpbusd with four of a token's activations broadcast advances
-// all sixteen rows' block sums, eight of them finish a block, and no
-// horizontal sum is needed. The panel is made once per batch and read for
-// every group of four tokens; 2 panels x 4 tokens per inner step keep 8
-// integer and 8 float accumulators in registers.
+// Q4_0/Q8_0 batches of one or two tokens (a batch-invariant backend's
+// decode steps) read the weights where they lie instead: two rows' blocks
+// per 512-bit register, one vpdpbusd per two row-blocks, then the eight
+// lanes of each row-block summed across registers (unpack/add steps) so
+// that one vector holds sixteen rows' block sums and one FMA advances
+// sixteen chains.
 #include "ggml-like/cpu/x86/avx512_chain.h"
 
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
@@ -36,7 +36,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
+#include "ggml-like/blocks_k.h"
+#include "ggml-like/cpu/x86/k_scales.h"
 #include "ggml-like/types.h"
 
 namespace gl::avx512_chain {
@@ -199,10 +202,17 @@ void matvec(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const vo
 }
 
 // ---- the prompt GEMM -----------------------------------------------------------------
+//
+// A panel holds sixteen rows, one super-block after another (32 elements for
+// Q4_0/Q8_0, 256 for the K-quants): first its 32-element units' eight words
+// each (word k, lane r: elements 4k..4k+3 of the unit in row r, as unsigned
+// bytes), then the type's scale area. Each weight type says how to get a
+// unit of one row (unit), how to fill the scale area (scales) and how to
+// multiply a panel by tokens (Tile).
 
 constexpr int kPanelRows = 16;
-// One block of a panel: 8 words of 16 rows x 4 bytes, then the 16 scales as float.
-constexpr size_t kPanelBlockBytes = 8 * 64 + kPanelRows * sizeof(float);
+constexpr size_t kWordBytes = 64;
+constexpr size_t kUnitBytes = 8 * kWordBytes;
 
 // In place: v[k] lane r (a dword) becomes the old v[r] lane k.
 __attribute__((always_inline)) inline void transpose8x8(__m256i v[8]) {
@@ -224,76 +234,284 @@ __attribute__((always_inline)) inline void transpose8x8(__m256i v[8]) {
 }
 
 // Sixteen rows (fewer at a matrix's end: the rest zero) into a panel.
-template <typename W>
-void pack_panel(const uint8_t* w, size_t rb, int rows, int64_t nb, uint8_t* panel) {
-    using Block = typename W::Block;
-    for (int64_t b = 0; b < nb; b++) {
-        uint8_t* dst = panel + b * kPanelBlockBytes;
-        auto* d = reinterpret_cast<float*>(dst + 8 * 64);
-        for (int half = 0; half < 2; half++) {
-            __m256i v[8];
-            for (int j = 0; j < 8; j++) {
-                const int r = half * 8 + j;
-                const uint8_t* p = w + r * rb + b * sizeof(Block);
-                v[j] = r < rows ? W::block(p) : _mm256_setzero_si256();
-                d[r] = r < rows ? kFp16ToFp32[scale_of<W>(p)] : 0.0f;
+template <typename G>
+void pack_panel(const uint8_t* w, size_t rb, int rows, int64_t n_super, uint8_t* panel) {
+    using Block = typename G::Block;
+    for (int64_t b = 0; b < n_super; b++) {
+        uint8_t* dst = panel + b * G::kPanelBytes;
+        const uint8_t* blocks[kPanelRows];
+        for (int r = 0; r < kPanelRows; r++)
+            blocks[r] = r < rows ? w + r * rb + b * sizeof(Block) : nullptr;
+        for (int u = 0; u < G::kUnits; u++) {
+            for (int half = 0; half < 2; half++) {
+                __m256i v[8];
+                for (int j = 0; j < 8; j++) {
+                    const uint8_t* p = blocks[half * 8 + j];
+                    v[j] = p ? G::unit(p, u) : _mm256_setzero_si256();
+                }
+                transpose8x8(v);
+                for (int k = 0; k < 8; k++)
+                    _mm256_store_si256(reinterpret_cast<__m256i*>(dst + u * kUnitBytes +
+                                                                  k * kWordBytes + half * 32),
+                                       v[k]);
             }
-            transpose8x8(v);
-            for (int k = 0; k < 8; k++)
-                _mm256_store_si256(reinterpret_cast<__m256i*>(dst + k * 64 + half * 32), v[k]);
         }
+        G::scales(blocks, dst + G::kUnits * kUnitBytes);
     }
 }
 
-// NP panels (16 rows each) by NT tokens, over all nb blocks.
-template <int NP, int NT>
-void tile(const uint8_t* const* pan, int64_t nb, const Q8Tokens& a, int64_t t0, int offset,
-          float* y, size_t y_stride, const __mmask16* row_mask) {
-    const BlockQ8_0* tok[NT];
-    const int32_t* sums[NT];
-    for (int t = 0; t < NT; t++) {
-        tok[t] = reinterpret_cast<const BlockQ8_0*>(static_cast<const uint8_t*>(a.rows) +
-                                                    (t0 + t) * a.row_bytes);
-        sums[t] = a.sums + (t0 + t) * nb;
+const uint8_t* token_row(const Q8Tokens& a, int64_t t) {
+    return static_cast<const uint8_t*>(a.rows) + t * a.row_bytes;
+}
+
+__m512i load_word(const uint8_t* p) {
+    return _mm512_load_si512(p);
+}
+
+// Q4_0 and Q8_0 (one unit, Q8_0 activations): the block's sum starts from
+// -offset * sum(a), and the scale area is the sixteen d as float.
+template <typename W> struct Block32 {
+    using Block = typename W::Block;
+    static constexpr int kUnits = 1;
+    static constexpr size_t kPanelBytes = kUnitBytes + kPanelRows * sizeof(float);
+    static __m256i unit(const uint8_t* p, int) { return W::block(p); }
+    static void scales(const uint8_t* const* blocks, uint8_t* area) {
+        auto* d = reinterpret_cast<float*>(area);
+        for (int r = 0; r < kPanelRows; r++)
+            d[r] = blocks[r] ? kFp16ToFp32[scale_of<W>(blocks[r])] : 0.0f;
     }
+
+    template <int NP, int NT>
+    static void tile(const uint8_t* const* pan, int64_t nb, const Q8Tokens& a, int64_t t0,
+                     __m512 (&f)[NP][NT]) {
+        const BlockQ8_0* tok[NT];
+        const int32_t* sums[NT];
+        for (int t = 0; t < NT; t++) {
+            tok[t] = reinterpret_cast<const BlockQ8_0*>(token_row(a, t0 + t));
+            sums[t] = a.sums + (t0 + t) * nb;
+        }
+        for (int64_t b = 0; b < nb; b++) {
+            __m512i acc[NP][NT];
+#pragma GCC unroll 8
+            for (int t = 0; t < NT; t++) {
+                const __m512i init = _mm512_set1_epi32(-W::kOffset * sums[t][b]);
+#pragma GCC unroll 8
+                for (int p = 0; p < NP; p++) acc[p][t] = init;
+            }
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) {
+                __m512i wv[NP];
+#pragma GCC unroll 8
+                for (int p = 0; p < NP; p++)
+                    wv[p] = load_word(pan[p] + b * kPanelBytes + k * kWordBytes);
+#pragma GCC unroll 8
+                for (int t = 0; t < NT; t++) {
+                    const __m512i av = _mm512_set1_epi32(load_i32(tok[t][b].qs + 4 * k));
+#pragma GCC unroll 8
+                    for (int p = 0; p < NP; p++)
+                        acc[p][t] = _mm512_dpbusd_epi32(acc[p][t], wv[p], av);
+                }
+            }
+#pragma GCC unroll 8
+            for (int t = 0; t < NT; t++) {
+                const __m512 da = _mm512_set1_ps(kFp16ToFp32[tok[t][b].d]);
+#pragma GCC unroll 8
+                for (int p = 0; p < NP; p++) {
+                    const __m512 dw = _mm512_load_ps(
+                        reinterpret_cast<const float*>(pan[p] + b * kPanelBytes + kUnitBytes));
+                    f[p][t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(acc[p][t]),
+                                              f[p][t]);
+                }
+            }
+        }
+    }
+};
+
+// The K-quants (eight units a super-block, Q8_K activations). Sub-block
+// sums times their integer scales are added up exactly (vpmulld); the
+// mins' and offsets' terms come from the activations' 16-element sums (Q8_K
+// bsums) and pairs of 16-bit scales (vpdpwssd). Scale area: the sub-block
+// scales as int32 (kSub words), the eight pair words, then d (and dmin) as float.
+struct SuperScales {
+    static uint8_t* sub(uint8_t* area, int j) { return area + j * kWordBytes; }
+};
+
+// Q4_K: eight sub-blocks of 32: u = q (0..15), w = d * sc * q - dmin * m.
+// Per row: y = fma(d * da, qsum, y), then fma(-(dmin * da), msum, y), with
+// qsum = sum sc_j * dot_j and msum = sum m_j * asum_j (kernels.h).
+struct Q4K {
+    using Block = BlockQ4_K;
+    static constexpr int kUnits = 8, kSub = 8;
+    static constexpr size_t kScaleBytes = (kSub + 8) * kWordBytes + 2 * kPanelRows * sizeof(float);
+    static constexpr size_t kPanelBytes = kUnits * kUnitBytes + kScaleBytes;
+    static __m256i unit(const uint8_t* p, int u) {
+        const __m256i q = load256(p + offsetof(Block, qs) + 32 * (u / 2));
+        return _mm256_and_si256(u % 2 ? _mm256_srli_epi16(q, 4) : q, _mm256_set1_epi8(0x0f));
+    }
+    static void scales(const uint8_t* const* blocks, uint8_t* area) {
+        auto* sc = reinterpret_cast<int32_t*>(area);
+        auto* pairs = reinterpret_cast<uint32_t*>(area + kSub * kWordBytes);
+        auto* d = reinterpret_cast<float*>(area + (kSub + 8) * kWordBytes);
+        for (int r = 0; r < kPanelRows; r++) {
+            uint8_t sm[16] = {};
+            if (blocks[r])
+                _mm_storeu_si128(reinterpret_cast<__m128i*>(sm),
+                                 unpack_scales_k4(blocks[r] + offsetof(Block, scales)));
+            for (int j = 0; j < 8; j++) {
+                sc[j * kPanelRows + r] = sm[j];
+                // bsums i = 2j, 2j + 1 both take min j.
+                pairs[j * kPanelRows + r] = sm[8 + j] | static_cast<uint32_t>(sm[8 + j]) << 16;
+            }
+            const auto* blk = reinterpret_cast<const Block*>(blocks[r]);
+            d[r] = blocks[r] ? kFp16ToFp32[blk->d] : 0.0f;
+            d[kPanelRows + r] = blocks[r] ? kFp16ToFp32[blk->dmin] : 0.0f;
+        }
+    }
+};
+
+// Q6_K: sixteen sub-blocks of 16: u = q (0..63), w = d * sc * (q - 32).
+// y = fma(d * da, qsum, y), qsum = sum sc_j * (dot_j - 32 * asum_j).
+struct Q6K {
+    using Block = BlockQ6_K;
+    static constexpr int kUnits = 8, kSub = 16;
+    static constexpr size_t kScaleBytes = (kSub + 8) * kWordBytes + kPanelRows * sizeof(float);
+    static constexpr size_t kPanelBytes = kUnits * kUnitBytes + kScaleBytes;
+    // Unit u = 4 h + k: elements 128 h + 32 k + l, low four bits from
+    // ql[64 h + 32 (k & 1) + l] (high nibble when k >= 2), top two bits
+    // 2k, 2k+1 of qh[32 h + l].
+    static __m256i unit(const uint8_t* p, int u) {
+        const int h = u / 4, k = u % 4;
+        const __m256i ql = load256(p + offsetof(Block, ql) + 64 * h + 32 * (k & 1));
+        const __m256i qh = load256(p + offsetof(Block, qh) + 32 * h);
+        const __m256i m4 = _mm256_set1_epi8(0x0f);
+        const __m256i low = _mm256_and_si256(k >= 2 ? _mm256_srli_epi16(ql, 4) : ql, m4);
+        const __m256i top =
+            _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k)), _mm256_set1_epi8(3));
+        return _mm256_or_si256(low, _mm256_slli_epi16(top, 4));
+    }
+    static void scales(const uint8_t* const* blocks, uint8_t* area) {
+        auto* sc = reinterpret_cast<int32_t*>(area);
+        auto* pairs = reinterpret_cast<uint32_t*>(area + kSub * kWordBytes);
+        auto* d = reinterpret_cast<float*>(area + (kSub + 8) * kWordBytes);
+        for (int r = 0; r < kPanelRows; r++) {
+            const auto* blk = reinterpret_cast<const Block*>(blocks[r]);
+            for (int j = 0; j < kSub; j++) sc[j * kPanelRows + r] = blk ? blk->scales[j] : 0;
+            for (int j = 0; j < 8; j++)
+                pairs[j * kPanelRows + r] =
+                    blk ? static_cast<uint16_t>(blk->scales[2 * j]) |
+                              static_cast<uint32_t>(static_cast<uint16_t>(blk->scales[2 * j + 1]))
+                                  << 16
+                        : 0;
+            d[r] = blk ? kFp16ToFp32[blk->d] : 0.0f;
+        }
+    }
+};
+
+// The K-quants' tile: K is Q4K or Q6K.
+template <typename K> struct SuperTile {
+    using Block = typename K::Block;
+    static constexpr int kUnits = K::kUnits;
+    static constexpr size_t kPanelBytes = K::kPanelBytes;
+    static __m256i unit(const uint8_t* p, int u) { return K::unit(p, u); }
+    static void scales(const uint8_t* const* blocks, uint8_t* area) { K::scales(blocks, area); }
+
+    template <int NP, int NT>
+    static void tile(const uint8_t* const* pan, int64_t nb, const Q8Tokens& a, int64_t t0,
+                     __m512 (&f)[NP][NT]) {
+        constexpr int kWordsPerSub = 64 / K::kSub; // 8 (Q4_K) or 4 (Q6_K)
+        const BlockQ8_K* tok[NT];
+        for (int t = 0; t < NT; t++)
+            tok[t] = reinterpret_cast<const BlockQ8_K*>(token_row(a, t0 + t));
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t* words[NP];
+            const uint8_t* area[NP];
+            for (int p = 0; p < NP; p++) {
+                words[p] = pan[p] + b * kPanelBytes;
+                area[p] = words[p] + kUnits * kUnitBytes;
+            }
+            __m512i q[NP][NT];
+#pragma GCC unroll 8
+            for (int p = 0; p < NP; p++)
+#pragma GCC unroll 8
+                for (int t = 0; t < NT; t++) q[p][t] = _mm512_setzero_si512();
+            for (int j = 0; j < K::kSub; j++) {
+                __m512i s[NP][NT];
+#pragma GCC unroll 8
+                for (int p = 0; p < NP; p++)
+#pragma GCC unroll 8
+                    for (int t = 0; t < NT; t++) s[p][t] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+                for (int k = 0; k < kWordsPerSub; k++) {
+                    const int word = j * kWordsPerSub + k;
+                    __m512i wv[NP];
+#pragma GCC unroll 8
+                    for (int p = 0; p < NP; p++) wv[p] = load_word(words[p] + word * kWordBytes);
+#pragma GCC unroll 8
+                    for (int t = 0; t < NT; t++) {
+                        const __m512i av = _mm512_set1_epi32(load_i32(tok[t][b].qs + 4 * word));
+#pragma GCC unroll 8
+                        for (int p = 0; p < NP; p++)
+                            s[p][t] = _mm512_dpbusd_epi32(s[p][t], wv[p], av);
+                    }
+                }
+#pragma GCC unroll 8
+                for (int p = 0; p < NP; p++) {
+                    const __m512i sc = load_word(area[p] + j * kWordBytes);
+#pragma GCC unroll 8
+                    for (int t = 0; t < NT; t++)
+                        q[p][t] = _mm512_add_epi32(q[p][t], _mm512_mullo_epi32(s[p][t], sc));
+                }
+            }
+            // The 16-bit pairs against the activations' 16-element sums.
+            __m512i m[NP][NT];
+#pragma GCC unroll 8
+            for (int p = 0; p < NP; p++)
+#pragma GCC unroll 8
+                for (int t = 0; t < NT; t++) m[p][t] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++) {
+#pragma GCC unroll 8
+                for (int t = 0; t < NT; t++) {
+                    const __m512i bs = _mm512_set1_epi32(load_i32(tok[t][b].bsums + 2 * i));
+#pragma GCC unroll 8
+                    for (int p = 0; p < NP; p++)
+                        m[p][t] = _mm512_dpwssd_epi32(
+                            m[p][t], load_word(area[p] + (K::kSub + i) * kWordBytes), bs);
+                }
+            }
+#pragma GCC unroll 8
+            for (int t = 0; t < NT; t++) {
+                const __m512 da = _mm512_set1_ps(tok[t][b].d);
+#pragma GCC unroll 8
+                for (int p = 0; p < NP; p++) {
+                    const auto* d =
+                        reinterpret_cast<const float*>(area[p] + (K::kSub + 8) * kWordBytes);
+                    const __m512 dd = _mm512_mul_ps(_mm512_load_ps(d), da);
+                    if constexpr (std::is_same_v<K, Q4K>) {
+                        f[p][t] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(q[p][t]), f[p][t]);
+                        const __m512 dm = _mm512_mul_ps(_mm512_load_ps(d + kPanelRows), da);
+                        f[p][t] = _mm512_fnmadd_ps(dm, _mm512_cvtepi32_ps(m[p][t]), f[p][t]);
+                    } else {
+                        const __m512i total =
+                            _mm512_sub_epi32(q[p][t], _mm512_slli_epi32(m[p][t], 5));
+                        f[p][t] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(total), f[p][t]);
+                    }
+                }
+            }
+        }
+    }
+};
+
+// NP panels (16 rows each) by NT tokens, over all super-blocks.
+template <typename G, int NP, int NT>
+void tile(const uint8_t* const* pan, int64_t n_super, const Q8Tokens& a, int64_t t0, float* y,
+          size_t y_stride, const __mmask16* row_mask) {
     __m512 f[NP][NT];
 #pragma GCC unroll 8
     for (int p = 0; p < NP; p++)
 #pragma GCC unroll 8
         for (int t = 0; t < NT; t++) f[p][t] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        __m512i acc[NP][NT];
-#pragma GCC unroll 8
-        for (int t = 0; t < NT; t++) {
-            const __m512i init = _mm512_set1_epi32(-offset * sums[t][b]);
-#pragma GCC unroll 8
-            for (int p = 0; p < NP; p++) acc[p][t] = init;
-        }
-#pragma GCC unroll 8
-        for (int k = 0; k < 8; k++) {
-            __m512i wv[NP];
-#pragma GCC unroll 8
-            for (int p = 0; p < NP; p++)
-                wv[p] = _mm512_load_si512(pan[p] + b * kPanelBlockBytes + k * 64);
-#pragma GCC unroll 8
-            for (int t = 0; t < NT; t++) {
-                const __m512i av = _mm512_set1_epi32(load_i32(tok[t][b].qs + 4 * k));
-#pragma GCC unroll 8
-                for (int p = 0; p < NP; p++) acc[p][t] = _mm512_dpbusd_epi32(acc[p][t], wv[p], av);
-            }
-        }
-#pragma GCC unroll 8
-        for (int t = 0; t < NT; t++) {
-            const __m512 da = _mm512_set1_ps(kFp16ToFp32[tok[t][b].d]);
-#pragma GCC unroll 8
-            for (int p = 0; p < NP; p++) {
-                const __m512 dw = _mm512_load_ps(
-                    reinterpret_cast<const float*>(pan[p] + b * kPanelBlockBytes + 8 * 64));
-                f[p][t] =
-                    _mm512_fmadd_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(acc[p][t]), f[p][t]);
-            }
-        }
-    }
+    G::template tile<NP, NT>(pan, n_super, a, t0, f);
 #pragma GCC unroll 8
     for (int t = 0; t < NT; t++)
 #pragma GCC unroll 8
@@ -301,18 +519,18 @@ void tile(const uint8_t* const* pan, int64_t nb, const Q8Tokens& a, int64_t t0, 
             _mm512_mask_storeu_ps(y + (t0 + t) * y_stride + p * kPanelRows, row_mask[p], f[p][t]);
 }
 
-template <int NP>
-void tokens(const uint8_t* const* pan, int64_t nb, const Q8Tokens& a, int offset, float* y,
+template <typename G, int NP>
+void tokens(const uint8_t* const* pan, int64_t n_super, const Q8Tokens& a, float* y,
             size_t y_stride, const __mmask16* row_mask) {
     int64_t t0 = 0;
-    for (; t0 + 4 <= a.n_tok; t0 += 4) tile<NP, 4>(pan, nb, a, t0, offset, y, y_stride, row_mask);
+    for (; t0 + 4 <= a.n_tok; t0 += 4) tile<G, NP, 4>(pan, n_super, a, t0, y, y_stride, row_mask);
     switch (a.n_tok - t0) {
     case 3:
-        return tile<NP, 3>(pan, nb, a, t0, offset, y, y_stride, row_mask);
+        return tile<G, NP, 3>(pan, n_super, a, t0, y, y_stride, row_mask);
     case 2:
-        return tile<NP, 2>(pan, nb, a, t0, offset, y, y_stride, row_mask);
+        return tile<G, NP, 2>(pan, n_super, a, t0, y, y_stride, row_mask);
     case 1:
-        return tile<NP, 1>(pan, nb, a, t0, offset, y, y_stride, row_mask);
+        return tile<G, NP, 1>(pan, n_super, a, t0, y, y_stride, row_mask);
     default:
         return;
     }
@@ -320,6 +538,30 @@ void tokens(const uint8_t* const* pan, int64_t nb, const Q8Tokens& a, int offset
 
 __mmask16 first_lanes(int64_t n) {
     return n >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << n) - 1);
+}
+
+template <typename G>
+void gemm_panels(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
+                 float* y, size_t y_stride, void* scratch) {
+    const int64_t n_super = n / (32 * G::kUnits);
+    const auto* base = static_cast<const uint8_t*>(w);
+    auto* s = static_cast<uint8_t*>(scratch);
+    uint8_t* pan0 = s + (64 - reinterpret_cast<uintptr_t>(s) % 64) % 64;
+    uint8_t* pan1 = pan0 + n_super * G::kPanelBytes;
+    const uint8_t* pan[2] = {pan0, pan1};
+    for (int64_t r0 = 0; r0 < n_rows; r0 += 2 * kPanelRows) {
+        const int64_t rows = std::min<int64_t>(2 * kPanelRows, n_rows - r0);
+        const __mmask16 mask[2] = {first_lanes(rows), first_lanes(rows - kPanelRows)};
+        pack_panel<G>(base + r0 * row_bytes, row_bytes,
+                      static_cast<int>(std::min<int64_t>(rows, kPanelRows)), n_super, pan0);
+        if (rows > kPanelRows) {
+            pack_panel<G>(base + (r0 + kPanelRows) * row_bytes, row_bytes,
+                          static_cast<int>(rows - kPanelRows), n_super, pan1);
+            tokens<G, 2>(pan, n_super, a, y + r0, y_stride, mask);
+        } else {
+            tokens<G, 1>(pan, n_super, a, y + r0, y_stride, mask);
+        }
+    }
 }
 
 // Below this many tokens the sixteen-row kernel per token beats making panels.
@@ -330,35 +572,19 @@ void gemm(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8To
           size_t y_stride, void* scratch) {
     if (a.n_tok < kPanelMinTokens) {
         for (int64_t t = 0; t < a.n_tok; t++)
-            matvec<W>(n, w, row_bytes, n_rows,
-                      static_cast<const uint8_t*>(a.rows) + t * a.row_bytes, y + t * y_stride);
+            matvec<W>(n, w, row_bytes, n_rows, token_row(a, t), y + t * y_stride);
         return;
     }
-    const int64_t nb = n / QK8_0;
-    const auto* base = static_cast<const uint8_t*>(w);
-    auto* s = static_cast<uint8_t*>(scratch);
-    uint8_t* pan0 = s + (64 - reinterpret_cast<uintptr_t>(s) % 64) % 64;
-    uint8_t* pan1 = pan0 + nb * kPanelBlockBytes;
-    const uint8_t* pan[2] = {pan0, pan1};
-    for (int64_t r0 = 0; r0 < n_rows; r0 += 2 * kPanelRows) {
-        const int64_t rows = std::min<int64_t>(2 * kPanelRows, n_rows - r0);
-        const __mmask16 mask[2] = {first_lanes(rows), first_lanes(rows - kPanelRows)};
-        pack_panel<W>(base + r0 * row_bytes, row_bytes,
-                      static_cast<int>(std::min<int64_t>(rows, kPanelRows)), nb, pan0);
-        if (rows > kPanelRows) {
-            pack_panel<W>(base + (r0 + kPanelRows) * row_bytes, row_bytes,
-                          static_cast<int>(rows - kPanelRows), nb, pan1);
-            tokens<2>(pan, nb, a, W::kOffset, y + r0, y_stride, mask);
-        } else {
-            tokens<1>(pan, nb, a, W::kOffset, y + r0, y_stride, mask);
-        }
-    }
+    gemm_panels<Block32<W>>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
 }
 
-} // namespace
+// Every type's panel fits the scratch gemm_scratch_bytes (kernels.h) gives.
+static_assert(Block32<Q4>::kPanelBytes <= kGemmPanelBlockBytes);
+static_assert(Block32<Q8>::kPanelBytes <= kGemmPanelBlockBytes);
+static_assert(Q4K::kPanelBytes <= 8 * kGemmPanelBlockBytes);
+static_assert(Q6K::kPanelBytes <= 8 * kGemmPanelBlockBytes);
 
-// gemm_scratch_bytes (dispatch.cpp) gives two panels and alignment slack.
-static_assert(kPanelBlockBytes == kGemmPanelBlockBytes);
+} // namespace
 
 void gemm_q4_0(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
                float* y, size_t y_stride, void* scratch) {
@@ -367,6 +593,14 @@ void gemm_q4_0(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const
 void gemm_q8_0(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
                float* y, size_t y_stride, void* scratch) {
     gemm<Q8>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
+}
+void gemm_q4_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
+               float* y, size_t y_stride, void* scratch) {
+    gemm_panels<SuperTile<Q4K>>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
+}
+void gemm_q6_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
+               float* y, size_t y_stride, void* scratch) {
+    gemm_panels<SuperTile<Q6K>>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
 }
 
 } // namespace gl::avx512_chain
