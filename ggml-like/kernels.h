@@ -17,9 +17,10 @@ namespace gl {
 // column; F32 for float weights and for types kvrun cannot compute with).
 constexpr Type vec_dot_type(Type weight) { return type_info(weight).vec_dot_type; }
 
-// Prompt activations for a GEMM (KernelTable::gemm): n_tok rows of Q8_0
-// blocks, row t at rows + t * row_bytes, and each block's sum of its 32
-// values at sums[t * (n / 32) + b] (the weights' offset term needs it).
+// Prompt activations for a GEMM (KernelTable::gemm): n_tok rows of the
+// weight type's activation blocks (Q8_0, Q8_1 or Q8_K), row t at rows + t *
+// row_bytes, and for Q8_0 each block's sum of its 32 values at
+// sums[t * (n / 32) + b] (the weights' offset term needs it).
 struct Q8Tokens {
     const void* rows;
     size_t row_bytes;
@@ -30,14 +31,15 @@ struct Q8Tokens {
 // Types whose reference dot product is the block-chain arithmetic: each
 // block's products summed exactly in integers (a K-quant's super-block: its
 // sub-blocks' sums times their integer scales, and the mins' term apart),
-// then y = fma(d_w * d_a, isum, y) block after block in float (K-quants with
-// mins: then y = fma(-(dmin_w * d_a), msum, y)). A GEMM that computes exactly
+// then y = fma(d_w * d_a, isum, y) block after block in float (Q4_1 then
+// y = fma(m_w, s_a, y); K-quants with mins then y = fma(-(dmin_w * d_a),
+// msum, y)). A GEMM that computes exactly
 // this (KernelTable::gemm, for one token or many, on any ISA with FMA) gives
 // a token the same bits whatever its batch, its place in it or the thread
 // count. (The tables' own vec_dot and matvec may sum in another order.)
 constexpr bool block_chain(Type weight) {
-    return weight == Type::Q4_0 || weight == Type::Q8_0 || weight == Type::Q4_K ||
-           weight == Type::Q6_K;
+    return weight == Type::Q4_0 || weight == Type::Q8_0 || weight == Type::Q4_1 ||
+           weight == Type::Q4_K || weight == Type::Q6_K;
 }
 
 // Bytes of scratch one caller of KernelTable::gemm needs for rows of n

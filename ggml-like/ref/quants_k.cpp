@@ -380,16 +380,18 @@ float dot_q8_1_act(int64_t n, const void* w, const void* a) {
     const auto* x = static_cast<const Block*>(w);
     const auto* y = static_cast<const BlockQ8_1*>(a);
     Unpacked u;
-    double sum = 0.0;
+    float sum = 0.0f;
     for (int64_t i = 0; i < n / 32; i++) {
         Unpack(x[i], u);
         int32_t qa = 0;
         for (int j = 0; j < 32; j++) qa += u.q[j] * y[i].qs[j];
-        // w = d q + m: d * da * sum(q a) + m * s.
-        sum += static_cast<double>(u.d) * half(y[i].d) * qa -
-               static_cast<double>(u.dmin) * half(y[i].s);
+        // w = d q + m: d * da * sum(q a) + m * s, in the block-chain
+        // arithmetic (kernels.h), s as the block stores it (fp16 of
+        // da * sum(a), as every kernel of these types reads it); m = -dmin.
+        sum = std::fma(u.d * half(y[i].d), static_cast<float>(qa), sum);
+        sum = std::fma(-u.dmin, half(y[i].s), sum);
     }
-    return static_cast<float>(sum);
+    return sum;
 }
 
 } // namespace

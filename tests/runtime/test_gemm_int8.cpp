@@ -1,4 +1,4 @@
-// The block-chain types (kernels.h's block_chain: Q4_0, Q8_0, Q4_K, Q6_K): every
+// The block-chain types (kernels.h's block_chain: Q4_0, Q8_0, Q4_1, Q4_K, Q6_K): every
 // table's GEMM gives the scalar reference's bits for any number of tokens,
 // on shapes that leave partial row groups, panels and token tiles; and
 // ops::matmul in its batch-invariant mode gives a token the same bits
@@ -22,7 +22,7 @@ using gl::Type;
 // Rows of random blocks: every byte value (Q8_0's -128 included), scales
 // over two decades, so the float chain rounds at almost every step.
 std::vector<uint8_t> random_rows(Type t, int64_t n, int64_t rows, uint32_t seed) {
-    if (t != Type::Q4_0 && t != Type::Q8_0) {
+    if (t != Type::Q4_0 && t != Type::Q8_0 && t != Type::Q4_1) {
         // K-quants: random floats through the reference quantizer (their
         // scales are packed and must be valid).
         const auto f = kvtest::random_floats(static_cast<size_t>(n * rows), seed);
@@ -37,15 +37,21 @@ std::vector<uint8_t> random_rows(Type t, int64_t n, int64_t rows, uint32_t seed)
     std::vector<uint8_t> out(gl::row_size(t, n) * static_cast<size_t>(rows));
     const size_t bs = gl::type_info(t).type_size;
     for (size_t b = 0; b < out.size(); b += bs) {
+        // d, and Q4_1's m (as large, of either sign), then the quants.
+        const size_t head = t == Type::Q4_1 ? 4 : 2;
         const uint16_t d = gl::fp32_to_fp16(scale(rng));
         std::memcpy(&out[b], &d, 2);
-        for (size_t j = 2; j < bs; j++) out[b + j] = static_cast<uint8_t>(byte(rng));
+        if (head == 4) {
+            const uint16_t m = gl::fp32_to_fp16(scale(rng) * (byte(rng) % 2 ? 8.0f : -8.0f));
+            std::memcpy(&out[b + 2], &m, 2);
+        }
+        for (size_t j = head; j < bs; j++) out[b + j] = static_cast<uint8_t>(byte(rng));
     }
     return out;
 }
 
 // n_tok activation rows for weights of type w quantized by the reference
-// (Q8_0 or Q8_K), and Q8_0's block sums.
+// (Q8_0, Q8_1 or Q8_K), and Q8_0's block sums.
 struct Tokens {
     std::vector<uint8_t> rows;
     std::vector<int32_t> sums;
@@ -81,7 +87,7 @@ bool same_bits(float a, float b) {
 
 TEST_CASE("block chain: every table's gemm gives the reference's bits, 1 to 9 tokens") {
     uint32_t seed = 11;
-    for (Type t : {Type::Q4_0, Type::Q8_0, Type::Q4_K, Type::Q6_K}) {
+    for (Type t : {Type::Q4_0, Type::Q8_0, Type::Q4_1, Type::Q4_K, Type::Q6_K}) {
         REQUIRE(gl::block_chain(t));
         const int64_t bs = gl::type_info(t).block_size;
         for (int64_t n : {bs, 3 * bs, 5 * bs, 2048 + 3 * bs})
@@ -128,7 +134,7 @@ TEST_CASE("block chain: every table's gemm gives the reference's bits, 1 to 9 to
 TEST_CASE("block chain: ops::matmul gives a token the same bits alone, in any batch, on 1 or 2 "
           "threads") {
     uint32_t seed = 91;
-    for (Type t : {Type::Q4_0, Type::Q8_0, Type::Q4_K, Type::Q6_K}) {
+    for (Type t : {Type::Q4_0, Type::Q8_0, Type::Q4_1, Type::Q4_K, Type::Q6_K}) {
         const int64_t n_in = gl::type_info(t).block_size == 32 ? 320 : 768, n_out = 67;
         const size_t rb = gl::row_size(t, n_in);
         const auto wq = random_rows(t, n_in, n_out, seed++);

@@ -1,5 +1,6 @@
 // AVX-512 VNNI GEMM of the block-chain types (kernels.h's block_chain: Q4_0
-// and Q8_0 weights with Q8_0 activations, Q4_K and Q6_K with Q8_K ones), for
+// and Q8_0 weights with Q8_0 activations, Q4_1 with Q8_1, Q4_K and Q6_K with
+// Q8_K), for
 // prompt batches and for every batch of a batch-invariant backend.
 //
 // For every output they compute exact integer sums per block (Q4_0, Q8_0)
@@ -9,7 +10,7 @@
 //
 // vpdpbusd multiplies unsigned by signed bytes: weights enter as unsigned
 // u = q + offset (Q4_0: the nibble itself, offset 8; Q8_0: q ^ 0x80, offset
-// 128; Q6_K: q, offset 32; Q4_K: q, and its mins), activations as they are,
+// 128; Q6_K: q, offset 32; Q4_1 and Q4_K: q, and their mins), activations as they are,
 // and the offset or min times the activations' sums is taken off.
 //
 // Batches of many tokens repack sixteen rows at a time into a panel whose
@@ -97,6 +98,18 @@ struct Q8 {
             _mm512_inserti64x4(_mm512_castsi256_si512(load256(p0 + offsetof(Block, qs))),
                                load256(p1 + offsetof(Block, qs)), 1);
         return _mm512_xor_si512(q, _mm512_set1_epi8(static_cast<char>(0x80)));
+    }
+};
+
+// Q4_1: nibbles as Q4_0's, w = d * q + m (no offset; the min is a term of
+// its own against the Q8_1 activations' s = fp16(d_a * sum(a))).
+struct Q41 {
+    using Block = BlockQ4_1;
+    static constexpr int kOffset = 0;
+    static __m256i block(const uint8_t* p) {
+        const __m256i q = _mm256_broadcastsi128_si256(load128(p + offsetof(Block, qs)));
+        return _mm256_and_si256(_mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 0, 4, 4)),
+                                _mm256_set1_epi8(0x0f));
     }
 };
 
@@ -269,32 +282,41 @@ __m512i load_word(const uint8_t* p) {
 }
 
 // Q4_0 and Q8_0 (one unit, Q8_0 activations): the block's sum starts from
-// -offset * sum(a), and the scale area is the sixteen d as float.
+// -offset * sum(a), and the scale area is the sixteen d as float. Q4_1 (Q8_1
+// activations): the sum starts from 0, the scale area also holds the
+// sixteen m, and each block adds m * s_a after d * d_a * isum.
 template <typename W> struct Block32 {
     using Block = typename W::Block;
+    static constexpr bool kMin = std::is_same_v<W, Q41>;
+    using Act = std::conditional_t<kMin, BlockQ8_1, BlockQ8_0>;
     static constexpr int kUnits = 1;
-    static constexpr size_t kPanelBytes = kUnitBytes + kPanelRows * sizeof(float);
+    static constexpr size_t kPanelBytes = kUnitBytes + (kMin ? 2 : 1) * kPanelRows * sizeof(float);
     static __m256i unit(const uint8_t* p, int) { return W::block(p); }
     static void scales(const uint8_t* const* blocks, uint8_t* area) {
         auto* d = reinterpret_cast<float*>(area);
-        for (int r = 0; r < kPanelRows; r++)
+        for (int r = 0; r < kPanelRows; r++) {
             d[r] = blocks[r] ? kFp16ToFp32[scale_of<W>(blocks[r])] : 0.0f;
+            if constexpr (kMin)
+                d[kPanelRows + r] =
+                    blocks[r] ? kFp16ToFp32[reinterpret_cast<const BlockQ4_1*>(blocks[r])->m] : 0.0f;
+        }
     }
 
     template <int NP, int NT>
     static void tile(const uint8_t* const* pan, int64_t nb, const Q8Tokens& a, int64_t t0,
                      __m512 (&f)[NP][NT]) {
-        const BlockQ8_0* tok[NT];
+        const Act* tok[NT];
         const int32_t* sums[NT];
         for (int t = 0; t < NT; t++) {
-            tok[t] = reinterpret_cast<const BlockQ8_0*>(token_row(a, t0 + t));
-            sums[t] = a.sums + (t0 + t) * nb;
+            tok[t] = reinterpret_cast<const Act*>(token_row(a, t0 + t));
+            sums[t] = W::kOffset ? a.sums + (t0 + t) * nb : nullptr;
         }
         for (int64_t b = 0; b < nb; b++) {
             __m512i acc[NP][NT];
 #pragma GCC unroll 8
             for (int t = 0; t < NT; t++) {
-                const __m512i init = _mm512_set1_epi32(-W::kOffset * sums[t][b]);
+                const __m512i init = W::kOffset ? _mm512_set1_epi32(-W::kOffset * sums[t][b])
+                                                : _mm512_setzero_si512();
 #pragma GCC unroll 8
                 for (int p = 0; p < NP; p++) acc[p][t] = init;
             }
@@ -317,10 +339,13 @@ template <typename W> struct Block32 {
                 const __m512 da = _mm512_set1_ps(kFp16ToFp32[tok[t][b].d]);
 #pragma GCC unroll 8
                 for (int p = 0; p < NP; p++) {
-                    const __m512 dw = _mm512_load_ps(
-                        reinterpret_cast<const float*>(pan[p] + b * kPanelBytes + kUnitBytes));
-                    f[p][t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(acc[p][t]),
-                                              f[p][t]);
+                    const auto* d =
+                        reinterpret_cast<const float*>(pan[p] + b * kPanelBytes + kUnitBytes);
+                    f[p][t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_load_ps(d), da),
+                                              _mm512_cvtepi32_ps(acc[p][t]), f[p][t]);
+                    if constexpr (kMin)
+                        f[p][t] = _mm512_fmadd_ps(_mm512_load_ps(d + kPanelRows),
+                                                  _mm512_set1_ps(kFp16ToFp32[tok[t][b].s]), f[p][t]);
                 }
             }
         }
@@ -581,6 +606,7 @@ void gemm(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8To
 // Every type's panel fits the scratch gemm_scratch_bytes (kernels.h) gives.
 static_assert(Block32<Q4>::kPanelBytes <= kGemmPanelBlockBytes);
 static_assert(Block32<Q8>::kPanelBytes <= kGemmPanelBlockBytes);
+static_assert(Block32<Q41>::kPanelBytes <= kGemmPanelBlockBytes);
 static_assert(Q4K::kPanelBytes <= 8 * kGemmPanelBlockBytes);
 static_assert(Q6K::kPanelBytes <= 8 * kGemmPanelBlockBytes);
 
@@ -593,6 +619,10 @@ void gemm_q4_0(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const
 void gemm_q8_0(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
                float* y, size_t y_stride, void* scratch) {
     gemm<Q8>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
+}
+void gemm_q4_1(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
+               float* y, size_t y_stride, void* scratch) {
+    gemm_panels<Block32<Q41>>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
 }
 void gemm_q4_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
                float* y, size_t y_stride, void* scratch) {
