@@ -39,7 +39,7 @@ struct Q8Tokens {
 // count. (The tables' own vec_dot and matvec may sum in another order.)
 constexpr bool block_chain(Type weight) {
     return weight == Type::Q4_0 || weight == Type::Q8_0 || weight == Type::Q4_1 ||
-           weight == Type::Q4_K || weight == Type::Q6_K;
+           weight == Type::Q5_0 || weight == Type::Q4_K || weight == Type::Q6_K;
 }
 
 // Bytes of scratch one caller of KernelTable::gemm needs for rows of n

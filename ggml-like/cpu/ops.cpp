@@ -178,7 +178,7 @@ std::string batch_path_name(Type weight, int64_t n_in, int64_t n_tok, MatmulPath
 std::string batch_paths_summary() {
     const std::string chain = batch_path_name(Type::Q4_0, 4096, 512);
     const std::string rest = batch_path_name(Type::Q5_K, 4096, 512);
-    return chain == rest ? chain : chain + " for Q4_0, Q8_0, Q4_K, Q6_K; " + rest + " for the rest";
+    return chain == rest ? chain : chain + " for Q4_0, Q5_0, Q8_0, Q4_K, Q6_K; " + rest + " for the rest";
 }
 
 void matmul(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, float* y,

@@ -367,12 +367,15 @@ float dot_q8_0_act(int64_t n, const void* w, const void* a) {
     const auto* x = static_cast<const Block*>(w);
     const auto* y = static_cast<const BlockQ8_0*>(a);
     Unpacked u;
-    double sum = 0.0;
+    float sum = 0.0f;
     for (int64_t i = 0; i < n / 32; i++) {
         Unpack(x[i], u);
-        sum += dot_unpacked(u, y[i].qs, half(y[i].d));
+        // The block-chain arithmetic (kernels.h); sc = 1 and no min here.
+        int32_t qa = 0;
+        for (int j = 0; j < 32; j++) qa += u.q[j] * y[i].qs[j];
+        sum = std::fma(u.d * half(y[i].d), static_cast<float>(qa), sum);
     }
-    return static_cast<float>(sum);
+    return sum;
 }
 
 template <typename Block, auto Unpack>

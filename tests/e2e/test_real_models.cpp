@@ -35,8 +35,8 @@ nlohmann::json run_json(const std::vector<std::string>& args) {
 // ../shared/golden-real/README.md: the reference engine on the F32 twins,
 // F32 cache, -c 512 over the whole file. Measured with --precise (F32
 // prompt activations): 10.7172 and 12.3211; by default (the integer GEMM's
-// 8-bit activations in Gemma 3's Q4_K/Q6_K and SmolLM2's Q8_0 matrices):
-// 10.7517 (+0.32%) and 12.3294 (+0.20%).
+// 8-bit activations in Gemma 3's Q5_0/Q4_K/Q6_K and SmolLM2's Q8_0
+// matrices): 10.7273 (+0.10%) and 12.3294 (+0.20%).
 TEST_CASE("real: perplexity within 0.5% of the reference engine's F32 figures, both modes") {
     struct Case {
         const char* model;

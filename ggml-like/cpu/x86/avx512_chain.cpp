@@ -1,5 +1,5 @@
-// AVX-512 VNNI GEMM of the block-chain types (kernels.h's block_chain: Q4_0
-// and Q8_0 weights with Q8_0 activations, Q4_1 with Q8_1, Q4_K and Q6_K with
+// AVX-512 VNNI GEMM of the block-chain types (kernels.h's block_chain: Q4_0,
+// Q5_0 and Q8_0 weights with Q8_0 activations, Q4_1 with Q8_1, Q4_K and Q6_K with
 // Q8_K), for
 // prompt batches and for every batch of a batch-invariant backend.
 //
@@ -10,7 +10,8 @@
 //
 // vpdpbusd multiplies unsigned by signed bytes: weights enter as unsigned
 // u = q + offset (Q4_0: the nibble itself, offset 8; Q8_0: q ^ 0x80, offset
-// 128; Q6_K: q, offset 32; Q4_1 and Q4_K: q, and their mins), activations as they are,
+// 128; Q5_0: q, offset 16; Q6_K: q, offset 32; Q4_1 and Q4_K: q, and their
+// mins), activations as they are,
 // and the offset or min times the activations' sums is taken off.
 //
 // Batches of many tokens repack sixteen rows at a time into a panel whose
@@ -110,6 +111,26 @@ struct Q41 {
         const __m256i q = _mm256_broadcastsi128_si256(load128(p + offsetof(Block, qs)));
         return _mm256_and_si256(_mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 0, 4, 4)),
                                 _mm256_set1_epi8(0x0f));
+    }
+};
+
+// Q5_0: Q4_0's nibbles plus a fifth bit (bit j of qh for element j),
+// u = q (0..31), offset 16.
+struct Q5 {
+    using Block = BlockQ5_0;
+    static constexpr int kOffset = 16;
+    static __m256i block(const uint8_t* p) {
+        const __m256i q = _mm256_broadcastsi128_si256(load128(p + offsetof(Block, qs)));
+        const __m256i low = _mm256_and_si256(
+            _mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0f));
+        // Byte j of the result takes bit j % 8 of qh byte j / 8.
+        const __m256i h = _mm256_shuffle_epi8(
+            _mm256_set1_epi32(load_i32(p + offsetof(Block, qh))),
+            _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+        const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+        const __m256i top = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit),
+                                             _mm256_set1_epi8(0x10));
+        return _mm256_or_si256(low, top);
     }
 };
 
@@ -619,6 +640,10 @@ void gemm_q4_0(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const
 void gemm_q8_0(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
                float* y, size_t y_stride, void* scratch) {
     gemm<Q8>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
+}
+void gemm_q5_0(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
+               float* y, size_t y_stride, void* scratch) {
+    gemm_panels<Block32<Q5>>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
 }
 void gemm_q4_1(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
                float* y, size_t y_stride, void* scratch) {
