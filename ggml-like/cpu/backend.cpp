@@ -32,7 +32,7 @@ class CpuBackend final : public Backend {
 
     void matmul(const Tensor& w, const float* x, int64_t n_tok, float* y) override {
         ops::matmul(pool_, w, x, n_tok, y, matmul_scratch_.data(),
-                    {.tiles = !batch_invariant_, .int8 = !precise_, .invariant = batch_invariant_});
+                    matmul_paths());
     }
 
     void rmsnorm(const float* x, const float* w, int64_t n, int64_t rows, float eps,
@@ -88,6 +88,15 @@ class CpuBackend final : public Backend {
     }
 
   private:
+    // --deterministic keeps every batch on the dot products a single token
+    // takes: the integer GEMM is batch-invariant too, but single tokens
+    // through it decode 2.2-3.9x slower than the dot products (AMD EPYC,
+    // docs/performance.md, "--deterministic"), while prompts on the dot
+    // products cost about 4x: decoding is where users wait.
+    ops::MatmulPaths matmul_paths() const {
+        return {.tiles = !batch_invariant_, .int8 = !precise_ && !batch_invariant_};
+    }
+
     ThreadPool pool_;
     // --deterministic: no batch-dependent matmul path and
     // AttentionArgs::batch_invariant, so that no result depends on the batch

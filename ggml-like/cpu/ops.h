@@ -44,8 +44,11 @@ struct MatmulPaths {
     bool int8 = true;
     // Every batch of a block-chain type through the integer GEMM, one token
     // too, so that each token's outputs are the same bits whatever its batch
-    // (--deterministic). Otherwise batches of fewer than kInt8MinTokens take
-    // the table's own dot products, which sum in their own order.
+    // (and Q4_1 too, which otherwise keeps F32 prompts). Otherwise batches of
+    // fewer than kInt8MinTokens take the table's own dot products, which sum
+    // in their own order. Not yet what --deterministic uses: single tokens
+    // decode 2.2-3.9x slower this way than on the dot products, until the
+    // weights are kept in the GEMM's layout (docs/performance.md).
     bool invariant = false;
 };
 // y[t][r] = dot(W.row(r), x[t]) for t < n_tok, r < W.ne1.

@@ -330,7 +330,7 @@ int run_bench(int argc, char** argv) {
                    name, summary.file_type, gl::type_name(wt), gl::cpu::isa_name(),
                    gl::ops::batch_path_name(
                        wt, hp.n_embd, batch,
-                       {.tiles = !deterministic, .int8 = !precise, .invariant = deterministic}) +
+                       {.tiles = !deterministic, .int8 = !precise && !deterministic}) +
                        (deterministic ? " (--deterministic)" : "") +
                        (precise ? " (--precise)" : ""),
                    !deterministic && gl::attention_half_products() ? "f16" : "f32",

@@ -14,6 +14,7 @@
 
 #include "forward.h"
 #include "ggml-like/hadamard.h"
+#include "ggml-like/kernels.h"
 #include "sampler.h"
 #include "loader.h"
 #include "test_util.h"
@@ -173,7 +174,8 @@ TEST_CASE("golden: every reference file in ../shared/golden") {
                 // prompts), then the default integer prompt GEMM, which these
                 // files allow the same tolerances.
                 check_golden(f, gl::Type::F16, gl::Type::F16, 0, "", false, true);
-                check_golden(f);
+                // (Without an integer GEMM, e.g. on NEON, the two are one.)
+                if (gl::cpu::has_gemm(gl::Type::Q4_0)) check_golden(f);
             } catch (const std::exception& e) {
                 const std::string msg = f.filename().string() + ": " + e.what();
                 FAIL_CHECK(msg);
@@ -194,7 +196,7 @@ TEST_CASE("golden: newer families from ../shared/golden-families") {
             n++;
             SUBCASE(f.filename().string().c_str()) {
                 check_golden(f, gl::Type::F16, gl::Type::F16, 0, "", false, true);
-                check_golden(f);
+                if (gl::cpu::has_gemm(gl::Type::Q4_0)) check_golden(f);
             }
         }
         CHECK_MESSAGE(n == 3, family);
