@@ -302,6 +302,26 @@ __m512i load_word(const uint8_t* p) {
     return _mm512_load_si512(p);
 }
 
+// acc[p][t] += the products of N consecutive words of panel p (starting at
+// words[p]) with token t's activations from qs[t] on (four per word).
+template <int NP, int NT, int N>
+__attribute__((always_inline)) inline void dot_words(const uint8_t* const (&words)[NP],
+                                                     const int8_t* const (&qs)[NT],
+                                                     __m512i (&acc)[NP][NT]) {
+#pragma GCC unroll 8
+    for (int k = 0; k < N; k++) {
+        __m512i wv[NP];
+#pragma GCC unroll 8
+        for (int p = 0; p < NP; p++) wv[p] = load_word(words[p] + k * kWordBytes);
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) {
+            const __m512i av = _mm512_set1_epi32(load_i32(qs[t] + 4 * k));
+#pragma GCC unroll 8
+            for (int p = 0; p < NP; p++) acc[p][t] = _mm512_dpbusd_epi32(acc[p][t], wv[p], av);
+        }
+    }
+}
+
 // Q4_0 and Q8_0 (one unit, Q8_0 activations): the block's sum starts from
 // -offset * sum(a), and the scale area is the sixteen d as float. Q4_1 (Q8_1
 // activations): the sum starts from 0, the scale area also holds the
@@ -341,20 +361,11 @@ template <typename W> struct Block32 {
 #pragma GCC unroll 8
                 for (int p = 0; p < NP; p++) acc[p][t] = init;
             }
-#pragma GCC unroll 8
-            for (int k = 0; k < 8; k++) {
-                __m512i wv[NP];
-#pragma GCC unroll 8
-                for (int p = 0; p < NP; p++)
-                    wv[p] = load_word(pan[p] + b * kPanelBytes + k * kWordBytes);
-#pragma GCC unroll 8
-                for (int t = 0; t < NT; t++) {
-                    const __m512i av = _mm512_set1_epi32(load_i32(tok[t][b].qs + 4 * k));
-#pragma GCC unroll 8
-                    for (int p = 0; p < NP; p++)
-                        acc[p][t] = _mm512_dpbusd_epi32(acc[p][t], wv[p], av);
-                }
-            }
+            const uint8_t* words[NP];
+            const int8_t* qs[NT];
+            for (int p = 0; p < NP; p++) words[p] = pan[p] + b * kPanelBytes;
+            for (int t = 0; t < NT; t++) qs[t] = tok[t][b].qs;
+            dot_words<NP, NT, 8>(words, qs, acc);
 #pragma GCC unroll 8
             for (int t = 0; t < NT; t++) {
                 const __m512 da = _mm512_set1_ps(kFp16ToFp32[tok[t][b].d]);
@@ -486,20 +497,11 @@ template <typename K> struct SuperTile {
                 for (int p = 0; p < NP; p++)
 #pragma GCC unroll 8
                     for (int t = 0; t < NT; t++) s[p][t] = _mm512_setzero_si512();
-#pragma GCC unroll 8
-                for (int k = 0; k < kWordsPerSub; k++) {
-                    const int word = j * kWordsPerSub + k;
-                    __m512i wv[NP];
-#pragma GCC unroll 8
-                    for (int p = 0; p < NP; p++) wv[p] = load_word(words[p] + word * kWordBytes);
-#pragma GCC unroll 8
-                    for (int t = 0; t < NT; t++) {
-                        const __m512i av = _mm512_set1_epi32(load_i32(tok[t][b].qs + 4 * word));
-#pragma GCC unroll 8
-                        for (int p = 0; p < NP; p++)
-                            s[p][t] = _mm512_dpbusd_epi32(s[p][t], wv[p], av);
-                    }
-                }
+                const uint8_t* sub_words[NP];
+                const int8_t* qs[NT];
+                for (int p = 0; p < NP; p++) sub_words[p] = words[p] + j * kWordsPerSub * kWordBytes;
+                for (int t = 0; t < NT; t++) qs[t] = tok[t][b].qs + 4 * j * kWordsPerSub;
+                dot_words<NP, NT, kWordsPerSub>(sub_words, qs, s);
 #pragma GCC unroll 8
                 for (int p = 0; p < NP; p++) {
                     const __m512i sc = load_word(area[p] + j * kWordBytes);
