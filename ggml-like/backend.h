@@ -114,9 +114,9 @@ class Backend {
 // batch_invariant (--deterministic): every output of a token is the same
 // whatever the batch it was evaluated in and the thread count (dot-product
 // matmuls, AttentionArgs::batch_invariant, row-layout KV), at the cost of the
-// prompt paths' tiles. precise (--precise): prompt batches keep F32
-// activations (AMX or OpenBLAS tiles, or the dot products) instead of the
-// integer GEMM's 8-bit ones.
+// prompt paths' tiles. precise (--precise): prompt batches skip the integer
+// GEMM's 8-bit activations for the F32 ones of AMX or OpenBLAS tiles (where
+// neither is there, or with batch_invariant, the dot products: 8-bit too).
 std::unique_ptr<Backend> make_cpu_backend(int n_threads, bool batch_invariant = false,
                                           bool precise = false);
 

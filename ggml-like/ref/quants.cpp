@@ -4,8 +4,10 @@
 // Accuracy choices (why the reference looks the way it does):
 //  - Float dot products accumulate in double, so the reference is close to the
 //    exact sum and the tests can bound a fast kernel's float rounding alone.
-//  - Quantized dot products sum each block's int8 products exactly in int32
-//    and then add d_w * d_a * isum in double, for the same reason.
+//  - Quantized dot products sum each block's int8 products exactly in int32,
+//    then add d_w * d_a * isum one block after another with a float FMA (the
+//    block-chain arithmetic, kernels.h): the integer GEMM must give these
+//    bits exactly; the tables' dot products are bounded against them.
 //  - Quantizers pick q against the scale as stored (fp16-rounded), so the
 //    round-trip error is at most half a step of the scale the decoder sees.
 #include "ggml-like/kernels.h"

@@ -7,9 +7,10 @@
 //
 // so the bit layouts live in one unpack/pack pair per type, and dequantize,
 // the dot products and the quantizers share the arithmetic. The dot products
-// sum each super-block exactly in integers and add it in double, so the
-// reference is close to exact and SIMD kernels are tested for their own
-// rounding only (same policy as ref/quants.cpp).
+// sum each (super-)block exactly in integers; those of the K-quants with a
+// GEMM and of the 32-element types then add it with a float FMA per block
+// (the block-chain arithmetic, kernels.h, which the GEMM gives bit for bit),
+// the others in double (same policy as ref/quants.cpp).
 #include "ggml-like/blocks_k.h"
 
 #include <algorithm>

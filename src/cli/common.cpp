@@ -184,8 +184,8 @@ void add_runtime_options(CLI::App& app, CommonOptions& o, bool auto_types) {
                  "the same tokens whatever -b, -t, a reused prompt cache or chat history "
                  "(CPU only; slower prompts, see README)");
     app.add_flag("--precise", o.precise,
-                 "prompts keep F32 activations on the CPU instead of the integer GEMM's 8-bit ones "
-                 "(the arithmetic the reference logits assume; slower prompts)");
+                 "CPU prompts skip the integer GEMM's 8-bit activations for OpenBLAS's or AMX's F32 "
+                 "ones (the arithmetic the reference logits assume; slower prompts)");
 }
 
 void add_offload_options(CLI::App& app, CommonOptions& o) {

@@ -131,8 +131,8 @@ TEST_CASE("block chain: every table's gemm gives the reference's bits, 1 to 9 to
     }
 }
 
-TEST_CASE("block chain: ops::matmul gives a token the same bits alone, in any batch, on 1 or 2 "
-          "threads") {
+TEST_CASE("block chain: ops::matmul's invariant mode gives a token the same bits alone, in any "
+          "batch, on 1 or 2 threads") {
     uint32_t seed = 91;
     for (Type t : {Type::Q4_0, Type::Q8_0, Type::Q4_1, Type::Q5_0, Type::Q4_K, Type::Q6_K}) {
         const int64_t n_in = gl::type_info(t).block_size == 32 ? 320 : 768, n_out = 67;
@@ -170,8 +170,10 @@ TEST_CASE("block chain: ops::matmul gives a token the same bits alone, in any ba
         INFO("type ", std::string(gl::type_name(t)),
              " integer GEMM in this table: ", gl::cpu::has_gemm(t));
         CHECK(bad == 0);
-        // And the batch agrees with the reference's dot products within the
-        // chain's own rounding: it is the same arithmetic.
+        // And, where the table has the GEMM, the batch gives the
+        // reference's bits: it is the same arithmetic. (Without one, e.g. on
+        // NEON, the table's own dot products sum in their own order.)
+        if (!gl::cpu::has_gemm(t)) continue;
         for (int64_t tk = 0; tk < n_tok; tk += 9) {
             std::vector<uint8_t> q(gl::row_size(gl::vec_dot_type(t), n_in));
             gl::ref::quantize_row(gl::vec_dot_type(t), x.data() + tk * n_in, q.data(), n_in);

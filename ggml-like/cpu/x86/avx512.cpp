@@ -760,8 +760,7 @@ constexpr KernelTable make_table() {
     t.vec_dot[id(Type::Q4_0)] = vec_dot_q4_0;
     t.matvec[id(Type::Q4_0)] = matvec_rows4<Q4Rows>;
     t.matvec[id(Type::Q8_0)] = matvec_rows4<Q8Rows>;
-    // The block-chain GEMM (x86/avx512_chain.cpp): prompts, and every batch
-    // of a batch-invariant backend.
+    // The block-chain GEMM (x86/avx512_chain.cpp): prompt batches.
     t.gemm[id(Type::Q4_0)] = avx512_chain::gemm_q4_0;
     t.gemm[id(Type::Q8_0)] = avx512_chain::gemm_q8_0;
     t.gemm[id(Type::Q4_1)] = avx512_chain::gemm_q4_1;

@@ -1,7 +1,7 @@
 // AVX-512 VNNI GEMM of the block-chain types (kernels.h's block_chain: Q4_0,
 // Q5_0 and Q8_0 weights with Q8_0 activations, Q4_1 with Q8_1, Q4_K and Q6_K with
-// Q8_K), for
-// prompt batches and for every batch of a batch-invariant backend.
+// Q8_K), for prompt batches (and for any batch in ops::matmul's invariant
+// mode, which tests use; --deterministic does not, see ops.h).
 //
 // For every output they compute exact integer sums per block (Q4_0, Q8_0)
 // or super-block (K-quants) and then FMAs in block order: the scalar
@@ -21,8 +21,8 @@
 // panel is made once per batch and read for every group of four tokens;
 // 2 panels x 4 tokens per inner step keep the accumulators in registers.
 //
-// Q4_0/Q8_0 batches of one or two tokens (a batch-invariant backend's
-// decode steps) read the weights where they lie instead: two rows' blocks
+// Q4_0/Q8_0 batches of one or two tokens (the invariant mode's decode
+// steps) read the weights where they lie instead: two rows' blocks
 // per 512-bit register, one vpdpbusd per two row-blocks, then the eight
 // lanes of each row-block summed across registers (unpack/add steps) so
 // that one vector holds sixteen rows' block sums and one FMA advances
@@ -584,7 +584,9 @@ void tokens(const uint8_t* const* pan, int64_t n_super, const Q8Tokens& a, float
     }
 }
 
+// The first n lanes (none for n <= 0).
 __mmask16 first_lanes(int64_t n) {
+    if (n <= 0) return 0;
     return n >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << n) - 1);
 }
 
