@@ -67,16 +67,19 @@ int32_t hsum_epi32(__m256i v) {
     return _mm_cvtsi128_si32(s);
 }
 
+// The 32 nibbles of a Q4_0/Q4_1/Q5_0 block's 16 bytes as bytes in element
+// order: low nibbles are elements 0..15, high nibbles 16..31.
+__m256i nibbles32(const uint8_t* qs) {
+    const __m256i q = _mm256_broadcastsi128_si256(load128(qs));
+    return _mm256_and_si256(_mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 0, 4, 4)),
+                            _mm256_set1_epi8(0x0f));
+}
+
 // Weight blocks as unsigned bytes u in element order; the value is u - kOffset.
 struct Q4 {
     using Block = BlockQ4_0;
     static constexpr int kOffset = 8;
-    // Low nibbles are elements 0..15, high nibbles 16..31.
-    static __m256i block(const uint8_t* p) {
-        const __m256i q = _mm256_broadcastsi128_si256(load128(p + offsetof(Block, qs)));
-        return _mm256_and_si256(_mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 0, 4, 4)),
-                                _mm256_set1_epi8(0x0f));
-    }
+    static __m256i block(const uint8_t* p) { return nibbles32(p + offsetof(Block, qs)); }
     // Two blocks in one register, the first in the low half.
     static __m512i pair(const uint8_t* p0, const uint8_t* p1) {
         const __m512i q = _mm512_inserti64x4(
@@ -107,11 +110,7 @@ struct Q8 {
 struct Q41 {
     using Block = BlockQ4_1;
     static constexpr int kOffset = 0;
-    static __m256i block(const uint8_t* p) {
-        const __m256i q = _mm256_broadcastsi128_si256(load128(p + offsetof(Block, qs)));
-        return _mm256_and_si256(_mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 0, 4, 4)),
-                                _mm256_set1_epi8(0x0f));
-    }
+    static __m256i block(const uint8_t* p) { return nibbles32(p + offsetof(Block, qs)); }
 };
 
 // Q5_0: Q4_0's nibbles plus a fifth bit (bit j of qh for element j),
@@ -120,9 +119,7 @@ struct Q5 {
     using Block = BlockQ5_0;
     static constexpr int kOffset = 16;
     static __m256i block(const uint8_t* p) {
-        const __m256i q = _mm256_broadcastsi128_si256(load128(p + offsetof(Block, qs)));
-        const __m256i low = _mm256_and_si256(
-            _mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0f));
+        const __m256i low = nibbles32(p + offsetof(Block, qs));
         // Byte j of the result takes bit j % 8 of qh byte j / 8.
         const __m256i h = _mm256_shuffle_epi8(
             _mm256_set1_epi32(load_i32(p + offsetof(Block, qh))),
