@@ -15,6 +15,7 @@
 #include "ggml-like/cpu/q8_1.h"
 #include "ggml-like/blocks_k.h"
 #include "ggml-like/cpu/static_count.h"
+#include "ggml-like/cpu/x86/avx2_chain.h"
 
 #include <immintrin.h>
 
@@ -726,6 +727,13 @@ constexpr KernelTable make_table() {
     t.vec_dot[id(Type::Q4_0)] = vec_dot_q4_0;
     t.matvec[id(Type::Q4_0)] = matvec_rows4<Q4Rows>;
     t.matvec[id(Type::Q8_0)] = matvec_rows4<Q8Rows>;
+    // The block-chain GEMM (x86/avx2_chain.cpp): prompt batches.
+    t.gemm[id(Type::Q4_0)] = avx2_chain::gemm_q4_0;
+    t.gemm[id(Type::Q8_0)] = avx2_chain::gemm_q8_0;
+    t.gemm[id(Type::Q4_1)] = avx2_chain::gemm_q4_1;
+    t.gemm[id(Type::Q5_0)] = avx2_chain::gemm_q5_0;
+    t.gemm[id(Type::Q4_K)] = avx2_chain::gemm_q4_K;
+    t.gemm[id(Type::Q6_K)] = avx2_chain::gemm_q6_K;
     t.quantize_row[id(Type::Q8_0)] = quantize_row_q8_0;
     t.quantize_row[id(Type::Q8_1)] = quantize_row_q8_1<quantize_block_q8_0>;
     t.quantize_row[id(Type::F16)] = quantize_row_f16;

@@ -1,0 +1,320 @@
+// AVX2 GEMM of the block-chain types (kernels.h's block_chain: Q4_0, Q5_0
+// and Q8_0 weights with Q8_0 activations, Q4_1 with Q8_1, Q4_K and Q6_K with
+// Q8_K), for prompt batches on CPUs without AVX-512.
+//
+// The same panels as the AVX-512 GEMM (chain_panel.h: sixteen rows, lane =
+// row, four unsigned weight bytes a lane), read as two 256-bit halves of
+// eight rows. Without vpdpbusd a word is multiplied by four broadcast
+// activations with vpmaddubsw, whose 16-bit pair sums saturate: products of
+// u <= 15 (Q4_0, Q4_1, Q4_K) can be added up for eight words (sixteen products
+// of at most 15 * 128 = 1920 stay below 32767), of u <= 31 (Q5_0) for four,
+// of u <= 63 (Q6_K) for two, before vpmaddwd widens them to 32 bits (with
+// the sub-block scale as its multiplier for the K-quants). Q8_0's weights,
+// unsigned as u = q + 128, would saturate a single pair, so its words are
+// turned back to q and multiplied as |q| by a * sign(q), and widened at once.
+//
+// The integer sums are exact, so the result is the scalar reference's
+// arithmetic (ref/quants.cpp, ref/quants_k.cpp) and the same bits, as the
+// AVX-512 GEMM's are.
+#include "ggml-like/cpu/x86/avx2_chain.h"
+
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+
+#include "ggml-like/cpu/x86/chain_panel.h"
+
+namespace gl::avx2_chain {
+
+namespace {
+
+using namespace chain;
+
+constexpr int kHalfRows = 8;
+constexpr size_t kHalfBytes = 32;
+
+// Half h (rows 8h..8h+7) of the panel word at p.
+__m256i load_half(const uint8_t* p, int h) {
+    return _mm256_load_si256(reinterpret_cast<const __m256i*>(p + h * kHalfBytes));
+}
+
+// acc[h][t] += the 16-bit pair products of N consecutive words (from words
+// on) with token t's activations from qs[t] on (four per word).
+template <int NH, int NT, int N>
+__attribute__((always_inline)) inline void dot16(const uint8_t* words, int h0,
+                                                 const int8_t* const (&qs)[NT],
+                                                 __m256i (&acc)[NH][NT]) {
+#pragma GCC unroll 8
+    for (int k = 0; k < N; k++) {
+        __m256i wv[NH];
+#pragma GCC unroll 2
+        for (int h = 0; h < NH; h++) wv[h] = load_half(words + k * kWordBytes, h0 + h);
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) {
+            const __m256i av = _mm256_set1_epi32(load_i32(qs[t] + 4 * k));
+#pragma GCC unroll 2
+            for (int h = 0; h < NH; h++)
+                acc[h][t] = _mm256_add_epi16(acc[h][t], _mm256_maddubs_epi16(wv[h], av));
+        }
+    }
+}
+
+template <int NH, int NT, typename V> void zero(V (&v)[NH][NT]) {
+#pragma GCC unroll 2
+    for (int h = 0; h < NH; h++)
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) v[h][t] = V{};
+}
+
+// The 32-element types (Panel32): exact block sums, then d * d_a times the
+// sum (and Q4_1's m * s_a) into the float accumulators, block by block.
+template <typename W> struct Block32 : Panel32<W> {
+    using Act = typename Panel32<W>::Act;
+    using Panel32<W>::kMin;
+    using Panel32<W>::kPanelBytes;
+    static constexpr bool kSigned = std::is_same_v<W, Q8>;
+    // Words whose 16-bit products may be added before they saturate.
+    static constexpr int kRun = std::is_same_v<W, Q5> ? 4 : 8;
+
+    template <int NH, int NT>
+    static void tile(const uint8_t* pan, int h0, int64_t nb, const Q8Tokens& a, int64_t t0,
+                     __m256 (&f)[NH][NT]) {
+        const __m256i ones = _mm256_set1_epi16(1);
+        const Act* tok[NT];
+        const int32_t* sums[NT];
+        for (int t = 0; t < NT; t++) {
+            tok[t] = reinterpret_cast<const Act*>(token_row(a, t0 + t));
+            sums[t] = !kSigned && W::kOffset ? a.sums + (t0 + t) * nb : nullptr;
+        }
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t* words = pan + b * kPanelBytes;
+            const int8_t* qs[NT];
+            for (int t = 0; t < NT; t++) qs[t] = tok[t][b].qs;
+            __m256i acc[NH][NT];
+            if constexpr (kSigned) {
+                zero(acc);
+#pragma GCC unroll 8
+                for (int k = 0; k < 8; k++) {
+                    __m256i q[NH], mag[NH];
+#pragma GCC unroll 2
+                    for (int h = 0; h < NH; h++) {
+                        q[h] = _mm256_xor_si256(load_half(words + k * kWordBytes, h0 + h),
+                                                _mm256_set1_epi8(static_cast<char>(0x80)));
+                        mag[h] = _mm256_abs_epi8(q[h]);
+                    }
+#pragma GCC unroll 8
+                    for (int t = 0; t < NT; t++) {
+                        const __m256i av = _mm256_set1_epi32(load_i32(qs[t] + 4 * k));
+#pragma GCC unroll 2
+                        for (int h = 0; h < NH; h++)
+                            acc[h][t] = _mm256_add_epi32(
+                                acc[h][t],
+                                _mm256_madd_epi16(
+                                    _mm256_maddubs_epi16(mag[h], _mm256_sign_epi8(av, q[h])), ones));
+                    }
+                }
+            } else {
+#pragma GCC unroll 8
+                for (int t = 0; t < NT; t++) {
+                    const __m256i init = W::kOffset ? _mm256_set1_epi32(-W::kOffset * sums[t][b])
+                                                    : _mm256_setzero_si256();
+#pragma GCC unroll 2
+                    for (int h = 0; h < NH; h++) acc[h][t] = init;
+                }
+#pragma GCC unroll 2
+                for (int r = 0; r < 8; r += kRun) {
+                    __m256i s[NH][NT];
+                    zero(s);
+                    const int8_t* part[NT];
+                    for (int t = 0; t < NT; t++) part[t] = qs[t] + 4 * r;
+                    dot16<NH, NT, kRun>(words + r * kWordBytes, h0, part, s);
+#pragma GCC unroll 2
+                    for (int h = 0; h < NH; h++)
+#pragma GCC unroll 8
+                        for (int t = 0; t < NT; t++)
+                            acc[h][t] = _mm256_add_epi32(acc[h][t], _mm256_madd_epi16(s[h][t], ones));
+                }
+            }
+            const auto* d = reinterpret_cast<const float*>(words + kUnitBytes);
+#pragma GCC unroll 8
+            for (int t = 0; t < NT; t++) {
+                const __m256 da = _mm256_set1_ps(kFp16ToFp32[tok[t][b].d]);
+#pragma GCC unroll 2
+                for (int h = 0; h < NH; h++) {
+                    const int row0 = (h0 + h) * kHalfRows;
+                    f[h][t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_load_ps(d + row0), da),
+                                              _mm256_cvtepi32_ps(acc[h][t]), f[h][t]);
+                    if constexpr (kMin)
+                        f[h][t] = _mm256_fmadd_ps(_mm256_load_ps(d + kPanelRows + row0),
+                                                  _mm256_set1_ps(kFp16ToFp32[tok[t][b].s]), f[h][t]);
+                }
+            }
+        }
+    }
+};
+
+// The K-quants: each sub-block's 16-bit sums are widened by vpmaddwd with
+// the sub-block's scale as a 16-bit pair, which multiplies and adds at once;
+// the mins' and offsets' terms are the pair words against the Q8_K bsums.
+template <typename K> struct SuperTile : K {
+    static constexpr int kUnits = K::kUnits;
+    static constexpr size_t kPanelBytes = K::kPanelBytes;
+    static constexpr int kWordsPerSub = 64 / K::kSub; // 8 (Q4_K) or 4 (Q6_K)
+    static constexpr int kRun = std::is_same_v<K, Q6K> ? 2 : 8;
+
+    template <int NH, int NT>
+    static void tile(const uint8_t* pan, int h0, int64_t nb, const Q8Tokens& a, int64_t t0,
+                     __m256 (&f)[NH][NT]) {
+        const BlockQ8_K* tok[NT];
+        for (int t = 0; t < NT; t++)
+            tok[t] = reinterpret_cast<const BlockQ8_K*>(token_row(a, t0 + t));
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t* words = pan + b * kPanelBytes;
+            const uint8_t* area = words + kUnits * kUnitBytes;
+            __m256i q[NH][NT];
+            zero(q);
+            for (int j = 0; j < K::kSub; j++) {
+                // The int32 scale word as (sc, sc) in 16-bit halves.
+                __m256i sc[NH];
+#pragma GCC unroll 2
+                for (int h = 0; h < NH; h++) {
+                    const __m256i s32 = load_half(area + j * kWordBytes, h0 + h);
+                    sc[h] = _mm256_blend_epi16(s32, _mm256_slli_epi32(s32, 16), 0xaa);
+                }
+#pragma GCC unroll 2
+                for (int r = 0; r < kWordsPerSub; r += kRun) {
+                    __m256i s[NH][NT];
+                    zero(s);
+                    const int8_t* qs[NT];
+                    const int w0 = j * kWordsPerSub + r;
+                    for (int t = 0; t < NT; t++) qs[t] = tok[t][b].qs + 4 * w0;
+                    dot16<NH, NT, kRun>(words + w0 * kWordBytes, h0, qs, s);
+#pragma GCC unroll 2
+                    for (int h = 0; h < NH; h++)
+#pragma GCC unroll 8
+                        for (int t = 0; t < NT; t++)
+                            q[h][t] = _mm256_add_epi32(q[h][t], _mm256_madd_epi16(s[h][t], sc[h]));
+                }
+            }
+            __m256i m[NH][NT];
+            zero(m);
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++) {
+#pragma GCC unroll 8
+                for (int t = 0; t < NT; t++) {
+                    const __m256i bs = _mm256_set1_epi32(load_i32(tok[t][b].bsums + 2 * i));
+#pragma GCC unroll 2
+                    for (int h = 0; h < NH; h++)
+                        m[h][t] = _mm256_add_epi32(
+                            m[h][t],
+                            _mm256_madd_epi16(load_half(area + (K::kSub + i) * kWordBytes, h0 + h), bs));
+                }
+            }
+            const auto* d = reinterpret_cast<const float*>(area + (K::kSub + 8) * kWordBytes);
+#pragma GCC unroll 8
+            for (int t = 0; t < NT; t++) {
+                const __m256 da = _mm256_set1_ps(tok[t][b].d);
+#pragma GCC unroll 2
+                for (int h = 0; h < NH; h++) {
+                    const int row0 = (h0 + h) * kHalfRows;
+                    const __m256 dd = _mm256_mul_ps(_mm256_load_ps(d + row0), da);
+                    if constexpr (std::is_same_v<K, Q4K>) {
+                        f[h][t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(q[h][t]), f[h][t]);
+                        const __m256 dm = _mm256_mul_ps(_mm256_load_ps(d + kPanelRows + row0), da);
+                        f[h][t] = _mm256_fnmadd_ps(dm, _mm256_cvtepi32_ps(m[h][t]), f[h][t]);
+                    } else {
+                        const __m256i total = _mm256_sub_epi32(q[h][t], _mm256_slli_epi32(m[h][t], 5));
+                        f[h][t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(total), f[h][t]);
+                    }
+                }
+            }
+        }
+    }
+};
+
+// The first n of eight lanes as a store mask (none for n <= 0).
+__m256i first_lanes(int64_t n) {
+    const int k = static_cast<int>(std::clamp<int64_t>(n, 0, kHalfRows));
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// Halves h0..h0+NH-1 of a panel by NT tokens from t0, over all super-blocks.
+template <typename G, int NH, int NT>
+void tile(const uint8_t* pan, int h0, int64_t n_super, const Q8Tokens& a, int64_t t0, float* y,
+          size_t y_stride, const __m256i* mask) {
+    __m256 f[NH][NT];
+    zero(f);
+    G::template tile<NH, NT>(pan, h0, n_super, a, t0, f);
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; t++)
+#pragma GCC unroll 2
+        for (int h = 0; h < NH; h++)
+            _mm256_maskstore_ps(y + (t0 + t) * y_stride + (h0 + h) * kHalfRows, mask[h0 + h],
+                                f[h][t]);
+}
+
+template <typename G, int NH, int NT>
+void tokens(const uint8_t* pan, int h0, int64_t n_super, const Q8Tokens& a, float* y,
+            size_t y_stride, const __m256i* mask) {
+    int64_t t0 = 0;
+    for (; t0 + NT <= a.n_tok; t0 += NT)
+        tile<G, NH, NT>(pan, h0, n_super, a, t0, y, y_stride, mask);
+    if constexpr (NT > 1) {
+        if (a.n_tok - t0 >= NT / 2)
+            tile<G, NH, NT / 2>(pan, h0, n_super, a, t0, y, y_stride, mask), t0 += NT / 2;
+    }
+    for (; t0 < a.n_tok; t0++) tile<G, NH, 1>(pan, h0, n_super, a, t0, y, y_stride, mask);
+}
+
+template <typename G>
+void gemm_panels(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
+                 float* y, size_t y_stride, void* scratch) {
+    const int64_t n_super = n / (32 * G::kUnits);
+    const auto* base = static_cast<const uint8_t*>(w);
+    auto* s = static_cast<uint8_t*>(scratch);
+    uint8_t* pan = s + (64 - reinterpret_cast<uintptr_t>(s) % 64) % 64;
+    for (int64_t r0 = 0; r0 < n_rows; r0 += kPanelRows) {
+        const int64_t rows = std::min<int64_t>(kPanelRows, n_rows - r0);
+        const __m256i mask[2] = {first_lanes(rows), first_lanes(rows - kHalfRows)};
+        pack_panel<G>(base + r0 * row_bytes, row_bytes, static_cast<int>(rows), n_super, pan);
+        if (rows > kHalfRows)
+            tokens<G, 2, 2>(pan, 0, n_super, a, y + r0, y_stride, mask);
+        else
+            tokens<G, 1, 4>(pan, 0, n_super, a, y + r0, y_stride, mask);
+    }
+}
+
+} // namespace
+
+void gemm_q4_0(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
+               float* y, size_t y_stride, void* scratch) {
+    gemm_panels<Block32<Q4>>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
+}
+void gemm_q8_0(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
+               float* y, size_t y_stride, void* scratch) {
+    gemm_panels<Block32<Q8>>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
+}
+void gemm_q5_0(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
+               float* y, size_t y_stride, void* scratch) {
+    gemm_panels<Block32<Q5>>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
+}
+void gemm_q4_1(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
+               float* y, size_t y_stride, void* scratch) {
+    gemm_panels<Block32<Q41>>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
+}
+void gemm_q4_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
+               float* y, size_t y_stride, void* scratch) {
+    gemm_panels<SuperTile<Q4K>>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
+}
+void gemm_q6_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
+               float* y, size_t y_stride, void* scratch) {
+    gemm_panels<SuperTile<Q6K>>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
+}
+
+} // namespace gl::avx2_chain

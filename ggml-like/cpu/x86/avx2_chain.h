@@ -1,0 +1,22 @@
+// The AVX2 GEMM of the block-chain types (avx2_chain.cpp), for the AVX2
+// kernel table.
+#pragma once
+
+#include "ggml-like/kernels.h"
+
+namespace gl::avx2_chain {
+
+void gemm_q4_0(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
+               float* y, size_t y_stride, void* scratch);
+void gemm_q8_0(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
+               float* y, size_t y_stride, void* scratch);
+void gemm_q5_0(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
+               float* y, size_t y_stride, void* scratch);
+void gemm_q4_1(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
+               float* y, size_t y_stride, void* scratch);
+void gemm_q4_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
+               float* y, size_t y_stride, void* scratch);
+void gemm_q6_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
+               float* y, size_t y_stride, void* scratch);
+
+} // namespace gl::avx2_chain
