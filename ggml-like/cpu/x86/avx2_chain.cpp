@@ -12,6 +12,7 @@
 // the sub-block scale as its multiplier for the K-quants). Q8_0's weights,
 // unsigned as u = q + 128, would saturate a single pair, so its words are
 // turned back to q and multiplied as |q| by a * sign(q), and widened at once.
+// A tile is one half (eight rows) by four tokens.
 //
 // The integer sums are exact, so the result is the scalar reference's
 // arithmetic (ref/quants.cpp, ref/quants_k.cpp) and the same bits, as the
@@ -44,32 +45,27 @@ __m256i load_half(const uint8_t* p, int h) {
     return _mm256_load_si256(reinterpret_cast<const __m256i*>(p + h * kHalfBytes));
 }
 
-// acc[h][t] += the 16-bit pair products of N consecutive words (from words
-// on) with token t's activations from qs[t] on (four per word).
-template <int NH, int NT, int N>
-__attribute__((always_inline)) inline void dot16(const uint8_t* words, int h0,
-                                                 const int8_t* const (&qs)[NT],
-                                                 __m256i (&acc)[NH][NT]) {
-#pragma GCC unroll 8
-    for (int k = 0; k < N; k++) {
-        __m256i wv[NH];
+// acc[t] += the 16-bit pair products of half h of N consecutive words (from
+// words on) with token t's activations from qs[t] on (four per word). Two
+// words an iteration: unrolled further, the compiler's schedule runs out of
+// the sixteen registers and spills.
+template <int NT, int N>
+__attribute__((always_inline)) inline void dot16(const uint8_t* words, int h,
+                                                 const int8_t* const (&qs)[NT], __m256i (&acc)[NT]) {
 #pragma GCC unroll 2
-        for (int h = 0; h < NH; h++) wv[h] = load_half(words + k * kWordBytes, h0 + h);
+    for (int k = 0; k < N; k++) {
+        const __m256i wv = load_half(words + k * kWordBytes, h);
 #pragma GCC unroll 8
         for (int t = 0; t < NT; t++) {
             const __m256i av = _mm256_set1_epi32(load_i32(qs[t] + 4 * k));
-#pragma GCC unroll 2
-            for (int h = 0; h < NH; h++)
-                acc[h][t] = _mm256_add_epi16(acc[h][t], _mm256_maddubs_epi16(wv[h], av));
+            acc[t] = _mm256_add_epi16(acc[t], _mm256_maddubs_epi16(wv, av));
         }
     }
 }
 
-template <int NH, int NT, typename V> void zero(V (&v)[NH][NT]) {
-#pragma GCC unroll 2
-    for (int h = 0; h < NH; h++)
+template <int NT, typename V> void zero(V (&v)[NT]) {
 #pragma GCC unroll 8
-        for (int t = 0; t < NT; t++) v[h][t] = V{};
+    for (int t = 0; t < NT; t++) v[t] = V{};
 }
 
 // The 32-element types (Panel32): exact block sums, then d * d_a times the
@@ -82,9 +78,9 @@ template <typename W> struct Block32 : Panel32<W> {
     // Words whose 16-bit products may be added before they saturate.
     static constexpr int kRun = std::is_same_v<W, Q5> ? 4 : 8;
 
-    template <int NH, int NT>
-    static void tile(const uint8_t* pan, int h0, int64_t nb, const Q8Tokens& a, int64_t t0,
-                     __m256 (&f)[NH][NT]) {
+    template <int NT>
+    static void tile(const uint8_t* pan, int h, int64_t nb, const Q8Tokens& a, int64_t t0,
+                     __m256 (&f)[NT]) {
         const __m256i ones = _mm256_set1_epi16(1);
         const Act* tok[NT];
         const int32_t* sums[NT];
@@ -96,64 +92,48 @@ template <typename W> struct Block32 : Panel32<W> {
             const uint8_t* words = pan + b * kPanelBytes;
             const int8_t* qs[NT];
             for (int t = 0; t < NT; t++) qs[t] = tok[t][b].qs;
-            __m256i acc[NH][NT];
+            __m256i acc[NT];
             if constexpr (kSigned) {
                 zero(acc);
-#pragma GCC unroll 8
-                for (int k = 0; k < 8; k++) {
-                    __m256i q[NH], mag[NH];
 #pragma GCC unroll 2
-                    for (int h = 0; h < NH; h++) {
-                        q[h] = _mm256_xor_si256(load_half(words + k * kWordBytes, h0 + h),
-                                                _mm256_set1_epi8(static_cast<char>(0x80)));
-                        mag[h] = _mm256_abs_epi8(q[h]);
-                    }
+                for (int k = 0; k < 8; k++) {
+                    const __m256i q = _mm256_xor_si256(load_half(words + k * kWordBytes, h),
+                                                       _mm256_set1_epi8(static_cast<char>(0x80)));
+                    const __m256i mag = _mm256_abs_epi8(q);
 #pragma GCC unroll 8
                     for (int t = 0; t < NT; t++) {
                         const __m256i av = _mm256_set1_epi32(load_i32(qs[t] + 4 * k));
-#pragma GCC unroll 2
-                        for (int h = 0; h < NH; h++)
-                            acc[h][t] = _mm256_add_epi32(
-                                acc[h][t],
-                                _mm256_madd_epi16(
-                                    _mm256_maddubs_epi16(mag[h], _mm256_sign_epi8(av, q[h])), ones));
+                        acc[t] = _mm256_add_epi32(
+                            acc[t], _mm256_madd_epi16(
+                                        _mm256_maddubs_epi16(mag, _mm256_sign_epi8(av, q)), ones));
                     }
                 }
             } else {
 #pragma GCC unroll 8
-                for (int t = 0; t < NT; t++) {
-                    const __m256i init = W::kOffset ? _mm256_set1_epi32(-W::kOffset * sums[t][b])
-                                                    : _mm256_setzero_si256();
-#pragma GCC unroll 2
-                    for (int h = 0; h < NH; h++) acc[h][t] = init;
-                }
+                for (int t = 0; t < NT; t++)
+                    acc[t] = W::kOffset ? _mm256_set1_epi32(-W::kOffset * sums[t][b])
+                                        : _mm256_setzero_si256();
 #pragma GCC unroll 2
                 for (int r = 0; r < 8; r += kRun) {
-                    __m256i s[NH][NT];
+                    __m256i s[NT];
                     zero(s);
                     const int8_t* part[NT];
                     for (int t = 0; t < NT; t++) part[t] = qs[t] + 4 * r;
-                    dot16<NH, NT, kRun>(words + r * kWordBytes, h0, part, s);
-#pragma GCC unroll 2
-                    for (int h = 0; h < NH; h++)
+                    dot16<NT, kRun>(words + r * kWordBytes, h, part, s);
 #pragma GCC unroll 8
-                        for (int t = 0; t < NT; t++)
-                            acc[h][t] = _mm256_add_epi32(acc[h][t], _mm256_madd_epi16(s[h][t], ones));
+                    for (int t = 0; t < NT; t++)
+                        acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(s[t], ones));
                 }
             }
-            const auto* d = reinterpret_cast<const float*>(words + kUnitBytes);
+            const auto* d = reinterpret_cast<const float*>(words + kUnitBytes) + h * kHalfRows;
 #pragma GCC unroll 8
             for (int t = 0; t < NT; t++) {
                 const __m256 da = _mm256_set1_ps(kFp16ToFp32[tok[t][b].d]);
-#pragma GCC unroll 2
-                for (int h = 0; h < NH; h++) {
-                    const int row0 = (h0 + h) * kHalfRows;
-                    f[h][t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_load_ps(d + row0), da),
-                                              _mm256_cvtepi32_ps(acc[h][t]), f[h][t]);
-                    if constexpr (kMin)
-                        f[h][t] = _mm256_fmadd_ps(_mm256_load_ps(d + kPanelRows + row0),
-                                                  _mm256_set1_ps(kFp16ToFp32[tok[t][b].s]), f[h][t]);
-                }
+                f[t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_load_ps(d), da),
+                                       _mm256_cvtepi32_ps(acc[t]), f[t]);
+                if constexpr (kMin)
+                    f[t] = _mm256_fmadd_ps(_mm256_load_ps(d + kPanelRows),
+                                           _mm256_set1_ps(kFp16ToFp32[tok[t][b].s]), f[t]);
             }
         }
     }
@@ -168,70 +148,58 @@ template <typename K> struct SuperTile : K {
     static constexpr int kWordsPerSub = 64 / K::kSub; // 8 (Q4_K) or 4 (Q6_K)
     static constexpr int kRun = std::is_same_v<K, Q6K> ? 2 : 8;
 
-    template <int NH, int NT>
-    static void tile(const uint8_t* pan, int h0, int64_t nb, const Q8Tokens& a, int64_t t0,
-                     __m256 (&f)[NH][NT]) {
+    template <int NT>
+    static void tile(const uint8_t* pan, int h, int64_t nb, const Q8Tokens& a, int64_t t0,
+                     __m256 (&f)[NT]) {
         const BlockQ8_K* tok[NT];
         for (int t = 0; t < NT; t++)
             tok[t] = reinterpret_cast<const BlockQ8_K*>(token_row(a, t0 + t));
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t* words = pan + b * kPanelBytes;
             const uint8_t* area = words + kUnits * kUnitBytes;
-            __m256i q[NH][NT];
+            __m256i q[NT];
             zero(q);
             for (int j = 0; j < K::kSub; j++) {
                 // The int32 scale word as (sc, sc) in 16-bit halves.
-                __m256i sc[NH];
-#pragma GCC unroll 2
-                for (int h = 0; h < NH; h++) {
-                    const __m256i s32 = load_half(area + j * kWordBytes, h0 + h);
-                    sc[h] = _mm256_blend_epi16(s32, _mm256_slli_epi32(s32, 16), 0xaa);
-                }
+                const __m256i s32 = load_half(area + j * kWordBytes, h);
+                const __m256i sc = _mm256_blend_epi16(s32, _mm256_slli_epi32(s32, 16), 0xaa);
 #pragma GCC unroll 2
                 for (int r = 0; r < kWordsPerSub; r += kRun) {
-                    __m256i s[NH][NT];
+                    __m256i s[NT];
                     zero(s);
                     const int8_t* qs[NT];
                     const int w0 = j * kWordsPerSub + r;
                     for (int t = 0; t < NT; t++) qs[t] = tok[t][b].qs + 4 * w0;
-                    dot16<NH, NT, kRun>(words + w0 * kWordBytes, h0, qs, s);
-#pragma GCC unroll 2
-                    for (int h = 0; h < NH; h++)
+                    dot16<NT, kRun>(words + w0 * kWordBytes, h, qs, s);
 #pragma GCC unroll 8
-                        for (int t = 0; t < NT; t++)
-                            q[h][t] = _mm256_add_epi32(q[h][t], _mm256_madd_epi16(s[h][t], sc[h]));
+                    for (int t = 0; t < NT; t++)
+                        q[t] = _mm256_add_epi32(q[t], _mm256_madd_epi16(s[t], sc));
                 }
             }
-            __m256i m[NH][NT];
+            __m256i m[NT];
             zero(m);
 #pragma GCC unroll 8
             for (int i = 0; i < 8; i++) {
+                const __m256i pairs = load_half(area + (K::kSub + i) * kWordBytes, h);
 #pragma GCC unroll 8
                 for (int t = 0; t < NT; t++) {
                     const __m256i bs = _mm256_set1_epi32(load_i32(tok[t][b].bsums + 2 * i));
-#pragma GCC unroll 2
-                    for (int h = 0; h < NH; h++)
-                        m[h][t] = _mm256_add_epi32(
-                            m[h][t],
-                            _mm256_madd_epi16(load_half(area + (K::kSub + i) * kWordBytes, h0 + h), bs));
+                    m[t] = _mm256_add_epi32(m[t], _mm256_madd_epi16(pairs, bs));
                 }
             }
-            const auto* d = reinterpret_cast<const float*>(area + (K::kSub + 8) * kWordBytes);
+            const auto* d =
+                reinterpret_cast<const float*>(area + (K::kSub + 8) * kWordBytes) + h * kHalfRows;
 #pragma GCC unroll 8
             for (int t = 0; t < NT; t++) {
                 const __m256 da = _mm256_set1_ps(tok[t][b].d);
-#pragma GCC unroll 2
-                for (int h = 0; h < NH; h++) {
-                    const int row0 = (h0 + h) * kHalfRows;
-                    const __m256 dd = _mm256_mul_ps(_mm256_load_ps(d + row0), da);
-                    if constexpr (std::is_same_v<K, Q4K>) {
-                        f[h][t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(q[h][t]), f[h][t]);
-                        const __m256 dm = _mm256_mul_ps(_mm256_load_ps(d + kPanelRows + row0), da);
-                        f[h][t] = _mm256_fnmadd_ps(dm, _mm256_cvtepi32_ps(m[h][t]), f[h][t]);
-                    } else {
-                        const __m256i total = _mm256_sub_epi32(q[h][t], _mm256_slli_epi32(m[h][t], 5));
-                        f[h][t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(total), f[h][t]);
-                    }
+                const __m256 dd = _mm256_mul_ps(_mm256_load_ps(d), da);
+                if constexpr (std::is_same_v<K, Q4K>) {
+                    f[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(q[t]), f[t]);
+                    const __m256 dm = _mm256_mul_ps(_mm256_load_ps(d + kPanelRows), da);
+                    f[t] = _mm256_fnmadd_ps(dm, _mm256_cvtepi32_ps(m[t]), f[t]);
+                } else {
+                    const __m256i total = _mm256_sub_epi32(q[t], _mm256_slli_epi32(m[t], 5));
+                    f[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(total), f[t]);
                 }
             }
         }
@@ -244,32 +212,34 @@ __m256i first_lanes(int64_t n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-// Halves h0..h0+NH-1 of a panel by NT tokens from t0, over all super-blocks.
-template <typename G, int NH, int NT>
-void tile(const uint8_t* pan, int h0, int64_t n_super, const Q8Tokens& a, int64_t t0, float* y,
-          size_t y_stride, const __m256i* mask) {
-    __m256 f[NH][NT];
+// Half h of a panel by NT tokens from t0, over all super-blocks.
+template <typename G, int NT>
+void tile(const uint8_t* pan, int h, int64_t n_super, const Q8Tokens& a, int64_t t0, float* y,
+          size_t y_stride, __m256i mask) {
+    __m256 f[NT];
     zero(f);
-    G::template tile<NH, NT>(pan, h0, n_super, a, t0, f);
+    G::template tile<NT>(pan, h, n_super, a, t0, f);
 #pragma GCC unroll 8
     for (int t = 0; t < NT; t++)
-#pragma GCC unroll 2
-        for (int h = 0; h < NH; h++)
-            _mm256_maskstore_ps(y + (t0 + t) * y_stride + (h0 + h) * kHalfRows, mask[h0 + h],
-                                f[h][t]);
+        _mm256_maskstore_ps(y + (t0 + t) * y_stride + h * kHalfRows, mask, f[t]);
 }
 
-template <typename G, int NH, int NT>
-void tokens(const uint8_t* pan, int h0, int64_t n_super, const Q8Tokens& a, float* y,
-            size_t y_stride, const __m256i* mask) {
+// Four tokens a tile (more run out of registers), then the rest.
+template <typename G>
+void tokens(const uint8_t* pan, int h, int64_t n_super, const Q8Tokens& a, float* y,
+            size_t y_stride, __m256i mask) {
     int64_t t0 = 0;
-    for (; t0 + NT <= a.n_tok; t0 += NT)
-        tile<G, NH, NT>(pan, h0, n_super, a, t0, y, y_stride, mask);
-    if constexpr (NT > 1) {
-        if (a.n_tok - t0 >= NT / 2)
-            tile<G, NH, NT / 2>(pan, h0, n_super, a, t0, y, y_stride, mask), t0 += NT / 2;
+    for (; t0 + 4 <= a.n_tok; t0 += 4) tile<G, 4>(pan, h, n_super, a, t0, y, y_stride, mask);
+    switch (a.n_tok - t0) {
+    case 3:
+        return tile<G, 3>(pan, h, n_super, a, t0, y, y_stride, mask);
+    case 2:
+        return tile<G, 2>(pan, h, n_super, a, t0, y, y_stride, mask);
+    case 1:
+        return tile<G, 1>(pan, h, n_super, a, t0, y, y_stride, mask);
+    default:
+        return;
     }
-    for (; t0 < a.n_tok; t0++) tile<G, NH, 1>(pan, h0, n_super, a, t0, y, y_stride, mask);
 }
 
 template <typename G>
@@ -283,10 +253,8 @@ void gemm_panels(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, con
         const int64_t rows = std::min<int64_t>(kPanelRows, n_rows - r0);
         const __m256i mask[2] = {first_lanes(rows), first_lanes(rows - kHalfRows)};
         pack_panel<G>(base + r0 * row_bytes, row_bytes, static_cast<int>(rows), n_super, pan);
-        if (rows > kHalfRows)
-            tokens<G, 2, 2>(pan, 0, n_super, a, y + r0, y_stride, mask);
-        else
-            tokens<G, 1, 4>(pan, 0, n_super, a, y + r0, y_stride, mask);
+        for (int h = 0; h * kHalfRows < rows; h++)
+            tokens<G>(pan, h, n_super, a, y + r0, y_stride, mask[h]);
     }
 }
 
