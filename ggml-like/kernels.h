@@ -36,11 +36,11 @@ struct Q8Tokens {
 // msum, y)). A GEMM that computes exactly
 // this (KernelTable::gemm, for one token or many, on any ISA with FMA) gives
 // a token the same bits whatever its batch, its place in it or the thread
-// count. (The tables' own vec_dot and matvec may sum in another order. The
-// references of Q5_1 and IQ4_NL are this chain too; they have no GEMM yet.)
+// count. (The tables' own vec_dot and matvec may sum in another order.)
 constexpr bool block_chain(Type weight) {
     return weight == Type::Q4_0 || weight == Type::Q8_0 || weight == Type::Q4_1 ||
-           weight == Type::Q5_0 || weight == Type::Q4_K || weight == Type::Q6_K;
+           weight == Type::Q5_0 || weight == Type::Q5_1 || weight == Type::IQ4_NL ||
+           weight == Type::Q4_K || weight == Type::Q5_K || weight == Type::Q6_K;
 }
 
 // Bytes of scratch one caller of KernelTable::gemm needs for rows of n

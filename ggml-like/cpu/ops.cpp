@@ -1,6 +1,7 @@
 #include "ggml-like/cpu/ops.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 
 #include "ggml-like/cpu/gemm.h"
@@ -103,9 +104,10 @@ struct ActivationLayout {
 // matrices with 8-bit activations 0.65-0.94, past the reference engine's own
 // 0.38-0.83 on those files, and its chat answer changes; with F32 activations
 // (OpenBLAS) 0.15-0.19. So Q4_1 keeps F32 prompts unless batch invariance is
-// asked for. (docs/performance.md, "Prompt precision".)
+// asked for, and so does Q5_1 (the same min term against Q8_1's fp16 sums;
+// no real Q5_1 file to measure). (docs/performance.md, "Prompt precision".)
 bool int8_by_default(Type weight) {
-    return weight != Type::Q4_1;
+    return weight != Type::Q4_1 && weight != Type::Q5_1;
 }
 
 bool int8_applies(Type weight, int64_t n_tok, MatmulPaths paths) {
@@ -177,8 +179,18 @@ std::string batch_path_name(Type weight, int64_t n_in, int64_t n_tok, MatmulPath
 
 std::string batch_paths_summary() {
     const std::string chain = batch_path_name(Type::Q4_0, 4096, 512);
-    const std::string rest = batch_path_name(Type::Q5_K, 4096, 512);
-    return chain == rest ? chain : chain + " for Q4_0, Q5_0, Q8_0, Q4_K, Q6_K; " + rest + " for the rest";
+    // Q3_K has no integer GEMM: it stands for the types that take the rest.
+    const std::string rest = batch_path_name(Type::Q3_K, 4096, 512);
+    if (chain == rest) return chain;
+    std::string types;
+    for (Type t : {Type::Q4_0, Type::Q4_1, Type::Q5_0, Type::Q5_1, Type::Q8_0, Type::IQ4_NL,
+                   Type::Q2_K, Type::Q3_K, Type::Q4_K, Type::Q5_K, Type::Q6_K})
+        if (batch_path_name(t, 4096, 512) == chain) {
+            std::string name = type_name(t);
+            for (char& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+            types += (types.empty() ? "" : ", ") + name;
+        }
+    return chain + " for " + types + "; " + rest + " for the rest";
 }
 
 void matmul(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, float* y,

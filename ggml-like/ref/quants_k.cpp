@@ -7,8 +7,8 @@
 //
 // so the bit layouts live in one unpack/pack pair per type, and dequantize,
 // the dot products and the quantizers share the arithmetic. The dot products
-// sum each (super-)block exactly in integers; those of the K-quants with a
-// GEMM and of the 32-element types then add it with a float FMA per block
+// sum each (super-)block exactly in integers; those of Q4_K, Q5_K, Q6_K and
+// of the 32-element types then add it with a float FMA per block
 // (the block-chain arithmetic, kernels.h, which the GEMM gives bit for bit),
 // the others in double (same policy as ref/quants.cpp).
 #include "ggml-like/blocks_k.h"
@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 namespace gl {
 
@@ -298,12 +299,14 @@ template <typename Block, auto Unpack> float dot_k(int64_t n, const void* w, con
     return static_cast<float>(sum);
 }
 
-// Q4_K and Q6_K carry most of the weights of common files, and on CPUs
-// without a SIMD table the reference is the kernel, so these two read the
-// bits directly instead of through Unpacked (several times faster; the tests
+// Q4_K, Q5_K and Q6_K carry most of the weights of common files, and on CPUs
+// without a SIMD table the reference is the kernel, so these read the bits
+// directly instead of through Unpacked (several times faster; the tests
 // check them against the float dot of the Unpacked-based dequantization).
-float dot_q4_K(int64_t n, const void* w, const void* a) {
-    const auto* x = static_cast<const BlockQ4_K*>(w);
+// Q4_K and Q5_K: Q5_K adds a fifth bit from qh (bit 2c + hi of qh[l]).
+template <typename Block> float dot_q45_K(int64_t n, const void* w, const void* a) {
+    constexpr bool kFifth = std::is_same_v<Block, BlockQ5_K>;
+    const auto* x = static_cast<const Block*>(w);
     const auto* y = static_cast<const BlockQ8_K*>(a);
     float sum = 0.0f;
     for (int64_t i = 0; i < n / QK_K; i++) {
@@ -313,8 +316,13 @@ float dot_q4_K(int64_t n, const void* w, const void* a) {
             const int8_t* av = y[i].qs + 64 * c;
             int32_t lo = 0, hi = 0, alo = 0, ahi = 0;
             for (int l = 0; l < 32; l++) {
-                lo += (q[l] & 0x0f) * av[l];
-                hi += (q[l] >> 4) * av[l + 32];
+                int ql = q[l] & 0x0f, qh = q[l] >> 4;
+                if constexpr (kFifth) {
+                    ql |= ((x[i].qh[l] >> (2 * c)) & 1) << 4;
+                    qh |= ((x[i].qh[l] >> (2 * c + 1)) & 1) << 4;
+                }
+                lo += ql * av[l];
+                hi += qh * av[l + 32];
                 alo += av[l];
                 ahi += av[l + 32];
             }
@@ -767,8 +775,8 @@ template <Type T, typename Block, DequantizeFn Dequant, auto Quant> constexpr Ro
 constexpr Row kRows[] = {
     weight_row<Type::Q2_K, BlockQ2_K, unpack_q2_K, quantize_block_q2_K, &dot_k<BlockQ2_K, unpack_q2_K>>(),
     weight_row<Type::Q3_K, BlockQ3_K, unpack_q3_K, quantize_block_q3_K, &dot_k<BlockQ3_K, unpack_q3_K>>(),
-    weight_row<Type::Q4_K, BlockQ4_K, unpack_q4_K, quantize_block_q4_K, &dot_q4_K>(),
-    weight_row<Type::Q5_K, BlockQ5_K, unpack_q5_K, quantize_block_q5_K, &dot_k<BlockQ5_K, unpack_q5_K>>(),
+    weight_row<Type::Q4_K, BlockQ4_K, unpack_q4_K, quantize_block_q4_K, &dot_q45_K<BlockQ4_K>>(),
+    weight_row<Type::Q5_K, BlockQ5_K, unpack_q5_K, quantize_block_q5_K, &dot_q45_K<BlockQ5_K>>(),
     weight_row<Type::Q6_K, BlockQ6_K, unpack_q6_K, quantize_block_q6_K, &dot_q6_K>(),
     weight_row<Type::Q4_1, BlockQ4_1, unpack_q4_1, quantize_block_q4_1, &dot_q8_1_act<BlockQ4_1, unpack_q4_1>>(),
     weight_row<Type::Q5_0, BlockQ5_0, unpack_q5_0, quantize_block_q5_0, &dot_q8_0_act<BlockQ5_0, unpack_q5_0>>(),

@@ -1,4 +1,4 @@
-// The block-chain types (kernels.h's block_chain: Q4_0, Q8_0, Q4_1, Q5_0, Q4_K, Q6_K): every
+// The block-chain types (kernels.h's block_chain): every
 // table's GEMM gives the scalar reference's bits for any number of tokens,
 // on shapes that leave partial row groups, panels and token tiles; and
 // ops::matmul in its batch-invariant mode gives a token the same bits
@@ -22,7 +22,7 @@ using gl::Type;
 // Rows of random blocks: every byte value (Q8_0's -128 included), scales
 // over two decades, so the float chain rounds at almost every step.
 std::vector<uint8_t> random_rows(Type t, int64_t n, int64_t rows, uint32_t seed) {
-    if (t != Type::Q4_0 && t != Type::Q8_0 && t != Type::Q4_1 && t != Type::Q5_0) {
+    if (gl::type_info(t).block_size != 32) {
         // K-quants: random floats through the reference quantizer (their
         // scales are packed and must be valid).
         const auto f = kvtest::random_floats(static_cast<size_t>(n * rows), seed);
@@ -38,7 +38,7 @@ std::vector<uint8_t> random_rows(Type t, int64_t n, int64_t rows, uint32_t seed)
     const size_t bs = gl::type_info(t).type_size;
     for (size_t b = 0; b < out.size(); b += bs) {
         // d, and Q4_1's m (as large, of either sign), then the quants.
-        const size_t head = t == Type::Q4_1 ? 4 : 2;
+        const size_t head = t == Type::Q4_1 || t == Type::Q5_1 ? 4 : 2;
         const uint16_t d = gl::fp32_to_fp16(scale(rng));
         std::memcpy(&out[b], &d, 2);
         if (head == 4) {
@@ -87,7 +87,8 @@ bool same_bits(float a, float b) {
 
 TEST_CASE("block chain: every table's gemm gives the reference's bits, 1 to 9 tokens") {
     uint32_t seed = 11;
-    for (Type t : {Type::Q4_0, Type::Q8_0, Type::Q4_1, Type::Q5_0, Type::Q4_K, Type::Q6_K}) {
+    for (Type t : {Type::Q4_0, Type::Q8_0, Type::Q4_1, Type::Q5_0, Type::Q5_1, Type::IQ4_NL,
+                   Type::Q4_K, Type::Q5_K, Type::Q6_K}) {
         REQUIRE(gl::block_chain(t));
         const int64_t bs = gl::type_info(t).block_size;
         for (int64_t n : {bs, 3 * bs, 5 * bs, 2048 + 3 * bs})
@@ -134,7 +135,8 @@ TEST_CASE("block chain: every table's gemm gives the reference's bits, 1 to 9 to
 TEST_CASE("block chain: ops::matmul's invariant mode gives a token the same bits alone, in any "
           "batch, on 1 or 2 threads") {
     uint32_t seed = 91;
-    for (Type t : {Type::Q4_0, Type::Q8_0, Type::Q4_1, Type::Q5_0, Type::Q4_K, Type::Q6_K}) {
+    for (Type t : {Type::Q4_0, Type::Q8_0, Type::Q4_1, Type::Q5_0, Type::Q5_1, Type::IQ4_NL,
+                   Type::Q4_K, Type::Q5_K, Type::Q6_K}) {
         const int64_t n_in = gl::type_info(t).block_size == 32 ? 320 : 768, n_out = 67;
         const size_t rb = gl::row_size(t, n_in);
         const auto wq = random_rows(t, n_in, n_out, seed++);

@@ -732,7 +732,10 @@ constexpr KernelTable make_table() {
     t.gemm[id(Type::Q8_0)] = avx2_chain::gemm_q8_0;
     t.gemm[id(Type::Q4_1)] = avx2_chain::gemm_q4_1;
     t.gemm[id(Type::Q5_0)] = avx2_chain::gemm_q5_0;
+    t.gemm[id(Type::Q5_1)] = avx2_chain::gemm_q5_1;
+    t.gemm[id(Type::IQ4_NL)] = avx2_chain::gemm_iq4_nl;
     t.gemm[id(Type::Q4_K)] = avx2_chain::gemm_q4_K;
+    t.gemm[id(Type::Q5_K)] = avx2_chain::gemm_q5_K;
     t.gemm[id(Type::Q6_K)] = avx2_chain::gemm_q6_K;
     t.quantize_row[id(Type::Q8_0)] = quantize_row_q8_0;
     t.quantize_row[id(Type::Q8_1)] = quantize_row_q8_1<quantize_block_q8_0>;

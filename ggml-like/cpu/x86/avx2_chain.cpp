@@ -63,6 +63,16 @@ __attribute__((always_inline)) inline void dot16(const uint8_t* words, int h,
     }
 }
 
+// Words (of four products a lane, two a 16-bit pair) whose vpmaddubsw sums of
+// weights u <= max_u and activations |a| <= 128 may be added in 16 bits.
+constexpr int unsaturated_words(int max_u) {
+    int k = 8;
+    while (k > 1 && k * 2 * max_u * 128 > 32767) k /= 2;
+    return k;
+}
+static_assert(unsaturated_words(15) == 8 && unsaturated_words(31) == 4 &&
+              unsaturated_words(63) == 2);
+
 template <int NT, typename V> void zero(V (&v)[NT]) {
 #pragma GCC unroll 8
     for (int t = 0; t < NT; t++) v[t] = V{};
@@ -74,9 +84,9 @@ template <typename W> struct Block32 : Panel32<W> {
     using Act = typename Panel32<W>::Act;
     using Panel32<W>::kMin;
     using Panel32<W>::kPanelBytes;
-    static constexpr bool kSigned = std::is_same_v<W, Q8>;
-    // Words whose 16-bit products may be added before they saturate.
-    static constexpr int kRun = std::is_same_v<W, Q5> ? 4 : 8;
+    // Q8_0, IQ4_NL: signed bytes, as |q| by a * sign(q).
+    static constexpr bool kSigned = W::kMaxU > 127;
+    static constexpr int kRun = unsaturated_words(W::kMaxU);
 
     template <int NT>
     static void tile(const uint8_t* pan, int h, int64_t nb, const Q8Tokens& a, int64_t t0,
@@ -113,6 +123,7 @@ template <typename W> struct Block32 : Panel32<W> {
                 for (int t = 0; t < NT; t++)
                     acc[t] = W::kOffset ? _mm256_set1_epi32(-W::kOffset * sums[t][b])
                                         : _mm256_setzero_si256();
+                static_assert(kRun * 2 * W::kMaxU * 128 <= 32767);
 #pragma GCC unroll 2
                 for (int r = 0; r < 8; r += kRun) {
                     __m256i s[NT];
@@ -146,7 +157,8 @@ template <typename K> struct SuperTile : K {
     static constexpr int kUnits = K::kUnits;
     static constexpr size_t kPanelBytes = K::kPanelBytes;
     static constexpr int kWordsPerSub = 64 / K::kSub; // 8 (Q4_K) or 4 (Q6_K)
-    static constexpr int kRun = std::is_same_v<K, Q6K> ? 2 : 8;
+    static constexpr int kRun = unsaturated_words(K::kMaxU);
+    static_assert(kWordsPerSub % kRun == 0);
 
     template <int NT>
     static void tile(const uint8_t* pan, int h, int64_t nb, const Q8Tokens& a, int64_t t0,
@@ -193,7 +205,7 @@ template <typename K> struct SuperTile : K {
             for (int t = 0; t < NT; t++) {
                 const __m256 da = _mm256_set1_ps(tok[t][b].d);
                 const __m256 dd = _mm256_mul_ps(_mm256_load_ps(d), da);
-                if constexpr (std::is_same_v<K, Q4K>) {
+                if constexpr (K::kMin) {
                     f[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(q[t]), f[t]);
                     const __m256 dm = _mm256_mul_ps(_mm256_load_ps(d + kPanelRows), da);
                     f[t] = _mm256_fnmadd_ps(dm, _mm256_cvtepi32_ps(m[t]), f[t]);
@@ -276,9 +288,21 @@ void gemm_q4_1(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const
                float* y, size_t y_stride, void* scratch) {
     gemm_panels<Block32<Q41>>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
 }
+void gemm_q5_1(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
+               float* y, size_t y_stride, void* scratch) {
+    gemm_panels<Block32<Q51>>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
+}
+void gemm_iq4_nl(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
+                 float* y, size_t y_stride, void* scratch) {
+    gemm_panels<Block32<IQ4>>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
+}
 void gemm_q4_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
                float* y, size_t y_stride, void* scratch) {
     gemm_panels<SuperTile<Q4K>>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
+}
+void gemm_q5_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
+               float* y, size_t y_stride, void* scratch) {
+    gemm_panels<SuperTile<Q5K>>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
 }
 void gemm_q6_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
                float* y, size_t y_stride, void* scratch) {

@@ -183,7 +183,7 @@ template <typename K> struct SuperTile : K {
                     const auto* d =
                         reinterpret_cast<const float*>(area[p] + (K::kSub + 8) * kWordBytes);
                     const __m512 dd = _mm512_mul_ps(_mm512_load_ps(d), da);
-                    if constexpr (std::is_same_v<K, Q4K>) {
+                    if constexpr (K::kMin) {
                         f[p][t] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(q[p][t]), f[p][t]);
                         const __m512 dm = _mm512_mul_ps(_mm512_load_ps(d + kPanelRows), da);
                         f[p][t] = _mm512_fnmadd_ps(dm, _mm512_cvtepi32_ps(m[p][t]), f[p][t]);
@@ -267,6 +267,7 @@ static_assert(Block32<Q4>::kPanelBytes <= kGemmPanelBlockBytes);
 static_assert(Block32<Q8>::kPanelBytes <= kGemmPanelBlockBytes);
 static_assert(Block32<Q41>::kPanelBytes <= kGemmPanelBlockBytes);
 static_assert(Q4K::kPanelBytes <= 8 * kGemmPanelBlockBytes);
+static_assert(Q5K::kPanelBytes <= 8 * kGemmPanelBlockBytes);
 static_assert(Q6K::kPanelBytes <= 8 * kGemmPanelBlockBytes);
 
 } // namespace
@@ -287,9 +288,21 @@ void gemm_q4_1(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const
                float* y, size_t y_stride, void* scratch) {
     gemm_panels<Block32<Q41>>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
 }
+void gemm_q5_1(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
+               float* y, size_t y_stride, void* scratch) {
+    gemm_panels<Block32<Q51>>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
+}
+void gemm_iq4_nl(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
+                 float* y, size_t y_stride, void* scratch) {
+    gemm_panels<Block32<IQ4>>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
+}
 void gemm_q4_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
                float* y, size_t y_stride, void* scratch) {
     gemm_panels<SuperTile<Q4K>>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
+}
+void gemm_q5_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
+               float* y, size_t y_stride, void* scratch) {
+    gemm_panels<SuperTile<Q5K>>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
 }
 void gemm_q6_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
                float* y, size_t y_stride, void* scratch) {

@@ -42,16 +42,19 @@ inline __m256i nibbles32(const uint8_t* qs) {
                             _mm256_set1_epi8(0x0f));
 }
 
-// Weight blocks as unsigned bytes u in element order; the value is u - kOffset.
+// Weight blocks as unsigned bytes u in element order; the value is u - kOffset
+// (kMaxU: the largest u; kMin: a min term of its own, Q8_1 activations).
 struct Q4 {
     using Block = BlockQ4_0;
-    static constexpr int kOffset = 8;
+    static constexpr int kOffset = 8, kMaxU = 15;
+    static constexpr bool kMin = false;
     static __m256i block(const uint8_t* p) { return nibbles32(p + offsetof(Block, qs)); }
 };
 
 struct Q8 {
     using Block = BlockQ8_0;
-    static constexpr int kOffset = 128;
+    static constexpr int kOffset = 128, kMaxU = 255;
+    static constexpr bool kMin = false;
     static __m256i block(const uint8_t* p) {
         return _mm256_xor_si256(load256(p + offsetof(Block, qs)),
                                 _mm256_set1_epi8(static_cast<char>(0x80)));
@@ -62,25 +65,52 @@ struct Q8 {
 // its own against the Q8_1 activations' s = fp16(d_a * sum(a))).
 struct Q41 {
     using Block = BlockQ4_1;
-    static constexpr int kOffset = 0;
+    static constexpr int kOffset = 0, kMaxU = 15;
+    static constexpr bool kMin = true;
     static __m256i block(const uint8_t* p) { return nibbles32(p + offsetof(Block, qs)); }
 };
 
-// Q5_0: Q4_0's nibbles plus a fifth bit (bit j of qh for element j),
-// u = q (0..31), offset 16.
+// Q4_0's nibbles plus a fifth bit (bit j of qh for element j).
+inline __m256i nibbles32_fifth(const uint8_t* qs, const uint8_t* qh) {
+    // Byte j of the result takes bit j % 8 of qh byte j / 8.
+    const __m256i h = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(load_i32(qh)),
+        _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+    const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+    const __m256i top =
+        _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit), _mm256_set1_epi8(0x10));
+    return _mm256_or_si256(nibbles32(qs), top);
+}
+
+// Q5_0: u = q (0..31), offset 16.
 struct Q5 {
     using Block = BlockQ5_0;
-    static constexpr int kOffset = 16;
+    static constexpr int kOffset = 16, kMaxU = 31;
+    static constexpr bool kMin = false;
     static __m256i block(const uint8_t* p) {
-        const __m256i low = nibbles32(p + offsetof(Block, qs));
-        // Byte j of the result takes bit j % 8 of qh byte j / 8.
-        const __m256i h = _mm256_shuffle_epi8(
-            _mm256_set1_epi32(load_i32(p + offsetof(Block, qh))),
-            _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
-        const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
-        const __m256i top = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit),
-                                             _mm256_set1_epi8(0x10));
-        return _mm256_or_si256(low, top);
+        return nibbles32_fifth(p + offsetof(Block, qs), p + offsetof(Block, qh));
+    }
+};
+
+// Q5_1: Q5_0's bits, w = d * q + m as Q4_1's.
+struct Q51 {
+    using Block = BlockQ5_1;
+    static constexpr int kOffset = 0, kMaxU = 31;
+    static constexpr bool kMin = true;
+    static __m256i block(const uint8_t* p) {
+        return nibbles32_fifth(p + offsetof(Block, qs), p + offsetof(Block, qh));
+    }
+};
+
+// IQ4_NL: the codebook value of each nibble, u = value + 128 as Q8_0's.
+struct IQ4 {
+    using Block = BlockIQ4_NL;
+    static constexpr int kOffset = 128, kMaxU = 255;
+    static constexpr bool kMin = false;
+    static __m256i block(const uint8_t* p) {
+        const __m128i book = _mm_xor_si128(load128(kIQ4NL), _mm_set1_epi8(static_cast<char>(0x80)));
+        return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(book),
+                                   nibbles32(p + offsetof(Block, qs)));
     }
 };
 
@@ -159,7 +189,7 @@ inline const uint8_t* token_row(const Q8Tokens& a, int64_t t) {
 // sixteen m, and each block adds m * s_a after d * d_a * isum.
 template <typename W> struct Panel32 {
     using Block = typename W::Block;
-    static constexpr bool kMin = std::is_same_v<W, Q41>;
+    static constexpr bool kMin = W::kMin;
     using Act = std::conditional_t<kMin, BlockQ8_1, BlockQ8_0>;
     static constexpr int kUnits = 1;
     static constexpr size_t kPanelBytes = kUnitBytes + (kMin ? 2 : 1) * kPanelRows * sizeof(float);
@@ -170,7 +200,7 @@ template <typename W> struct Panel32 {
             d[r] = blocks[r] ? kFp16ToFp32[scale_of<W>(blocks[r])] : 0.0f;
             if constexpr (kMin)
                 d[kPanelRows + r] =
-                    blocks[r] ? kFp16ToFp32[reinterpret_cast<const BlockQ4_1*>(blocks[r])->m] : 0.0f;
+                    blocks[r] ? kFp16ToFp32[reinterpret_cast<const Block*>(blocks[r])->m] : 0.0f;
         }
     }
 };
@@ -181,17 +211,29 @@ template <typename W> struct Panel32 {
 // bsums) and pairs of 16-bit scales (vpdpwssd). Scale area: the sub-block
 // scales as int32 (kSub words), the eight pair words, then d (and dmin) as float.
 
-// Q4_K: eight sub-blocks of 32: u = q (0..15), w = d * sc * q - dmin * m.
+// Q4_K and Q5_K: eight sub-blocks of 32: u = q (Q4_K 0..15, Q5_K 0..31 with
+// a fifth bit, bit u of qh[l] for element 32 u + l), w = d * sc * q - dmin * m.
 // Per row: y = fma(d * da, qsum, y), then fma(-(dmin * da), msum, y), with
 // qsum = sum sc_j * dot_j and msum = sum m_j * asum_j (kernels.h).
-struct Q4K {
-    using Block = BlockQ4_K;
+template <typename B> struct Q45K {
+    using Block = B;
+    static constexpr bool kFifth = std::is_same_v<B, BlockQ5_K>;
+    static constexpr bool kMin = true;
+    static constexpr int kMaxU = kFifth ? 31 : 15;
     static constexpr int kUnits = 8, kSub = 8;
     static constexpr size_t kScaleBytes = (kSub + 8) * kWordBytes + 2 * kPanelRows * sizeof(float);
     static constexpr size_t kPanelBytes = kUnits * kUnitBytes + kScaleBytes;
     static __m256i unit(const uint8_t* p, int u) {
         const __m256i q = load256(p + offsetof(Block, qs) + 32 * (u / 2));
-        return _mm256_and_si256(u % 2 ? _mm256_srli_epi16(q, 4) : q, _mm256_set1_epi8(0x0f));
+        const __m256i low =
+            _mm256_and_si256(u % 2 ? _mm256_srli_epi16(q, 4) : q, _mm256_set1_epi8(0x0f));
+        if constexpr (kFifth) {
+            const __m256i qh = load256(p + offsetof(Block, qh));
+            const __m256i top =
+                _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(u)), _mm256_set1_epi8(1));
+            return _mm256_or_si256(low, _mm256_slli_epi16(top, 4));
+        }
+        return low;
     }
     static void scales(const uint8_t* const* blocks, uint8_t* area) {
         auto* sc = reinterpret_cast<int32_t*>(area);
@@ -214,10 +256,15 @@ struct Q4K {
     }
 };
 
+using Q4K = Q45K<BlockQ4_K>;
+using Q5K = Q45K<BlockQ5_K>;
+
 // Q6_K: sixteen sub-blocks of 16: u = q (0..63), w = d * sc * (q - 32).
 // y = fma(d * da, qsum, y), qsum = sum sc_j * (dot_j - 32 * asum_j).
 struct Q6K {
     using Block = BlockQ6_K;
+    static constexpr bool kMin = false;
+    static constexpr int kMaxU = 63;
     static constexpr int kUnits = 8, kSub = 16;
     static constexpr size_t kScaleBytes = (kSub + 8) * kWordBytes + kPanelRows * sizeof(float);
     static constexpr size_t kPanelBytes = kUnits * kUnitBytes + kScaleBytes;
