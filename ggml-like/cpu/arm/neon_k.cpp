@@ -9,6 +9,7 @@
 // and is scaled by d_w * d_a in float once. Offsets and mins are dots of the
 // scales with Q8_K's 16 block sums, as in the x86 files.
 #include "ggml-like/blocks_k.h"
+#include "ggml-like/cpu/arm/k_scales.h"
 
 #include <arm_neon.h>
 
@@ -50,16 +51,6 @@ int32_t scaled_bsums(int16x8_t lo, int16x8_t hi, const BlockQ8_K& y) {
     s = vmlal_s16(s, vget_low_s16(hi), vget_low_s16(b1));
     s = vmlal_s16(s, vget_high_s16(hi), vget_high_s16(b1));
     return vaddvq_s32(s);
-}
-
-// Q4_K/Q5_K: the eight 6-bit scales (sc) and mins (m), as in blocks_k.h.
-void unpack_scales_k4(const uint8_t* s, uint8_t sc[8], uint8_t m[8]) {
-    const uint32_t w0 = load_u32(s), w1 = load_u32(s + 4), w2 = load_u32(s + 8);
-    const uint32_t lo6 = 0x3f3f3f3f, lo4 = 0x0f0f0f0f, lo2 = 0x03030303;
-    const uint32_t v[4] = {w0 & lo6, (w2 & lo4) | (((w0 >> 6) & lo2) << 4), w1 & lo6,
-                           ((w2 >> 4) & lo4) | (((w1 >> 6) & lo2) << 4)};
-    std::memcpy(sc, v, 8);
-    std::memcpy(m, v + 2, 8);
 }
 
 // Q3_K's sixteen scales minus 32.
