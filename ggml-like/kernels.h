@@ -40,13 +40,14 @@ struct Q8Tokens {
 constexpr bool block_chain(Type weight) {
     return weight == Type::Q4_0 || weight == Type::Q8_0 || weight == Type::Q4_1 ||
            weight == Type::Q5_0 || weight == Type::Q5_1 || weight == Type::IQ4_NL ||
-           weight == Type::Q4_K || weight == Type::Q5_K || weight == Type::Q6_K;
+           weight == Type::Q2_K || weight == Type::Q3_K || weight == Type::Q4_K ||
+           weight == Type::Q5_K || weight == Type::Q6_K;
 }
 
 // Bytes of scratch one caller of KernelTable::gemm needs for rows of n
-// elements: two panels of kGemmPanelBlockBytes per 32 elements (the AVX-512
-// layout of Q6_K, the largest any table uses) and alignment slack.
-inline constexpr size_t kGemmPanelBlockBytes = 712;
+// elements: two panels of kGemmPanelBlockBytes per 32 elements (the x86
+// layout of Q2_K, the largest any table uses) and alignment slack.
+inline constexpr size_t kGemmPanelBlockBytes = 720;
 constexpr size_t gemm_scratch_bytes(int64_t n) {
     return 2 * static_cast<size_t>(n / 32) * kGemmPanelBlockBytes + 64;
 }

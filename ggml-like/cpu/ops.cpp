@@ -179,8 +179,8 @@ std::string batch_path_name(Type weight, int64_t n_in, int64_t n_tok, MatmulPath
 
 std::string batch_paths_summary() {
     const std::string chain = batch_path_name(Type::Q4_0, 4096, 512);
-    // Q3_K has no integer GEMM: it stands for the types that take the rest.
-    const std::string rest = batch_path_name(Type::Q3_K, 4096, 512);
+    // F16 has no integer GEMM: it stands for the types that take the rest.
+    const std::string rest = batch_path_name(Type::F16, 4096, 512);
     if (chain == rest) return chain;
     std::string types;
     for (Type t : {Type::Q4_0, Type::Q4_1, Type::Q5_0, Type::Q5_1, Type::Q8_0, Type::IQ4_NL,

@@ -7,10 +7,9 @@
 //
 // so the bit layouts live in one unpack/pack pair per type, and dequantize,
 // the dot products and the quantizers share the arithmetic. The dot products
-// sum each (super-)block exactly in integers; those of Q4_K, Q5_K, Q6_K and
-// of the 32-element types then add it with a float FMA per block
-// (the block-chain arithmetic, kernels.h, which the GEMM gives bit for bit),
-// the others in double (same policy as ref/quants.cpp).
+// sum each (super-)block exactly in integers, then add it with a float FMA
+// per block (the block-chain arithmetic, kernels.h, which the GEMM gives bit
+// for bit).
 #include "ggml-like/blocks_k.h"
 
 #include <algorithm>
@@ -53,10 +52,13 @@ void dequant_unpacked(const Unpacked& u, float* y) {
     }
 }
 
-// sum_i w[i] * a[i] for an unpacked block and int8 activations with scale da:
-// exact integer sums per sub-block, then the two scale products in double.
-double dot_unpacked(const Unpacked& u, const int8_t* a, double da) {
-    int64_t qsum = 0, msum = 0;
+// sum_i w[i] * a[i] over a row of unpacked super-blocks and Q8_K
+// activations, in the block-chain arithmetic (kernels.h): exact integer sums
+// per sub-block times their integer scales (qsum) and the mins' term (msum)
+// per super-block, then y = fma(d * da, qsum, y) and, for the types with
+// mins, y = fma(-(dmin * da), msum, y). Both sums fit int32.
+void dot_unpacked(const Unpacked& u, const int8_t* a, float da, bool mins, float& y) {
+    int32_t qsum = 0, msum = 0;
     for (int j = 0; j < u.n / u.len; j++) {
         int32_t qa = 0, as = 0;
         for (int l = 0; l < u.len; l++) {
@@ -64,11 +66,11 @@ double dot_unpacked(const Unpacked& u, const int8_t* a, double da) {
             qa += u.q[i] * a[i];
             as += a[i];
         }
-        qsum += static_cast<int64_t>(u.sc[j]) * qa;
-        msum += static_cast<int64_t>(u.m[j]) * as;
+        qsum += u.sc[j] * qa;
+        msum += u.m[j] * as;
     }
-    return da * (static_cast<double>(u.d) * static_cast<double>(qsum) -
-                 static_cast<double>(u.dmin) * static_cast<double>(msum));
+    y = std::fma(u.d * da, static_cast<float>(qsum), y);
+    if (mins) y = std::fma(-(u.dmin * da), static_cast<float>(msum), y);
 }
 
 // ---- K-quant layouts ------------------------------------------------------------
@@ -287,16 +289,17 @@ void dequant_q8_1(const void* src, float* dst, int64_t n) {
 
 // ---- dot products ------------------------------------------------------------------
 
+// Q2_K (with mins) and Q3_K (without).
 template <typename Block, auto Unpack> float dot_k(int64_t n, const void* w, const void* a) {
     const auto* x = static_cast<const Block*>(w);
     const auto* y = static_cast<const BlockQ8_K*>(a);
     Unpacked u;
-    double sum = 0.0;
+    float sum = 0.0f;
     for (int64_t i = 0; i < n / QK_K; i++) {
         Unpack(x[i], u);
-        sum += dot_unpacked(u, y[i].qs, y[i].d);
+        dot_unpacked(u, y[i].qs, y[i].d, !std::is_same_v<Block, BlockQ3_K>, sum);
     }
-    return static_cast<float>(sum);
+    return sum;
 }
 
 // Q4_K, Q5_K and Q6_K carry most of the weights of common files, and on CPUs

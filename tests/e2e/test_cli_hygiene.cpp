@@ -297,7 +297,7 @@ TEST_CASE("cli kernels: OpenBLAS runs kernels chosen for this CPU, and --version
     INFO(describe(mine));
     if (core) {
         CHECK(contains(mine.out, fmt::format("{} kernels chosen by kvrun for", core)));
-        // OpenBLAS takes the types without an integer GEMM (Q3_K among them).
+        // OpenBLAS takes the types without an integer GEMM (F16 among them).
         CHECK(contains(mine.out, "openblas"));
     } else {
         CHECK(contains(mine.out, "kernels chosen by the library"));

@@ -88,7 +88,7 @@ bool same_bits(float a, float b) {
 TEST_CASE("block chain: every table's gemm gives the reference's bits, 1 to 9 tokens") {
     uint32_t seed = 11;
     for (Type t : {Type::Q4_0, Type::Q8_0, Type::Q4_1, Type::Q5_0, Type::Q5_1, Type::IQ4_NL,
-                   Type::Q4_K, Type::Q5_K, Type::Q6_K}) {
+                   Type::Q2_K, Type::Q3_K, Type::Q4_K, Type::Q5_K, Type::Q6_K}) {
         REQUIRE(gl::block_chain(t));
         const int64_t bs = gl::type_info(t).block_size;
         for (int64_t n : {bs, 3 * bs, 5 * bs, 2048 + 3 * bs})
@@ -136,7 +136,7 @@ TEST_CASE("block chain: ops::matmul's invariant mode gives a token the same bits
           "batch, on 1 or 2 threads") {
     uint32_t seed = 91;
     for (Type t : {Type::Q4_0, Type::Q8_0, Type::Q4_1, Type::Q5_0, Type::Q5_1, Type::IQ4_NL,
-                   Type::Q4_K, Type::Q5_K, Type::Q6_K}) {
+                   Type::Q2_K, Type::Q3_K, Type::Q4_K, Type::Q5_K, Type::Q6_K}) {
         const int64_t n_in = gl::type_info(t).block_size == 32 ? 320 : 768, n_out = 67;
         const size_t rb = gl::row_size(t, n_in);
         const auto wq = random_rows(t, n_in, n_out, seed++);

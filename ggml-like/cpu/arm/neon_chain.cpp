@@ -1,7 +1,7 @@
 // NEON GEMM of the block-chain types (kernels.h's block_chain: Q4_0, Q5_0,
 // Q8_0 and IQ4_NL weights with Q8_0 activations, Q4_1 and Q5_1 with Q8_1,
-// Q4_K, Q5_K and Q6_K with Q8_K), for prompt batches on the dot-product
-// extension (Jetson Orin's Cortex-A78AE and every ARMv8.2+ core).
+// the K-quants with Q8_K), for prompt batches on the dot-product extension
+// (Jetson Orin's Cortex-A78AE and every ARMv8.2+ core).
 //
 // Four weight rows at a time are unpacked to signed bytes and transposed
 // into a panel whose 128-bit words hold four consecutive weights of each of
@@ -9,10 +9,10 @@
 // word by four of a token's activations taken from one lane of a register,
 // so one 16-byte load of activations serves four words and no horizontal
 // sums are needed. sdot multiplies signed bytes, so weights enter as their
-// signed values (Q4_0's q - 8, Q5_0's q - 16, Q6_K's q - 32, Q8_0 and the
-// IQ4_NL codebook as they are) and need no offset term; Q4_1, Q5_1, Q4_K and
-// Q5_K keep q (at most 31) and their mins are terms of their own, as in the
-// x86 GEMMs.
+// signed values (Q4_0's q - 8, Q5_0's q - 16, Q3_K's q - 4, Q6_K's q - 32,
+// Q8_0 and the IQ4_NL codebook as they are) and need no offset term; Q4_1,
+// Q5_1, Q2_K, Q4_K and Q5_K keep q (at most 31) and their mins are terms of
+// their own, as in the x86 GEMMs.
 //
 // The integer sums are exact and the float steps are the reference's (y =
 // fma(d_w * d_a, isum, y) block after block, ref/quants*.cpp), so the result
@@ -63,6 +63,23 @@ Unit fifth_bits(Unit u, const uint8_t* qh) {
     const uint8x16_t hi = vcombine_u8(vdup_n_u8(qh[2]), vdup_n_u8(qh[3]));
     return {vaddq_s8(u.lo, vreinterpretq_s8_u8(vandq_u8(vtstq_u8(lo, bit), sixteen))),
             vaddq_s8(u.hi, vreinterpretq_s8_u8(vandq_u8(vtstq_u8(hi, bit), sixteen)))};
+}
+
+// Bits 2k, 2k+1 of the 32 bytes at q + 32 h (unit u = 4 h + k), as 0..3.
+Unit crumbs(const uint8_t* q, int u) {
+    const uint8_t* p = q + 32 * (u / 4);
+    const int8x16_t shift = vdupq_n_s8(static_cast<int8_t>(-2 * (u % 4)));
+    const uint8x16_t three = vdupq_n_u8(3);
+    return {vreinterpretq_s8_u8(vandq_u8(vshlq_u8(vld1q_u8(p), shift), three)),
+            vreinterpretq_s8_u8(vandq_u8(vshlq_u8(vld1q_u8(p + 16), shift), three))};
+}
+
+// Bit u of the 32 bytes at q, as 0 or 1.
+Unit bits(const uint8_t* q, int u) {
+    const int8x16_t shift = vdupq_n_s8(static_cast<int8_t>(-u));
+    const uint8x16_t one = vdupq_n_u8(1);
+    return {vreinterpretq_s8_u8(vandq_u8(vshlq_u8(vld1q_u8(q), shift), one)),
+            vreinterpretq_s8_u8(vandq_u8(vshlq_u8(vld1q_u8(q + 16), shift), one))};
 }
 
 Unit minus(Unit u, int8_t v) {
@@ -137,77 +154,120 @@ template <typename W> struct Panel32 {
 
 // ---- the K-quants (eight units a super-block) -----------------------------------
 
+// The K-quants' scale area: kSub scales as int32 per row (a word each),
+// with mins kSub mins likewise, then d (and dmin) as float.
+template <int kSubBlocks, bool kMins> struct SubScales {
+    static constexpr int kSub = kSubBlocks;
+    static constexpr bool kMin = kMins;
+    static constexpr size_t kScaleBytes = ((kMin ? 2 : 1) * kSub + (kMin ? 2 : 1)) * kWordBytes;
+    static void store(uint8_t* area, int r, const int* sc, const int* m, float d, float dmin) {
+        auto* s = reinterpret_cast<int32_t*>(area);
+        for (int j = 0; j < kSub; j++) s[j * kRows + r] = sc[j];
+        if constexpr (kMin)
+            for (int j = 0; j < kSub; j++) s[(kSub + j) * kRows + r] = m[j];
+        auto* df = reinterpret_cast<float*>(s + (kMin ? 2 : 1) * kSub * kRows);
+        df[r] = d;
+        if constexpr (kMin) df[kRows + r] = dmin;
+    }
+};
+
 // Q4_K and Q5_K: unit j is sub-block j; u = q (Q5_K: plus bit j of qh[l]).
-// Scale area: sc[j] and m[j] as int32 per row (eight words each), d, dmin.
-template <typename B> struct Q45K {
+template <typename B> struct Q45K : SubScales<8, true> {
     using Block = B;
-    static constexpr bool kMin = true;
-    static constexpr int kUnits = 8, kSub = 8;
-    static constexpr size_t kPanelBytes = kUnits * kUnitBytes + 2 * kSub * kWordBytes + 2 * kWordBytes;
+    static constexpr int kUnits = 8;
+    static constexpr size_t kPanelBytes = kUnits * kUnitBytes + kScaleBytes;
     static Unit unit(const uint8_t* p, int u) {
         const uint8_t* q = p + offsetof(Block, qs) + 32 * (u / 2);
         const uint8x16_t b0 = vld1q_u8(q), b1 = vld1q_u8(q + 16);
         Unit v = u % 2 ? Unit{high_nibbles(b0), high_nibbles(b1)}
                        : Unit{low_nibbles(b0), low_nibbles(b1)};
         if constexpr (std::is_same_v<B, BlockQ5_K>) {
-            const uint8_t* qh = p + offsetof(Block, qh);
-            const int8x16_t shift = vdupq_n_s8(static_cast<int8_t>(-u));
-            const uint8x16_t one = vdupq_n_u8(1);
-            v.lo = vaddq_s8(v.lo, vreinterpretq_s8_u8(vshlq_n_u8(
-                                      vandq_u8(vshlq_u8(vld1q_u8(qh), shift), one), 4)));
-            v.hi = vaddq_s8(v.hi, vreinterpretq_s8_u8(vshlq_n_u8(
-                                      vandq_u8(vshlq_u8(vld1q_u8(qh + 16), shift), one), 4)));
+            const Unit h = bits(p + offsetof(Block, qh), u);
+            v = {vaddq_s8(v.lo, vshlq_n_s8(h.lo, 4)), vaddq_s8(v.hi, vshlq_n_s8(h.hi, 4))};
         }
         return v;
     }
     static void scales(const uint8_t* const* blocks, uint8_t* area) {
-        auto* sc = reinterpret_cast<int32_t*>(area);
-        auto* mn = sc + kSub * kRows;
-        auto* d = reinterpret_cast<float*>(mn + kSub * kRows);
         for (int r = 0; r < kRows; r++) {
-            uint8_t s[8] = {}, m[8] = {};
             const auto* b = reinterpret_cast<const Block*>(blocks[r]);
-            if (b) unpack_scales_k4(b->scales, s, m);
-            for (int j = 0; j < kSub; j++) {
-                sc[j * kRows + r] = s[j];
-                mn[j * kRows + r] = m[j];
-            }
-            d[r] = b ? kFp16ToFp32[b->d] : 0.0f;
-            d[kRows + r] = b ? kFp16ToFp32[b->dmin] : 0.0f;
+            uint8_t s8[8] = {}, m8[8] = {};
+            if (b) unpack_scales_k4(b->scales, s8, m8);
+            int sc[8], m[8];
+            for (int j = 0; j < kSub; j++) sc[j] = s8[j], m[j] = m8[j];
+            store(area, r, sc, m, b ? kFp16ToFp32[b->d] : 0.0f, b ? kFp16ToFp32[b->dmin] : 0.0f);
         }
     }
 };
 using Q4K = Q45K<BlockQ4_K>;
 using Q5K = Q45K<BlockQ5_K>;
 
-// Q6_K: unit u = 4 h + k holds elements 128 h + 32 k + l, sub-blocks 2u
-// (its lo) and 2u + 1 (its hi); s = q - 32. Scale area: the sixteen sc as
-// int32 per row, then d.
-struct Q6K {
+// The types of sixteen sub-blocks of 16: unit u = 4 h + k holds elements
+// 128 h + 32 k + l, sub-blocks 2u (its lo) and 2u + 1 (its hi).
+
+// Q6_K: s = q - 32; the sixteen int8 scales.
+struct Q6K : SubScales<16, false> {
     using Block = BlockQ6_K;
-    static constexpr bool kMin = false;
-    static constexpr int kUnits = 8, kSub = 16;
-    static constexpr size_t kPanelBytes = kUnits * kUnitBytes + kSub * kWordBytes + kWordBytes;
+    static constexpr int kUnits = 8;
+    static constexpr size_t kPanelBytes = kUnits * kUnitBytes + kScaleBytes;
     static Unit unit(const uint8_t* p, int u) {
         const int h = u / 4, k = u % 4;
         const uint8_t* ql = p + offsetof(Block, ql) + 64 * h + 32 * (k & 1);
-        const uint8_t* qh = p + offsetof(Block, qh) + 32 * h;
-        const int8x16_t shift = vdupq_n_s8(static_cast<int8_t>(-2 * k));
-        auto part = [&](int off) {
+        const Unit top = crumbs(p + offsetof(Block, qh), u);
+        auto part = [&](int off, int8x16_t t) {
             const uint8x16_t l = vld1q_u8(ql + off);
-            const uint8x16_t low = k >= 2 ? vshrq_n_u8(l, 4) : vandq_u8(l, vdupq_n_u8(0x0f));
-            const uint8x16_t top = vandq_u8(vshlq_u8(vld1q_u8(qh + off), shift), vdupq_n_u8(3));
-            return vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(low, vshlq_n_u8(top, 4))), vdupq_n_s8(32));
+            const int8x16_t low = k >= 2 ? high_nibbles(l) : low_nibbles(l);
+            return vsubq_s8(vorrq_s8(low, vshlq_n_s8(t, 4)), vdupq_n_s8(32));
         };
-        return {part(0), part(16)};
+        return {part(0, top.lo), part(16, top.hi)};
     }
     static void scales(const uint8_t* const* blocks, uint8_t* area) {
-        auto* sc = reinterpret_cast<int32_t*>(area);
-        auto* d = reinterpret_cast<float*>(sc + kSub * kRows);
         for (int r = 0; r < kRows; r++) {
             const auto* b = reinterpret_cast<const Block*>(blocks[r]);
-            for (int j = 0; j < kSub; j++) sc[j * kRows + r] = b ? b->scales[j] : 0;
-            d[r] = b ? kFp16ToFp32[b->d] : 0.0f;
+            int sc[16] = {};
+            for (int j = 0; j < kSub && b; j++) sc[j] = b->scales[j];
+            store(area, r, sc, nullptr, b ? kFp16ToFp32[b->d] : 0.0f, 0.0f);
+        }
+    }
+};
+
+// Q2_K: s = q (0..3); sc the low, m the high nibble of scales[j].
+struct Q2K : SubScales<16, true> {
+    using Block = BlockQ2_K;
+    static constexpr int kUnits = 8;
+    static constexpr size_t kPanelBytes = kUnits * kUnitBytes + kScaleBytes;
+    static Unit unit(const uint8_t* p, int u) { return crumbs(p + offsetof(Block, qs), u); }
+    static void scales(const uint8_t* const* blocks, uint8_t* area) {
+        for (int r = 0; r < kRows; r++) {
+            const auto* b = reinterpret_cast<const Block*>(blocks[r]);
+            int sc[16] = {}, m[16] = {};
+            for (int j = 0; j < kSub && b; j++) sc[j] = b->scales[j] & 0x0f, m[j] = b->scales[j] >> 4;
+            store(area, r, sc, m, b ? kFp16ToFp32[b->d] : 0.0f, b ? kFp16ToFp32[b->dmin] : 0.0f);
+        }
+    }
+};
+
+// Q3_K: s = q - 4 (the qs crumb, plus 4 where bit u of hmask[l] is set);
+// the 6-bit scales less 32.
+struct Q3K : SubScales<16, false> {
+    using Block = BlockQ3_K;
+    static constexpr int kUnits = 8;
+    static constexpr size_t kPanelBytes = kUnits * kUnitBytes + kScaleBytes;
+    static Unit unit(const uint8_t* p, int u) {
+        const Unit c = crumbs(p + offsetof(Block, qs), u), h = bits(p + offsetof(Block, hmask), u);
+        const int8x16_t four = vdupq_n_s8(4);
+        return {vsubq_s8(vorrq_s8(c.lo, vshlq_n_s8(h.lo, 2)), four),
+                vsubq_s8(vorrq_s8(c.hi, vshlq_n_s8(h.hi, 2)), four)};
+    }
+    static void scales(const uint8_t* const* blocks, uint8_t* area) {
+        for (int r = 0; r < kRows; r++) {
+            const auto* b = reinterpret_cast<const Block*>(blocks[r]);
+            int sc[16] = {};
+            if (b) {
+                int8_t s8[16];
+                vst1q_s8(s8, unpack_scales_k3(b->scales));
+                for (int j = 0; j < kSub; j++) sc[j] = s8[j];
+            }
+            store(area, r, sc, nullptr, b ? kFp16ToFp32[b->d] : 0.0f, 0.0f);
         }
     }
 };
@@ -347,6 +407,7 @@ template <typename K> struct SuperTile : K {
                 for (int t = 0; t < NT; t++) q[t] = vmlaq_s32(q[t], s[t], vld1q_s32(sc + j * kRows));
             }
             const auto* d = reinterpret_cast<const float*>(sc + (K::kMin ? 2 : 1) * kSub * kRows);
+            static_assert(kSub == 8 || kSub == 16);
             const float32x4_t dw = vld1q_f32(d);
             for (int t = 0; t < NT; t++) {
                 const float da = tok[t][b].d;
@@ -355,9 +416,10 @@ template <typename K> struct SuperTile : K {
                     // The mins against the sub-blocks' activation sums.
                     const int32_t* mn = sc + kSub * kRows;
                     int32x4_t m = vdupq_n_s32(0);
+                    const int16_t* bsums = tok[t][b].bsums;
                     for (int j = 0; j < kSub; j++)
                         m = vmlaq_n_s32(m, vld1q_s32(mn + j * kRows),
-                                        tok[t][b].bsums[2 * j] + tok[t][b].bsums[2 * j + 1]);
+                                        kSub == 16 ? bsums[j] : bsums[2 * j] + bsums[2 * j + 1]);
                     f[t] = vfmsq_f32(f[t], vmulq_n_f32(vld1q_f32(d + kRows), da), vcvtq_f32_s32(m));
                 }
             }
@@ -420,6 +482,7 @@ void gemm_panels(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, con
 static_assert(Panel32<Q41>::kPanelBytes <= kGemmPanelBlockBytes);
 static_assert(Q4K::kPanelBytes <= 8 * kGemmPanelBlockBytes);
 static_assert(Q6K::kPanelBytes <= 8 * kGemmPanelBlockBytes);
+static_assert(Q2K::kPanelBytes <= 8 * kGemmPanelBlockBytes);
 
 } // namespace
 
@@ -434,6 +497,8 @@ KVRUN_NEON_GEMM(gemm_q5_0, Block32<Q5>)
 KVRUN_NEON_GEMM(gemm_q5_1, Block32<Q51>)
 KVRUN_NEON_GEMM(gemm_q8_0, Block32<Q8>)
 KVRUN_NEON_GEMM(gemm_iq4_nl, Block32<IQ4>)
+KVRUN_NEON_GEMM(gemm_q2_K, SuperTile<Q2K>)
+KVRUN_NEON_GEMM(gemm_q3_K, SuperTile<Q3K>)
 KVRUN_NEON_GEMM(gemm_q4_K, SuperTile<Q4K>)
 KVRUN_NEON_GEMM(gemm_q5_K, SuperTile<Q5K>)
 KVRUN_NEON_GEMM(gemm_q6_K, SuperTile<Q6K>)

@@ -53,16 +53,6 @@ int32_t scaled_bsums(int16x8_t lo, int16x8_t hi, const BlockQ8_K& y) {
     return vaddvq_s32(s);
 }
 
-// Q3_K's sixteen scales minus 32.
-int8x16_t unpack_scales_k3(const uint8_t* s) {
-    const uint32_t w0 = load_u32(s), w1 = load_u32(s + 4), w2 = load_u32(s + 8);
-    const uint32_t lo4 = 0x0f0f0f0f, lo2 = 0x03030303;
-    const uint32_t v[4] = {(w0 & lo4) | ((w2 & lo2) << 4), (w1 & lo4) | (((w2 >> 2) & lo2) << 4),
-                           ((w0 >> 4) & lo4) | (((w2 >> 4) & lo2) << 4),
-                           ((w1 >> 4) & lo4) | (((w2 >> 6) & lo2) << 4)};
-    return vsubq_s8(vreinterpretq_s8_u32(vld1q_u32(v)), vdupq_n_s8(32));
-}
-
 // ---- Q4_K / Q5_K ---------------------------------------------------------------------
 
 // One super-block: d * da * sum(sc q a) - dmin * da * sum(m a).

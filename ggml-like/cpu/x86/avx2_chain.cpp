@@ -156,8 +156,8 @@ template <typename W> struct Block32 : Panel32<W> {
 template <typename K> struct SuperTile : K {
     static constexpr int kUnits = K::kUnits;
     static constexpr size_t kPanelBytes = K::kPanelBytes;
-    static constexpr int kWordsPerSub = 64 / K::kSub; // 8 (Q4_K) or 4 (Q6_K)
-    static constexpr int kRun = unsaturated_words(K::kMaxU);
+    static constexpr int kWordsPerSub = 64 / K::kSub; // 8 (Q4_K, Q5_K) or 4 (Q2_K, Q3_K, Q6_K)
+    static constexpr int kRun = std::min(unsaturated_words(K::kMaxU), kWordsPerSub);
     static_assert(kWordsPerSub % kRun == 0);
 
     template <int NT>
@@ -210,7 +210,7 @@ template <typename K> struct SuperTile : K {
                     const __m256 dm = _mm256_mul_ps(_mm256_load_ps(d + kPanelRows), da);
                     f[t] = _mm256_fnmadd_ps(dm, _mm256_cvtepi32_ps(m[t]), f[t]);
                 } else {
-                    const __m256i total = _mm256_sub_epi32(q[t], _mm256_slli_epi32(m[t], 5));
+                    const __m256i total = _mm256_sub_epi32(q[t], _mm256_slli_epi32(m[t], K::kOffsetShift));
                     f[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(total), f[t]);
                 }
             }
@@ -295,6 +295,14 @@ void gemm_q5_1(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const
 void gemm_iq4_nl(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
                  float* y, size_t y_stride, void* scratch) {
     gemm_panels<Block32<IQ4>>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
+}
+void gemm_q2_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
+               float* y, size_t y_stride, void* scratch) {
+    gemm_panels<SuperTile<Q2K>>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
+}
+void gemm_q3_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
+               float* y, size_t y_stride, void* scratch) {
+    gemm_panels<SuperTile<Q3K>>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
 }
 void gemm_q4_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
                float* y, size_t y_stride, void* scratch) {

@@ -767,6 +767,8 @@ constexpr KernelTable make_table() {
     t.gemm[id(Type::Q5_0)] = avx512_chain::gemm_q5_0;
     t.gemm[id(Type::Q5_1)] = avx512_chain::gemm_q5_1;
     t.gemm[id(Type::IQ4_NL)] = avx512_chain::gemm_iq4_nl;
+    t.gemm[id(Type::Q2_K)] = avx512_chain::gemm_q2_K;
+    t.gemm[id(Type::Q3_K)] = avx512_chain::gemm_q3_K;
     t.gemm[id(Type::Q4_K)] = avx512_chain::gemm_q4_K;
     t.gemm[id(Type::Q5_K)] = avx512_chain::gemm_q5_K;
     t.gemm[id(Type::Q6_K)] = avx512_chain::gemm_q6_K;

@@ -123,7 +123,7 @@ template <typename K> struct SuperTile : K {
     template <int NP, int NT>
     static void tile(const uint8_t* const* pan, int64_t nb, const Q8Tokens& a, int64_t t0,
                      __m512 (&f)[NP][NT]) {
-        constexpr int kWordsPerSub = 64 / K::kSub; // 8 (Q4_K) or 4 (Q6_K)
+        constexpr int kWordsPerSub = 64 / K::kSub; // 8 (Q4_K, Q5_K) or 4 (Q2_K, Q3_K, Q6_K)
         const BlockQ8_K* tok[NT];
         for (int t = 0; t < NT; t++)
             tok[t] = reinterpret_cast<const BlockQ8_K*>(token_row(a, t0 + t));
@@ -189,7 +189,7 @@ template <typename K> struct SuperTile : K {
                         f[p][t] = _mm512_fnmadd_ps(dm, _mm512_cvtepi32_ps(m[p][t]), f[p][t]);
                     } else {
                         const __m512i total =
-                            _mm512_sub_epi32(q[p][t], _mm512_slli_epi32(m[p][t], 5));
+                            _mm512_sub_epi32(q[p][t], _mm512_slli_epi32(m[p][t], K::kOffsetShift));
                         f[p][t] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(total), f[p][t]);
                     }
                 }
@@ -269,6 +269,7 @@ static_assert(Block32<Q41>::kPanelBytes <= kGemmPanelBlockBytes);
 static_assert(Q4K::kPanelBytes <= 8 * kGemmPanelBlockBytes);
 static_assert(Q5K::kPanelBytes <= 8 * kGemmPanelBlockBytes);
 static_assert(Q6K::kPanelBytes <= 8 * kGemmPanelBlockBytes);
+static_assert(Q2K::kPanelBytes <= 8 * kGemmPanelBlockBytes);
 
 } // namespace
 
@@ -295,6 +296,14 @@ void gemm_q5_1(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const
 void gemm_iq4_nl(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
                  float* y, size_t y_stride, void* scratch) {
     gemm_panels<Block32<IQ4>>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
+}
+void gemm_q2_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
+               float* y, size_t y_stride, void* scratch) {
+    gemm_panels<SuperTile<Q2K>>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
+}
+void gemm_q3_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
+               float* y, size_t y_stride, void* scratch) {
+    gemm_panels<SuperTile<Q3K>>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
 }
 void gemm_q4_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
                float* y, size_t y_stride, void* scratch) {

@@ -18,6 +18,10 @@ void gemm_q5_1(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const
                float* y, size_t y_stride, void* scratch);
 void gemm_iq4_nl(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
                  float* y, size_t y_stride, void* scratch);
+void gemm_q2_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
+               float* y, size_t y_stride, void* scratch);
+void gemm_q3_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
+               float* y, size_t y_stride, void* scratch);
 void gemm_q4_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
                float* y, size_t y_stride, void* scratch);
 void gemm_q5_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,

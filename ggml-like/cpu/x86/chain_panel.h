@@ -259,14 +259,43 @@ template <typename B> struct Q45K {
 using Q4K = Q45K<BlockQ4_K>;
 using Q5K = Q45K<BlockQ5_K>;
 
+// The types of sixteen sub-blocks of 16 (Q2_K, Q3_K, Q6_K): their scale area
+// from each row's sixteen scales, the sixteen 16-bit values paired against
+// the activations' bsums (Q2_K's mins, or the scales again for the offset
+// of Q3_K and Q6_K), d and, with mins, dmin. Null rows get zeros.
+template <bool kMin> struct Sub16Scales {
+    static constexpr int kSub = 16;
+    static constexpr size_t kScaleBytes =
+        (kSub + 8) * kWordBytes + (kMin ? 2 : 1) * kPanelRows * sizeof(float);
+    static void store(uint8_t* area, int r, const int (&sc)[16], const int (&paired)[16], float d,
+                      float dmin) {
+        auto* s = reinterpret_cast<int32_t*>(area);
+        auto* pairs = reinterpret_cast<uint32_t*>(area + kSub * kWordBytes);
+        auto* df = reinterpret_cast<float*>(area + (kSub + 8) * kWordBytes);
+        for (int j = 0; j < kSub; j++) s[j * kPanelRows + r] = sc[j];
+        for (int j = 0; j < 8; j++)
+            pairs[j * kPanelRows + r] = static_cast<uint16_t>(paired[2 * j]) |
+                                        static_cast<uint32_t>(static_cast<uint16_t>(paired[2 * j + 1]))
+                                            << 16;
+        df[r] = d;
+        if constexpr (kMin) df[kPanelRows + r] = dmin;
+    }
+};
+
+// Two bits of element 128 h + 32 k + l at bits 2k of byte 32 h + l (Q2_K's
+// and Q3_K's qs, Q6_K's qh): unit u = 4 h + k.
+inline __m256i crumbs(const uint8_t* q, int u) {
+    return _mm256_and_si256(_mm256_srl_epi16(load256(q + 32 * (u / 4)), _mm_cvtsi32_si128(2 * (u % 4))),
+                            _mm256_set1_epi8(3));
+}
+
 // Q6_K: sixteen sub-blocks of 16: u = q (0..63), w = d * sc * (q - 32).
 // y = fma(d * da, qsum, y), qsum = sum sc_j * (dot_j - 32 * asum_j).
-struct Q6K {
+struct Q6K : Sub16Scales<false> {
     using Block = BlockQ6_K;
     static constexpr bool kMin = false;
-    static constexpr int kMaxU = 63;
-    static constexpr int kUnits = 8, kSub = 16;
-    static constexpr size_t kScaleBytes = (kSub + 8) * kWordBytes + kPanelRows * sizeof(float);
+    static constexpr int kMaxU = 63, kOffsetShift = 5;
+    static constexpr int kUnits = 8;
     static constexpr size_t kPanelBytes = kUnits * kUnitBytes + kScaleBytes;
     // Unit u = 4 h + k: elements 128 h + 32 k + l, low four bits from
     // ql[64 h + 32 (k & 1) + l] (high nibble when k >= 2), top two bits
@@ -274,27 +303,70 @@ struct Q6K {
     static __m256i unit(const uint8_t* p, int u) {
         const int h = u / 4, k = u % 4;
         const __m256i ql = load256(p + offsetof(Block, ql) + 64 * h + 32 * (k & 1));
-        const __m256i qh = load256(p + offsetof(Block, qh) + 32 * h);
-        const __m256i m4 = _mm256_set1_epi8(0x0f);
-        const __m256i low = _mm256_and_si256(k >= 2 ? _mm256_srli_epi16(ql, 4) : ql, m4);
-        const __m256i top =
-            _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k)), _mm256_set1_epi8(3));
-        return _mm256_or_si256(low, _mm256_slli_epi16(top, 4));
+        const __m256i low = _mm256_and_si256(k >= 2 ? _mm256_srli_epi16(ql, 4) : ql,
+                                             _mm256_set1_epi8(0x0f));
+        return _mm256_or_si256(low, _mm256_slli_epi16(crumbs(p + offsetof(Block, qh), u), 4));
     }
     static void scales(const uint8_t* const* blocks, uint8_t* area) {
-        auto* sc = reinterpret_cast<int32_t*>(area);
-        auto* pairs = reinterpret_cast<uint32_t*>(area + kSub * kWordBytes);
-        auto* d = reinterpret_cast<float*>(area + (kSub + 8) * kWordBytes);
         for (int r = 0; r < kPanelRows; r++) {
             const auto* blk = reinterpret_cast<const Block*>(blocks[r]);
-            for (int j = 0; j < kSub; j++) sc[j * kPanelRows + r] = blk ? blk->scales[j] : 0;
-            for (int j = 0; j < 8; j++)
-                pairs[j * kPanelRows + r] =
-                    blk ? static_cast<uint16_t>(blk->scales[2 * j]) |
-                              static_cast<uint32_t>(static_cast<uint16_t>(blk->scales[2 * j + 1]))
-                                  << 16
-                        : 0;
-            d[r] = blk ? kFp16ToFp32[blk->d] : 0.0f;
+            int sc[16] = {};
+            for (int j = 0; j < kSub && blk; j++) sc[j] = blk->scales[j];
+            store(area, r, sc, sc, blk ? kFp16ToFp32[blk->d] : 0.0f, 0.0f);
+        }
+    }
+};
+
+// Q2_K: sixteen sub-blocks of 16: u = q (0..3), w = d * sc * q - dmin * m
+// (sc the low, m the high nibble of scales[j]). As Q4_K: y = fma(d * da,
+// qsum, y), then fma(-(dmin * da), msum, y).
+struct Q2K : Sub16Scales<true> {
+    using Block = BlockQ2_K;
+    static constexpr bool kMin = true;
+    static constexpr int kMaxU = 3;
+    static constexpr int kUnits = 8;
+    static constexpr size_t kPanelBytes = kUnits * kUnitBytes + kScaleBytes;
+    static __m256i unit(const uint8_t* p, int u) { return crumbs(p + offsetof(Block, qs), u); }
+    static void scales(const uint8_t* const* blocks, uint8_t* area) {
+        for (int r = 0; r < kPanelRows; r++) {
+            const auto* blk = reinterpret_cast<const Block*>(blocks[r]);
+            int sc[16] = {}, m[16] = {};
+            for (int j = 0; j < kSub && blk; j++) {
+                sc[j] = blk->scales[j] & 0x0f;
+                m[j] = blk->scales[j] >> 4;
+            }
+            store(area, r, sc, m, blk ? kFp16ToFp32[blk->d] : 0.0f,
+                  blk ? kFp16ToFp32[blk->dmin] : 0.0f);
+        }
+    }
+};
+
+// Q3_K: sixteen sub-blocks of 16: u = q + 4 (0..7: the qs crumb, and bit u
+// of hmask[l] as 4 for element 32 u + l), w = d * sc * (u - 4) with the
+// 6-bit scales less 32. As Q6_K: qsum = sum sc_j * (dot_j - 4 * asum_j).
+struct Q3K : Sub16Scales<false> {
+    using Block = BlockQ3_K;
+    static constexpr bool kMin = false;
+    static constexpr int kMaxU = 7, kOffsetShift = 2;
+    static constexpr int kUnits = 8;
+    static constexpr size_t kPanelBytes = kUnits * kUnitBytes + kScaleBytes;
+    static __m256i unit(const uint8_t* p, int u) {
+        const __m256i high = _mm256_and_si256(
+            _mm256_srl_epi16(load256(p + offsetof(Block, hmask)), _mm_cvtsi32_si128(u)),
+            _mm256_set1_epi8(1));
+        return _mm256_or_si256(crumbs(p + offsetof(Block, qs), u), _mm256_slli_epi16(high, 2));
+    }
+    static void scales(const uint8_t* const* blocks, uint8_t* area) {
+        for (int r = 0; r < kPanelRows; r++) {
+            const auto* blk = reinterpret_cast<const Block*>(blocks[r]);
+            int sc[16] = {};
+            if (blk) {
+                int8_t s8[16];
+                _mm_storeu_si128(reinterpret_cast<__m128i*>(s8),
+                                 unpack_scales_k3(blk->scales));
+                for (int j = 0; j < kSub; j++) sc[j] = s8[j];
+            }
+            store(area, r, sc, sc, blk ? kFp16ToFp32[blk->d] : 0.0f, 0.0f);
         }
     }
 };
