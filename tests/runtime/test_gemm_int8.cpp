@@ -85,7 +85,7 @@ bool same_bits(float a, float b) {
 
 } // namespace
 
-TEST_CASE("block chain: every table's gemm gives the reference's bits, 1 to 9 tokens") {
+TEST_CASE("block chain: every table's gemm gives the reference's bits, 1 to 33 tokens") {
     uint32_t seed = 11;
     for (Type t : {Type::Q4_0, Type::Q8_0, Type::Q4_1, Type::Q5_0, Type::Q5_1, Type::IQ4_NL,
                    Type::Q2_K, Type::Q3_K, Type::Q4_K, Type::Q5_K, Type::Q6_K}) {
@@ -95,7 +95,7 @@ TEST_CASE("block chain: every table's gemm gives the reference's bits, 1 to 9 to
             for (int64_t n_rows : {1, 15, 16, 17, 33, 47, 70}) {
                 const size_t rb = gl::row_size(t, n);
                 const auto w = random_rows(t, n, n_rows, seed++);
-                const int64_t n_tok = 9;
+                const int64_t n_tok = 33;
                 const Tokens a(t, n, n_tok, seed++);
                 std::vector<float> want(static_cast<size_t>(n_tok * n_rows));
                 for (int64_t tk = 0; tk < n_tok; tk++)
@@ -111,8 +111,8 @@ TEST_CASE("block chain: every table's gemm gives the reference's bits, 1 to 9 to
                     // products are the reference itself) have nothing to check.
                     if (auto f = k.gemm[id]) {
                         std::vector<uint8_t> scratch(gl::gemm_scratch_bytes(n) + 1);
-                        // Every token count up to n_tok: full and partial token tiles.
-                        for (int64_t m = 1; m <= n_tok; m++) {
+                        // Full and partial token tiles.
+                        for (int64_t m : {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 33}) {
                             gl::Q8Tokens v = a.view();
                             v.n_tok = m;
                             std::fill(got.begin(), got.end(), -1.0f);
