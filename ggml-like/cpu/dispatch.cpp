@@ -23,6 +23,7 @@ namespace gl {
 #if defined(__x86_64__)
 extern const KernelTable kAvx512Table; // x86/avx512.cpp
 extern const KernelTable kAvx2Table;   // x86/avx2.cpp
+extern const KernelTable kAvxVnniTable; // x86/avx2.cpp, with x86/avxvnni_chain.cpp
 #endif
 #if defined(__aarch64__)
 extern const KernelTable kNeonTable; // arm/neon.cpp
@@ -35,6 +36,14 @@ constexpr KernelTable kScalarTable = {"scalar", {}, {}, {},      {},      {}, {}
                                       {},       {}, {}, nullptr, nullptr, {}, {}};
 
 #if defined(__x86_64__)
+// AVX-VNNI (the VEX vpdpbusd): cpuid leaf 7, subleaf 1, EAX bit 4. (GCC 12's
+// __builtin_cpu_supports("avxvnni") answers false on CPUs that have it.)
+bool cpu_has_avxvnni() {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    constexpr unsigned kAvxVnniBit = 1u << 4;
+    return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & kAvxVnniBit);
+}
+
 // Asked through cpuid because older clang's __builtin_cpu_supports does not
 // know "f16c". (AVX state support by the OS is checked by the builtins for
 // avx2/avx512f, and F16C uses the same registers.)
@@ -54,6 +63,8 @@ bool cpu_has(const char* isa) {
                __builtin_cpu_supports("fma") && cpu_has_f16c();
     if (std::strcmp(isa, "avx2") == 0)
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
+    if (std::strcmp(isa, "avxvnni") == 0)
+        return cpu_has("avx2") && cpu_has_avxvnni();
 #elif defined(__aarch64__)
     if (std::strcmp(isa, "neon") == 0) {
 #if defined(__linux__)
@@ -91,6 +102,7 @@ Tables build_tables() {
     const Candidate all[] = {
 #if defined(__x86_64__)
         {"avx512", &kAvx512Table},
+        {"avxvnni", &kAvxVnniTable},
         {"avx2", &kAvx2Table},
 #endif
 #if defined(__aarch64__)

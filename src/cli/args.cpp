@@ -367,7 +367,7 @@ std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
 std::string version_string() {
     std::string features;
 #if defined(__x86_64__)
-    features = "x86-64 kernels: AVX2, AVX-512, AMX";
+    features = "x86-64 kernels: AVX2, AVX-VNNI, AVX-512, AMX";
 #elif defined(__aarch64__)
     features = "arm64 kernels: NEON";
 #else

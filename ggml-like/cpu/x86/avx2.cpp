@@ -16,6 +16,7 @@
 #include "ggml-like/blocks_k.h"
 #include "ggml-like/cpu/static_count.h"
 #include "ggml-like/cpu/x86/avx2_chain.h"
+#include "ggml-like/cpu/x86/avxvnni_chain.h"
 
 #include <immintrin.h>
 
@@ -770,10 +771,31 @@ constexpr KernelTable make_table() {
     return t;
 }
 
+// The AVX2 table with the AVX-VNNI GEMM (x86/avxvnni_chain.cpp, compiled
+// with -mavxvnni; dispatch.cpp asks cpuid for it): everything else is AVX2.
+constexpr KernelTable make_vnni_table() {
+    KernelTable t = make_table();
+    t.isa = "avxvnni";
+    t.gemm[id(Type::Q4_0)] = avxvnni_chain::gemm_q4_0;
+    t.gemm[id(Type::Q8_0)] = avxvnni_chain::gemm_q8_0;
+    t.gemm[id(Type::Q4_1)] = avxvnni_chain::gemm_q4_1;
+    t.gemm[id(Type::Q5_0)] = avxvnni_chain::gemm_q5_0;
+    t.gemm[id(Type::Q5_1)] = avxvnni_chain::gemm_q5_1;
+    t.gemm[id(Type::IQ4_NL)] = avxvnni_chain::gemm_iq4_nl;
+    t.gemm[id(Type::Q2_K)] = avxvnni_chain::gemm_q2_K;
+    t.gemm[id(Type::Q3_K)] = avxvnni_chain::gemm_q3_K;
+    t.gemm[id(Type::Q4_K)] = avxvnni_chain::gemm_q4_K;
+    t.gemm[id(Type::Q5_K)] = avxvnni_chain::gemm_q5_K;
+    t.gemm[id(Type::Q6_K)] = avxvnni_chain::gemm_q6_K;
+    return t;
+}
+
 } // namespace
 
 // constinit: dispatch may read the table from another file's static initializer.
 extern const KernelTable kAvx2Table;
 constinit const KernelTable kAvx2Table = make_table();
+extern const KernelTable kAvxVnniTable;
+constinit const KernelTable kAvxVnniTable = make_vnni_table();
 
 } // namespace gl
