@@ -28,6 +28,11 @@ struct Q8Tokens {
     int64_t n_tok;
 };
 
+// A table's GEMM (KernelTable::gemm): y[t * y_stride + r] for the n_tok
+// tokens of `a` and the n_rows rows of w (row_bytes apart, n elements).
+using GemmFn = void(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
+                    float* y, size_t y_stride, void* scratch);
+
 // Types whose reference dot product is the block-chain arithmetic: each
 // block's products summed exactly in integers (a K-quant's super-block: its
 // sub-blocks' sums times their integer scales, and the mins' term apart),
@@ -123,8 +128,7 @@ struct KernelTable {
     // Any number of tokens at once, bit-identical to ref::gemm (the
     // block-chain arithmetic): block-chain types only. `scratch` holds
     // gemm_scratch_bytes(n) bytes, any alignment; null: no GEMM.
-    void (*gemm[kTypeIdLimit])(int64_t n, const void* w, size_t row_bytes, int64_t n_rows,
-                               const Q8Tokens& a, float* y, size_t y_stride, void* scratch);
+    GemmFn* gemm[kTypeIdLimit];
 };
 
 // Kernel tables compiled into this binary and usable on this CPU, best first;

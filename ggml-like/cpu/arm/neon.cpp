@@ -10,8 +10,8 @@
 #include "ggml-like/kernels.h"
 #include "ggml-like/cpu/q8_1.h"
 #include "ggml-like/blocks_k.h"
+#include "ggml-like/cpu/chain_gemms.h"
 #include "ggml-like/cpu/static_count.h"
-#include "ggml-like/cpu/arm/neon_chain.h"
 
 #include <arm_neon.h>
 
@@ -281,17 +281,7 @@ constexpr KernelTable make_table() {
     t.vec_dot[id(Type::Q8_0)] = vec_dot_q8_0;
     t.vec_dot[id(Type::Q4_0)] = vec_dot_q4_0;
     // The block-chain GEMM (arm/neon_chain.cpp): prompt batches.
-    t.gemm[id(Type::Q4_0)] = neon_chain::gemm_q4_0;
-    t.gemm[id(Type::Q8_0)] = neon_chain::gemm_q8_0;
-    t.gemm[id(Type::Q4_1)] = neon_chain::gemm_q4_1;
-    t.gemm[id(Type::Q5_0)] = neon_chain::gemm_q5_0;
-    t.gemm[id(Type::Q5_1)] = neon_chain::gemm_q5_1;
-    t.gemm[id(Type::IQ4_NL)] = neon_chain::gemm_iq4_nl;
-    t.gemm[id(Type::Q2_K)] = neon_chain::gemm_q2_K;
-    t.gemm[id(Type::Q3_K)] = neon_chain::gemm_q3_K;
-    t.gemm[id(Type::Q4_K)] = neon_chain::gemm_q4_K;
-    t.gemm[id(Type::Q5_K)] = neon_chain::gemm_q5_K;
-    t.gemm[id(Type::Q6_K)] = neon_chain::gemm_q6_K;
+    KVRUN_SET_CHAIN_GEMMS(t, neon_chain);
     t.quantize_row[id(Type::Q8_0)] = quantize_row_q8_0;
     t.quantize_row[id(Type::Q8_1)] = quantize_row_q8_1<quantize_block_q8_0>;
     t.quantize_row[id(Type::F16)] = quantize_row_f16;

@@ -17,7 +17,7 @@
 // The integer sums are exact and the float steps are the reference's (y =
 // fma(d_w * d_a, isum, y) block after block, ref/quants*.cpp), so the result
 // is the reference's bits for any number of tokens.
-#include "ggml-like/cpu/arm/neon_chain.h"
+#include "ggml-like/cpu/chain_gemms.h"
 
 #include <arm_neon.h>
 
@@ -450,18 +450,9 @@ void tile(const uint8_t* pan, int64_t n_super, const Q8Tokens& a, int64_t t0, fl
 template <typename G>
 void tokens(const uint8_t* pan, int64_t n_super, const Q8Tokens& a, float* y, size_t y_stride,
             int rows) {
-    int64_t t0 = 0;
-    for (; t0 + 4 <= a.n_tok; t0 += 4) tile<G, 4>(pan, n_super, a, t0, y, y_stride, rows);
-    switch (a.n_tok - t0) {
-    case 3:
-        return tile<G, 3>(pan, n_super, a, t0, y, y_stride, rows);
-    case 2:
-        return tile<G, 2>(pan, n_super, a, t0, y, y_stride, rows);
-    case 1:
-        return tile<G, 1>(pan, n_super, a, t0, y, y_stride, rows);
-    default:
-        return;
-    }
+    by_token_tiles(a.n_tok, [&]<int NT>(int64_t t0) {
+        tile<G, NT>(pan, n_super, a, t0, y, y_stride, rows);
+    });
 }
 
 template <typename G>
@@ -486,22 +477,6 @@ static_assert(Q2K::kPanelBytes <= 8 * kGemmPanelBlockBytes);
 
 } // namespace
 
-#define KVRUN_NEON_GEMM(name, G)                                                               \
-    void name(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,  \
-              float* y, size_t y_stride, void* scratch) {                                      \
-        gemm_panels<G>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);                      \
-    }
-KVRUN_NEON_GEMM(gemm_q4_0, Block32<Q4>)
-KVRUN_NEON_GEMM(gemm_q4_1, Block32<Q41>)
-KVRUN_NEON_GEMM(gemm_q5_0, Block32<Q5>)
-KVRUN_NEON_GEMM(gemm_q5_1, Block32<Q51>)
-KVRUN_NEON_GEMM(gemm_q8_0, Block32<Q8>)
-KVRUN_NEON_GEMM(gemm_iq4_nl, Block32<IQ4>)
-KVRUN_NEON_GEMM(gemm_q2_K, SuperTile<Q2K>)
-KVRUN_NEON_GEMM(gemm_q3_K, SuperTile<Q3K>)
-KVRUN_NEON_GEMM(gemm_q4_K, SuperTile<Q4K>)
-KVRUN_NEON_GEMM(gemm_q5_K, SuperTile<Q5K>)
-KVRUN_NEON_GEMM(gemm_q6_K, SuperTile<Q6K>)
-#undef KVRUN_NEON_GEMM
+KVRUN_CHAIN_GEMMS(KVRUN_DEFINE_CHAIN_GEMM)
 
 } // namespace gl::neon_chain

@@ -14,9 +14,8 @@
 #include "ggml-like/kernels.h"
 #include "ggml-like/cpu/q8_1.h"
 #include "ggml-like/blocks_k.h"
+#include "ggml-like/cpu/chain_gemms.h"
 #include "ggml-like/cpu/static_count.h"
-#include "ggml-like/cpu/x86/avx2_chain.h"
-#include "ggml-like/cpu/x86/avxvnni_chain.h"
 
 #include <immintrin.h>
 
@@ -729,17 +728,7 @@ constexpr KernelTable make_table() {
     t.matvec[id(Type::Q4_0)] = matvec_rows4<Q4Rows>;
     t.matvec[id(Type::Q8_0)] = matvec_rows4<Q8Rows>;
     // The block-chain GEMM (x86/avx2_chain.cpp): prompt batches.
-    t.gemm[id(Type::Q4_0)] = avx2_chain::gemm_q4_0;
-    t.gemm[id(Type::Q8_0)] = avx2_chain::gemm_q8_0;
-    t.gemm[id(Type::Q4_1)] = avx2_chain::gemm_q4_1;
-    t.gemm[id(Type::Q5_0)] = avx2_chain::gemm_q5_0;
-    t.gemm[id(Type::Q5_1)] = avx2_chain::gemm_q5_1;
-    t.gemm[id(Type::IQ4_NL)] = avx2_chain::gemm_iq4_nl;
-    t.gemm[id(Type::Q2_K)] = avx2_chain::gemm_q2_K;
-    t.gemm[id(Type::Q3_K)] = avx2_chain::gemm_q3_K;
-    t.gemm[id(Type::Q4_K)] = avx2_chain::gemm_q4_K;
-    t.gemm[id(Type::Q5_K)] = avx2_chain::gemm_q5_K;
-    t.gemm[id(Type::Q6_K)] = avx2_chain::gemm_q6_K;
+    KVRUN_SET_CHAIN_GEMMS(t, avx2_chain);
     t.quantize_row[id(Type::Q8_0)] = quantize_row_q8_0;
     t.quantize_row[id(Type::Q8_1)] = quantize_row_q8_1<quantize_block_q8_0>;
     t.quantize_row[id(Type::F16)] = quantize_row_f16;
@@ -776,17 +765,7 @@ constexpr KernelTable make_table() {
 constexpr KernelTable make_vnni_table() {
     KernelTable t = make_table();
     t.isa = "avxvnni";
-    t.gemm[id(Type::Q4_0)] = avxvnni_chain::gemm_q4_0;
-    t.gemm[id(Type::Q8_0)] = avxvnni_chain::gemm_q8_0;
-    t.gemm[id(Type::Q4_1)] = avxvnni_chain::gemm_q4_1;
-    t.gemm[id(Type::Q5_0)] = avxvnni_chain::gemm_q5_0;
-    t.gemm[id(Type::Q5_1)] = avxvnni_chain::gemm_q5_1;
-    t.gemm[id(Type::IQ4_NL)] = avxvnni_chain::gemm_iq4_nl;
-    t.gemm[id(Type::Q2_K)] = avxvnni_chain::gemm_q2_K;
-    t.gemm[id(Type::Q3_K)] = avxvnni_chain::gemm_q3_K;
-    t.gemm[id(Type::Q4_K)] = avxvnni_chain::gemm_q4_K;
-    t.gemm[id(Type::Q5_K)] = avxvnni_chain::gemm_q5_K;
-    t.gemm[id(Type::Q6_K)] = avxvnni_chain::gemm_q6_K;
+    KVRUN_SET_CHAIN_GEMMS(t, avxvnni_chain);
     return t;
 }
 

@@ -17,7 +17,7 @@
 // The integer sums are exact, so the result is the scalar reference's
 // arithmetic (ref/quants.cpp, ref/quants_k.cpp) and the same bits, as the
 // AVX-512 GEMM's are.
-#include "ggml-like/cpu/x86/avx2_chain.h"
+#include "ggml-like/cpu/chain_gemms.h"
 
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -207,16 +207,6 @@ template <typename K> struct SuperTile : K {
 
 } // namespace
 
-KVRUN_CHAIN_GEMM(gemm_q4_0, Block32<Q4>)
-KVRUN_CHAIN_GEMM(gemm_q8_0, Block32<Q8>)
-KVRUN_CHAIN_GEMM(gemm_q5_0, Block32<Q5>)
-KVRUN_CHAIN_GEMM(gemm_q4_1, Block32<Q41>)
-KVRUN_CHAIN_GEMM(gemm_q5_1, Block32<Q51>)
-KVRUN_CHAIN_GEMM(gemm_iq4_nl, Block32<IQ4>)
-KVRUN_CHAIN_GEMM(gemm_q2_K, SuperTile<Q2K>)
-KVRUN_CHAIN_GEMM(gemm_q3_K, SuperTile<Q3K>)
-KVRUN_CHAIN_GEMM(gemm_q4_K, SuperTile<Q4K>)
-KVRUN_CHAIN_GEMM(gemm_q5_K, SuperTile<Q5K>)
-KVRUN_CHAIN_GEMM(gemm_q6_K, SuperTile<Q6K>)
+KVRUN_CHAIN_GEMMS(KVRUN_DEFINE_CHAIN_GEMM)
 
 } // namespace gl::avx2_chain

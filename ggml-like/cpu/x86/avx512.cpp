@@ -14,8 +14,8 @@
 // Float rows use 512-bit registers with masked loads for the tail.
 #include "ggml-like/kernels.h"
 #include "ggml-like/cpu/q8_1.h"
-#include "ggml-like/cpu/x86/avx512_chain.h"
 #include "ggml-like/blocks_k.h"
+#include "ggml-like/cpu/chain_gemms.h"
 #include "ggml-like/cpu/static_count.h"
 
 // GCC 12's AVX-512 headers start many intrinsics from _mm512_undefined_*(),
@@ -761,17 +761,7 @@ constexpr KernelTable make_table() {
     t.matvec[id(Type::Q4_0)] = matvec_rows4<Q4Rows>;
     t.matvec[id(Type::Q8_0)] = matvec_rows4<Q8Rows>;
     // The block-chain GEMM (x86/avx512_chain.cpp): prompt batches.
-    t.gemm[id(Type::Q4_0)] = avx512_chain::gemm_q4_0;
-    t.gemm[id(Type::Q8_0)] = avx512_chain::gemm_q8_0;
-    t.gemm[id(Type::Q4_1)] = avx512_chain::gemm_q4_1;
-    t.gemm[id(Type::Q5_0)] = avx512_chain::gemm_q5_0;
-    t.gemm[id(Type::Q5_1)] = avx512_chain::gemm_q5_1;
-    t.gemm[id(Type::IQ4_NL)] = avx512_chain::gemm_iq4_nl;
-    t.gemm[id(Type::Q2_K)] = avx512_chain::gemm_q2_K;
-    t.gemm[id(Type::Q3_K)] = avx512_chain::gemm_q3_K;
-    t.gemm[id(Type::Q4_K)] = avx512_chain::gemm_q4_K;
-    t.gemm[id(Type::Q5_K)] = avx512_chain::gemm_q5_K;
-    t.gemm[id(Type::Q6_K)] = avx512_chain::gemm_q6_K;
+    KVRUN_SET_CHAIN_GEMMS(t, avx512_chain);
     t.quantize_row[id(Type::Q8_0)] = quantize_row_q8_0;
     t.quantize_row[id(Type::Q8_1)] = quantize_row_q8_1<quantize_block_q8_0>;
     t.quantize_row[id(Type::F16)] = quantize_row_f16;

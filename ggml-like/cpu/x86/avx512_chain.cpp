@@ -20,7 +20,7 @@
 // advances all sixteen rows' sums, and no horizontal sum is needed. The
 // panel is made once per batch and read for every group of four tokens;
 // 2 panels x 4 tokens per inner step keep the accumulators in registers.
-#include "ggml-like/cpu/x86/avx512_chain.h"
+#include "ggml-like/cpu/chain_gemms.h"
 
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -218,18 +218,9 @@ void tile(const uint8_t* const* pan, int64_t n_super, const Q8Tokens& a, int64_t
 template <typename G, int NP>
 void tokens(const uint8_t* const* pan, int64_t n_super, const Q8Tokens& a, float* y,
             size_t y_stride, const __mmask16* row_mask) {
-    int64_t t0 = 0;
-    for (; t0 + 4 <= a.n_tok; t0 += 4) tile<G, NP, 4>(pan, n_super, a, t0, y, y_stride, row_mask);
-    switch (a.n_tok - t0) {
-    case 3:
-        return tile<G, NP, 3>(pan, n_super, a, t0, y, y_stride, row_mask);
-    case 2:
-        return tile<G, NP, 2>(pan, n_super, a, t0, y, y_stride, row_mask);
-    case 1:
-        return tile<G, NP, 1>(pan, n_super, a, t0, y, y_stride, row_mask);
-    default:
-        return;
-    }
+    by_token_tiles(a.n_tok, [&]<int NT>(int64_t t0) {
+        tile<G, NP, NT>(pan, n_super, a, t0, y, y_stride, row_mask);
+    });
 }
 
 // The first n lanes (none for n <= 0).
@@ -273,49 +264,6 @@ static_assert(Q2K::kPanelBytes <= 8 * kGemmPanelBlockBytes);
 
 } // namespace
 
-void gemm_q4_0(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
-               float* y, size_t y_stride, void* scratch) {
-    gemm_panels<Block32<Q4>>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
-}
-void gemm_q8_0(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
-               float* y, size_t y_stride, void* scratch) {
-    gemm_panels<Block32<Q8>>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
-}
-void gemm_q5_0(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
-               float* y, size_t y_stride, void* scratch) {
-    gemm_panels<Block32<Q5>>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
-}
-void gemm_q4_1(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
-               float* y, size_t y_stride, void* scratch) {
-    gemm_panels<Block32<Q41>>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
-}
-void gemm_q5_1(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
-               float* y, size_t y_stride, void* scratch) {
-    gemm_panels<Block32<Q51>>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
-}
-void gemm_iq4_nl(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
-                 float* y, size_t y_stride, void* scratch) {
-    gemm_panels<Block32<IQ4>>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
-}
-void gemm_q2_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
-               float* y, size_t y_stride, void* scratch) {
-    gemm_panels<SuperTile<Q2K>>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
-}
-void gemm_q3_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
-               float* y, size_t y_stride, void* scratch) {
-    gemm_panels<SuperTile<Q3K>>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
-}
-void gemm_q4_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
-               float* y, size_t y_stride, void* scratch) {
-    gemm_panels<SuperTile<Q4K>>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
-}
-void gemm_q5_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
-               float* y, size_t y_stride, void* scratch) {
-    gemm_panels<SuperTile<Q5K>>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
-}
-void gemm_q6_K(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
-               float* y, size_t y_stride, void* scratch) {
-    gemm_panels<SuperTile<Q6K>>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);
-}
+KVRUN_CHAIN_GEMMS(KVRUN_DEFINE_CHAIN_GEMM)
 
 } // namespace gl::avx512_chain

@@ -7,7 +7,7 @@
 // activations' block sums; the K-quants' sub-block sums are multiplied by
 // their scales (vpmulld). Exact integer sums, then the reference's float
 // chain: the same bits as every other table's GEMM.
-#include "ggml-like/cpu/x86/avxvnni_chain.h"
+#include "ggml-like/cpu/chain_gemms.h"
 
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -137,16 +137,6 @@ template <typename K> struct SuperTile : K {
 
 } // namespace
 
-KVRUN_CHAIN_GEMM(gemm_q4_0, Block32<Q4>)
-KVRUN_CHAIN_GEMM(gemm_q8_0, Block32<Q8>)
-KVRUN_CHAIN_GEMM(gemm_q5_0, Block32<Q5>)
-KVRUN_CHAIN_GEMM(gemm_q4_1, Block32<Q41>)
-KVRUN_CHAIN_GEMM(gemm_q5_1, Block32<Q51>)
-KVRUN_CHAIN_GEMM(gemm_iq4_nl, Block32<IQ4>)
-KVRUN_CHAIN_GEMM(gemm_q2_K, SuperTile<Q2K>)
-KVRUN_CHAIN_GEMM(gemm_q3_K, SuperTile<Q3K>)
-KVRUN_CHAIN_GEMM(gemm_q4_K, SuperTile<Q4K>)
-KVRUN_CHAIN_GEMM(gemm_q5_K, SuperTile<Q5K>)
-KVRUN_CHAIN_GEMM(gemm_q6_K, SuperTile<Q6K>)
+KVRUN_CHAIN_GEMMS(KVRUN_DEFINE_CHAIN_GEMM)
 
 } // namespace gl::avxvnni_chain

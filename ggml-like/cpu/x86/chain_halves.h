@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "ggml-like/cpu/chain_gemms.h"
 #include "ggml-like/cpu/x86/chain_panel.h"
 
 namespace gl {
@@ -53,18 +54,9 @@ void tile(const uint8_t* pan, int h, int64_t n_super, const Q8Tokens& a, int64_t
 template <typename G>
 void tokens(const uint8_t* pan, int h, int64_t n_super, const Q8Tokens& a, float* y,
             size_t y_stride, __m256i mask) {
-    int64_t t0 = 0;
-    for (; t0 + 4 <= a.n_tok; t0 += 4) tile<G, 4>(pan, h, n_super, a, t0, y, y_stride, mask);
-    switch (a.n_tok - t0) {
-    case 3:
-        return tile<G, 3>(pan, h, n_super, a, t0, y, y_stride, mask);
-    case 2:
-        return tile<G, 2>(pan, h, n_super, a, t0, y, y_stride, mask);
-    case 1:
-        return tile<G, 1>(pan, h, n_super, a, t0, y, y_stride, mask);
-    default:
-        return;
-    }
+    by_token_tiles(a.n_tok, [&]<int NT>(int64_t t0) {
+        tile<G, NT>(pan, h, n_super, a, t0, y, y_stride, mask);
+    });
 }
 
 template <typename G>
@@ -86,10 +78,3 @@ void gemm_panels(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, con
 } // namespace chain
 } // namespace
 } // namespace gl
-
-// The exported GEMM `name` of a kernel table: gemm_panels over tile type G.
-#define KVRUN_CHAIN_GEMM(name, G)                                                              \
-    void name(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,  \
-              float* y, size_t y_stride, void* scratch) {                                      \
-        gemm_panels<G>(n, w, row_bytes, n_rows, a, y, y_stride, scratch);                      \
-    }
