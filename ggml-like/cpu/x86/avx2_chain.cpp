@@ -123,7 +123,16 @@ template <typename W> struct Block32 : Panel32<W> {
                         acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(s[t], ones));
                 }
             }
-            add_block<kMin>(f, acc, reinterpret_cast<const float*>(words + kUnitBytes), h, tok, b);
+            const auto* d = reinterpret_cast<const float*>(words + kUnitBytes) + h * kHalfRows;
+#pragma GCC unroll 8
+            for (int t = 0; t < NT; t++) {
+                const __m256 da = _mm256_set1_ps(kFp16ToFp32[tok[t][b].d]);
+                f[t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_load_ps(d), da),
+                                       _mm256_cvtepi32_ps(acc[t]), f[t]);
+                if constexpr (kMin)
+                    f[t] = _mm256_fmadd_ps(_mm256_load_ps(d + kPanelRows),
+                                           _mm256_set1_ps(kFp16ToFp32[tok[t][b].s]), f[t]);
+            }
         }
     }
 };
@@ -177,8 +186,21 @@ template <typename K> struct SuperTile : K {
                     m[t] = _mm256_add_epi32(m[t], _mm256_madd_epi16(pairs, bs));
                 }
             }
-            add_super<K>(f, q, m, reinterpret_cast<const float*>(area + (K::kSub + 8) * kWordBytes),
-                         h, tok, b);
+            const auto* d =
+                reinterpret_cast<const float*>(area + (K::kSub + 8) * kWordBytes) + h * kHalfRows;
+#pragma GCC unroll 8
+            for (int t = 0; t < NT; t++) {
+                const __m256 da = _mm256_set1_ps(tok[t][b].d);
+                const __m256 dd = _mm256_mul_ps(_mm256_load_ps(d), da);
+                if constexpr (K::kMin) {
+                    f[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(q[t]), f[t]);
+                    const __m256 dm = _mm256_mul_ps(_mm256_load_ps(d + kPanelRows), da);
+                    f[t] = _mm256_fnmadd_ps(dm, _mm256_cvtepi32_ps(m[t]), f[t]);
+                } else {
+                    const __m256i total = _mm256_sub_epi32(q[t], _mm256_slli_epi32(m[t], K::kOffsetShift));
+                    f[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(total), f[t]);
+                }
+            }
         }
     }
 };

@@ -32,47 +32,6 @@ template <int NT, typename V> void zero(V (&v)[NT]) {
     for (int t = 0; t < NT; t++) v[t] = V{};
 }
 
-// A 32-element block's float steps for half h and NT tokens (the
-// reference's chain): f += (d * d_a) * isum, then with a min f += m * s_a.
-// d: the panel's sixteen d (then the sixteen m).
-template <bool kMin, int NT, typename Act>
-__attribute__((always_inline)) inline void add_block(__m256 (&f)[NT], const __m256i (&isum)[NT],
-                                                     const float* d, int h,
-                                                     const Act* const (&tok)[NT], int64_t b) {
-    const __m256 dw = _mm256_load_ps(d + h * kHalfRows);
-#pragma GCC unroll 8
-    for (int t = 0; t < NT; t++) {
-        const __m256 da = _mm256_set1_ps(kFp16ToFp32[tok[t][b].d]);
-        f[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(isum[t]), f[t]);
-        if constexpr (kMin)
-            f[t] = _mm256_fmadd_ps(_mm256_load_ps(d + kPanelRows + h * kHalfRows),
-                                   _mm256_set1_ps(kFp16ToFp32[tok[t][b].s]), f[t]);
-    }
-}
-
-// A K-quant super-block's float steps for half h and NT tokens: with mins
-// f += (d * d_a) * qsum, then f -= (dmin * d_a) * msum; else the offset
-// comes off the integer sum first, f += (d * d_a) * (qsum - msum << shift).
-// d: the panel's sixteen d (then the sixteen dmin).
-template <typename K, int NT>
-__attribute__((always_inline)) inline void add_super(__m256 (&f)[NT], const __m256i (&q)[NT],
-                                                     const __m256i (&m)[NT], const float* d, int h,
-                                                     const BlockQ8_K* const (&tok)[NT], int64_t b) {
-    const __m256 dw = _mm256_load_ps(d + h * kHalfRows);
-#pragma GCC unroll 8
-    for (int t = 0; t < NT; t++) {
-        const __m256 da = _mm256_set1_ps(tok[t][b].d);
-        if constexpr (K::kMin) {
-            f[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(q[t]), f[t]);
-            const __m256 dm = _mm256_mul_ps(_mm256_load_ps(d + kPanelRows + h * kHalfRows), da);
-            f[t] = _mm256_fnmadd_ps(dm, _mm256_cvtepi32_ps(m[t]), f[t]);
-        } else {
-            const __m256i total = _mm256_sub_epi32(q[t], _mm256_slli_epi32(m[t], K::kOffsetShift));
-            f[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(total), f[t]);
-        }
-    }
-}
-
 // The first n of eight lanes as a store mask (none for n <= 0).
 inline __m256i first_lanes(int64_t n) {
     const int k = static_cast<int>(std::clamp<int64_t>(n, 0, kHalfRows));
