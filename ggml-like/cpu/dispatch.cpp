@@ -86,7 +86,7 @@ bool cpu_has(const char* isa) {
 }
 
 struct Tables {
-    const KernelTable* t[4] = {};
+    const KernelTable* t[8] = {}; // more than the candidates of any architecture
     int n = 0;
     void add(const KernelTable* k) { t[n++] = k; }
 };

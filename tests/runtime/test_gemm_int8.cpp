@@ -5,11 +5,14 @@
 // whatever its batch, its place in it and the thread count.
 #include <doctest/doctest.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "ggml-like/blocks_k.h"
 #include "ggml-like/cpu/ops.h"
 #include "ggml-like/cpu/thread_pool.h"
 #include "ggml-like/kernels.h"
@@ -19,12 +22,38 @@ namespace {
 
 using gl::Type;
 
-// Rows of random blocks: every byte value (Q8_0's -128 included), scales
-// over two decades, so the float chain rounds at almost every step.
+// Where a block keeps its fp16 scales: d, then (for a second one) m or dmin.
+struct ScaleFields {
+    size_t d, second;
+};
+ScaleFields scale_fields(Type t) {
+    switch (t) {
+    case Type::Q4_1:
+        return {offsetof(gl::BlockQ4_1, d), offsetof(gl::BlockQ4_1, m)};
+    case Type::Q5_1:
+        return {offsetof(gl::BlockQ5_1, d), offsetof(gl::BlockQ5_1, m)};
+    case Type::Q2_K:
+        return {offsetof(gl::BlockQ2_K, d), offsetof(gl::BlockQ2_K, dmin)};
+    case Type::Q3_K:
+        return {offsetof(gl::BlockQ3_K, d), SIZE_MAX};
+    case Type::Q4_K:
+        return {offsetof(gl::BlockQ4_K, d), offsetof(gl::BlockQ4_K, dmin)};
+    case Type::Q5_K:
+        return {offsetof(gl::BlockQ5_K, d), offsetof(gl::BlockQ5_K, dmin)};
+    case Type::Q6_K:
+        return {offsetof(gl::BlockQ6_K, d), SIZE_MAX};
+    default: // Q4_0, Q5_0, Q8_0, IQ4_NL: d first
+        return {0, SIZE_MAX};
+    }
+}
+
+// Rows of random blocks: every byte value (Q8_0's -128, a K-quant's largest
+// scales and mins, Q6_K's scale -128 included), fp16 scales over two
+// decades, so the float chain rounds at almost every step. Every other seed
+// (bit 1) gives K-quant rows from the reference quantizer instead (scales as
+// real files have them).
 std::vector<uint8_t> random_rows(Type t, int64_t n, int64_t rows, uint32_t seed) {
-    if (gl::type_info(t).block_size != 32) {
-        // K-quants: random floats through the reference quantizer (their
-        // scales are packed and must be valid).
+    if (gl::type_info(t).block_size != 32 && (seed >> 1) % 2) {
         const auto f = kvtest::random_floats(static_cast<size_t>(n * rows), seed);
         std::vector<uint8_t> out(gl::row_size(t, n) * static_cast<size_t>(rows));
         for (int64_t r = 0; r < rows; r++)
@@ -35,17 +64,20 @@ std::vector<uint8_t> random_rows(Type t, int64_t n, int64_t rows, uint32_t seed)
     std::uniform_int_distribution<int> byte(0, 255);
     std::uniform_real_distribution<float> scale(0.001f, 0.1f);
     std::vector<uint8_t> out(gl::row_size(t, n) * static_cast<size_t>(rows));
+    for (auto& b : out) b = static_cast<uint8_t>(byte(rng));
     const size_t bs = gl::type_info(t).type_size;
+    const ScaleFields f = scale_fields(t);
     for (size_t b = 0; b < out.size(); b += bs) {
-        // d, and Q4_1's m (as large, of either sign), then the quants.
-        const size_t head = t == Type::Q4_1 || t == Type::Q5_1 ? 4 : 2;
         const uint16_t d = gl::fp32_to_fp16(scale(rng));
-        std::memcpy(&out[b], &d, 2);
-        if (head == 4) {
-            const uint16_t m = gl::fp32_to_fp16(scale(rng) * (byte(rng) % 2 ? 8.0f : -8.0f));
-            std::memcpy(&out[b + 2], &m, 2);
+        std::memcpy(&out[b + f.d], &d, 2);
+        if (f.second != SIZE_MAX) {
+            // Q4_1/Q5_1's m as large as d and of either sign; a K-quant's dmin.
+            const float v = scale(rng) * (t == Type::Q4_1 || t == Type::Q5_1
+                                              ? (byte(rng) % 2 ? 8.0f : -8.0f)
+                                              : 1.0f);
+            const uint16_t m = gl::fp32_to_fp16(v);
+            std::memcpy(&out[b + f.second], &m, 2);
         }
-        for (size_t j = head; j < bs; j++) out[b + j] = static_cast<uint8_t>(byte(rng));
     }
     return out;
 }

@@ -654,7 +654,10 @@ void quantize_block_q8_0(const float* x, BlockQ8_0* out) {
     __m256i q[4];
     for (int k = 0; k < 4; k++) {
         const __m256 r = round_half_away(_mm256_div_ps(v[k], vd));
-        q[k] = _mm256_cvttps_epi32(_mm256_min_ps(hi, _mm256_max_ps(lo, r)));
+        // max(r, lo): maxps returns its second operand for a NaN, so NaN becomes
+        // -127 as in the reference (never -128, which the GEMM's sign trick
+        // cannot negate).
+        q[k] = _mm256_cvttps_epi32(_mm256_min_ps(hi, _mm256_max_ps(r, lo)));
     }
     // The packs interleave 128-bit lanes; the permute puts the 32 bytes back in order.
     const __m256i p =

@@ -1,6 +1,6 @@
-// AVX2 GEMM of the block-chain types (kernels.h's block_chain: Q4_0, Q5_0
-// and Q8_0 weights with Q8_0 activations, Q4_1 with Q8_1, Q4_K and Q6_K with
-// Q8_K), for prompt batches on CPUs without AVX-512.
+// AVX2 GEMM of the block-chain types (kernels.h's block_chain: Q4_0, Q5_0,
+// Q8_0 and IQ4_NL weights with Q8_0 activations, Q4_1 and Q5_1 with Q8_1,
+// the K-quants with Q8_K), for prompt batches on CPUs without AVX-512.
 //
 // The same panels as the AVX-512 GEMM (chain_panel.h: sixteen rows, lane =
 // row, four unsigned weight bytes a lane), read as two 256-bit halves of
@@ -9,9 +9,10 @@
 // u <= 15 (Q4_0, Q4_1, Q4_K) can be added up for eight words (sixteen products
 // of at most 15 * 128 = 1920 stay below 32767), of u <= 31 (Q5_0) for four,
 // of u <= 63 (Q6_K) for two, before vpmaddwd widens them to 32 bits (with
-// the sub-block scale as its multiplier for the K-quants). Q8_0's weights,
-// unsigned as u = q + 128, would saturate a single pair, so its words are
-// turned back to q and multiplied as |q| by a * sign(q), and widened at once.
+// the sub-block scale as its multiplier for the K-quants). Q8_0's and
+// IQ4_NL's weights, unsigned as u = q + 128, would saturate a single pair, so
+// their words are turned back to q and multiplied as |q| by a * sign(q) (Q8_0
+// activations are within +-127, so the sign never wraps), and widened at once.
 // A tile is one half (eight rows) by four tokens.
 //
 // The integer sums are exact, so the result is the scalar reference's

@@ -676,7 +676,7 @@ void quantize_block_q8_0(const float* x, BlockQ8_0* out) {
     const __m512 v[2] = {v0, v1};
     for (int k = 0; k < 2; k++) {
         const __m512 r = round_half_away(_mm512_div_ps(v[k], vd));
-        const __m512i q = _mm512_cvttps_epi32(_mm512_min_ps(hi, _mm512_max_ps(lo, r)));
+        const __m512i q = _mm512_cvttps_epi32(_mm512_min_ps(hi, _mm512_max_ps(r, lo)));
         _mm_storeu_si128(reinterpret_cast<__m128i*>(out->qs + 16 * k), _mm512_cvtepi32_epi8(q));
     }
 }

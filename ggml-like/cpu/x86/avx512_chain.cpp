@@ -1,6 +1,6 @@
 // AVX-512 VNNI GEMM of the block-chain types (kernels.h's block_chain: Q4_0,
-// Q5_0 and Q8_0 weights with Q8_0 activations, Q4_1 with Q8_1, Q4_K and Q6_K with
-// Q8_K), for prompt batches (and for any batch in ops::matmul's invariant
+// Q5_0, Q8_0 and IQ4_NL weights with Q8_0 activations, Q4_1 and Q5_1 with
+// Q8_1, the K-quants with Q8_K), for prompt batches (and for any batch in ops::matmul's invariant
 // mode, which tests use; --deterministic does not, see ops.h).
 //
 // For every output they compute exact integer sums per block (Q4_0, Q8_0)
@@ -115,7 +115,7 @@ template <typename W> struct Block32 : Panel32<W> {
     }
 };
 
-// The K-quants' tile: K is Q4K or Q6K.
+// The K-quants' tile: K is one of chain_panel.h's Q2K ... Q6K.
 template <typename K> struct SuperTile : K {
     static constexpr int kUnits = K::kUnits;
     static constexpr size_t kPanelBytes = K::kPanelBytes;
