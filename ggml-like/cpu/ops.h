@@ -63,9 +63,9 @@ void matmul(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, fl
 // What matmul runs for this weight type and batch: "amx-bf16", "openblas",
 // "int8 gemm (<isa>)" or "dot products" (for --version, info and bench).
 std::string batch_path_name(Type weight, int64_t n_in, int64_t n_tok, MatmulPaths paths = {});
-// The default paths of a 512-token batch: one name, or the block-chain
-// types' and the others' ("int8 gemm (avx512) for Q4_0, Q5_0, Q8_0, Q4_K,
-// Q6_K; openblas for the rest").
+// The default paths of a 512-token batch: one name, or the integer GEMM's
+// types and the others' ("int8 gemm (avx512) for Q4_0, Q5_0, ..., Q6_K;
+// openblas for the rest").
 std::string batch_paths_summary();
 // Batches of at least this many tokens take the integer GEMM (outside the
 // invariant mode). Below it, verification batches of speculative decoding
