@@ -70,6 +70,10 @@ class Backend {
     // Whether every output of a token is independent of its batch and the thread
     // count (make_cpu_backend's batch_invariant, --deterministic).
     virtual bool batch_invariant() const { return false; }
+    // While on, matmul gives every row of a batch the bits a one-token batch
+    // gives it (Forward::eval_verify: speculative verification must not change
+    // a greedy answer). Off, short batches may take faster batched kernels.
+    virtual void set_rows_exact(bool on) { (void)on; }
 
     virtual MemoryUse memory_use() const { return {}; }
 

@@ -149,12 +149,24 @@ const float* Forward::eval_generated(int32_t token) {
     return run(&token, 1, false, Pass::generated);
 }
 
-// Below the tile threshold every token of a batch takes the dot products a
-// single token takes (ops::matmul).
+// Below the tile threshold, and with the backends' rows exact below the
+// integer GEMM's, every token of a batch takes the dot products a single
+// token takes (ops::matmul).
 static_assert(Forward::kMaxVerify < gl::gemm::kMinTokens);
+static_assert(Forward::kMaxVerify < gl::ops::kRowsExactMinTokens);
 
 const float* Forward::eval_verify(const int32_t* tokens, int n) {
     KV_ASSERT(n <= kMaxVerify);
+    // Rows exact for this pass only, also when it throws.
+    struct RowsExact {
+        const std::vector<gl::Backend*>& backends;
+        explicit RowsExact(const std::vector<gl::Backend*>& b) : backends(b) {
+            for (gl::Backend* be : backends) be->set_rows_exact(true);
+        }
+        ~RowsExact() {
+            for (gl::Backend* be : backends) be->set_rows_exact(false);
+        }
+    } exact(backends_);
     return run(tokens, n, true, Pass::verify);
 }
 

@@ -56,7 +56,8 @@ class Forward {
     // tokens, all rows of logits. Each row is bit for bit the row n
     // successive eval_generated calls would give, so that verifying a draft
     // never changes a greedy answer: the matrices take each token's own dot
-    // products (the tiles start at gl::gemm::kMinTokens) and, on a backend
+    // products (Backend::set_rows_exact for the pass; the tiles start at
+    // gl::gemm::kMinTokens) and, on a backend
     // that attends the host ring (Backend::reads_host_kv), each token attends
     // on its own, after the one before it is written. Elsewhere (CUDA) the
     // batch attends at once: the same tokens within the precision of the

@@ -80,6 +80,7 @@ class CpuBackend final : public Backend {
     // Key tiles serve the tuned kernels; the batch-invariant attention reads rows.
     bool head_major_kv() const override { return !batch_invariant_; }
     bool batch_invariant() const override { return batch_invariant_; }
+    void set_rows_exact(bool on) override { rows_exact_ = on; }
     void attention(const AttentionArgs& a) override {
         AttentionArgs args = a;
         args.scratch = att_scratch_.data();
@@ -94,7 +95,9 @@ class CpuBackend final : public Backend {
     // docs/performance.md, "--deterministic"), while prompts on the dot
     // products cost about 4x: decoding is where users wait.
     ops::MatmulPaths matmul_paths() const {
-        return {.tiles = !batch_invariant_, .int8 = !precise_ && !batch_invariant_};
+        return {.tiles = !batch_invariant_,
+                .int8 = !precise_ && !batch_invariant_,
+                .rows_exact = rows_exact_};
     }
 
     ThreadPool pool_;
@@ -104,6 +107,8 @@ class CpuBackend final : public Backend {
     bool batch_invariant_ = false;
     // --precise: prompts keep F32 activations (no integer GEMM).
     bool precise_ = false;
+    // Backend::set_rows_exact.
+    bool rows_exact_ = false;
     std::vector<uint8_t> matmul_scratch_;
     std::vector<float> att_scratch_;
 };

@@ -111,7 +111,8 @@ bool int8_by_default(Type weight) {
 }
 
 bool int8_applies(Type weight, int64_t n_tok, MatmulPaths paths) {
-    return paths.int8 && (paths.invariant || (n_tok >= kInt8MinTokens && int8_by_default(weight))) &&
+    const int64_t min_tokens = paths.rows_exact ? kRowsExactMinTokens : kInt8MinTokens;
+    return paths.int8 && (paths.invariant || (n_tok >= min_tokens && int8_by_default(weight))) &&
            block_chain(weight) && cpu::has_gemm(weight);
 }
 

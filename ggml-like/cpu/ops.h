@@ -50,6 +50,10 @@ struct MatmulPaths {
     // decode 2.2-3.9x slower this way than on the dot products, until the
     // weights are kept in the GEMM's layout (docs/performance.md).
     bool invariant = false;
+    // Every row the bits of a one-token batch (speculative verification,
+    // Backend::set_rows_exact): batches of fewer than kRowsExactMinTokens
+    // keep the one-token dot products.
+    bool rows_exact = false;
 };
 // y[t][r] = dot(W.row(r), x[t]) for t < n_tok, r < W.ne1.
 // x: n_tok rows of W.ne0 floats; y: n_tok rows of W.ne1 floats. Batches go
@@ -68,10 +72,14 @@ std::string batch_path_name(Type weight, int64_t n_in, int64_t n_tok, MatmulPath
 // openblas for the rest").
 std::string batch_paths_summary();
 // Batches of at least this many tokens take the integer GEMM (outside the
-// invariant mode). Below it, verification batches of speculative decoding
-// (up to 15 tokens) use the one-token kernels, so that they give plain
-// decoding's answers bit for bit.
-inline constexpr int64_t kInt8MinTokens = 16;
+// invariant mode): below it the dot products are faster (AMD EPYC, 1.1B Q4_0
+// shape, AVX-512: 2 tokens 50 against 102 tok/s, 4: 89 against 120, 8: 161
+// against 127; AVX2 alike). Under MatmulPaths::rows_exact the bound is
+// kRowsExactMinTokens: verification batches of speculative decoding (up to
+// 15 tokens) use the one-token kernels, so that they give plain decoding's
+// answers bit for bit.
+inline constexpr int64_t kInt8MinTokens = 8;
+inline constexpr int64_t kRowsExactMinTokens = 16;
 
 // Weight rows per work unit of matmul's parallel loop (one dot product per
 // row and token): enough to amortize the loop, small enough that both
