@@ -54,6 +54,13 @@ namespace neon_chain {
 KVRUN_CHAIN_GEMMS(KVRUN_DECLARE_CHAIN_GEMM)
 }
 
+// The panels' start in a GEMM's scratch (gemm_scratch_bytes, any
+// alignment): its first 64-byte boundary.
+inline uint8_t* panel_scratch(void* scratch) {
+    auto* s = static_cast<uint8_t*>(scratch);
+    return s + (64 - reinterpret_cast<uintptr_t>(s) % 64) % 64;
+}
+
 // Token tiles of a GEMM: tile.template operator()<NT>(t0) for NT = 4 while
 // four tokens remain, then once for the one to three left.
 template <typename Tile> void by_token_tiles(int64_t n_tok, Tile&& tile) {

@@ -64,8 +64,7 @@ void gemm_panels(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, con
                  float* y, size_t y_stride, void* scratch) {
     const int64_t n_super = n / (32 * G::kUnits);
     const auto* base = static_cast<const uint8_t*>(w);
-    auto* s = static_cast<uint8_t*>(scratch);
-    uint8_t* pan = s + (64 - reinterpret_cast<uintptr_t>(s) % 64) % 64;
+    uint8_t* pan = panel_scratch(scratch);
     for (int64_t r0 = 0; r0 < n_rows; r0 += kPanelRows) {
         const int64_t rows = std::min<int64_t>(kPanelRows, n_rows - r0);
         const __m256i mask[2] = {first_lanes(rows), first_lanes(rows - kHalfRows)};
