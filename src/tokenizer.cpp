@@ -70,9 +70,12 @@ Vocab Vocab::from_gguf(const GgufFile& f) {
         v.kind = Kind::spm;
     } else if (*model == "gpt2") {
         v.kind = Kind::bpe;
+    } else if (*model == "gemma4") {
+        v.kind = Kind::bpe_utf8;
     } else {
         fail(Exit::bad_model,
-             "{}: unsupported tokenizer model '{}' (supported: 'llama' SentencePiece, 'gpt2' BPE)",
+             "{}: unsupported tokenizer model '{}' (supported: 'llama' SentencePiece, 'gpt2' "
+             "byte-level BPE, 'gemma4' BPE)",
              f.path(), *model);
     }
 
@@ -105,7 +108,7 @@ Vocab Vocab::from_gguf(const GgufFile& f) {
         }
     }
 
-    if (v.kind == Kind::bpe) {
+    if (v.kind != Kind::spm) {
         const GgufValue& a = f.need_array("tokenizer.ggml.merges", GgufType::string);
         v.merges.reserve(a.strs.size());
         for (size_t k = 0; k < a.strs.size(); k++) {
@@ -137,6 +140,12 @@ Vocab Vocab::from_gguf(const GgufFile& f) {
     v.eot = read_token_id(f, "tokenizer.ggml.eot_token_id", n, -1);
     v.pad = read_token_id(f, "tokenizer.ggml.padding_token_id", n, -1);
     v.add_bos = f.get_bool("tokenizer.ggml.add_bos_token").value_or(spm || llama3_pre);
+    // Gemma 4 starts every prompt with <bos> whatever the file says: the
+    // reference engine overrides a false add_bos_token for it.
+    if (v.kind == Kind::bpe_utf8) {
+        v.pre = "gemma4";
+        v.add_bos = true;
+    }
     v.add_eos = f.get_bool("tokenizer.ggml.add_eos_token").value_or(false);
     v.add_space_prefix = f.get_bool("tokenizer.ggml.add_space_prefix").value_or(spm);
 
@@ -202,7 +211,7 @@ struct Tokenizer::Impl {
     std::vector<std::string> pieces; // (n) piece(id, special = false)
     std::vector<uint8_t> eog;        // (n) 1 = ends generation
 
-    // SPM
+    // SPM and UTF-8 BPE
     std::array<int32_t, 256> byte_token; // byte -> <0xNN> token (or -1)
 
     // BPE: symbols are token ids, plus ids >= n for merge results the
@@ -211,7 +220,16 @@ struct Tokenizer::Impl {
     bool ignore_merges = false; // whole pre-token in the vocab -> use it as is
     std::array<int32_t, 256> byte_sym;
     std::vector<std::string> extra;
-    std::unordered_map<uint64_t, Merge> merges; // (left << 32 | right) -> merge
+    std::unordered_map<std::string, int32_t> extra_ids; // text -> id >= n
+    std::unordered_map<uint64_t, Merge> merges;         // (left << 32 | right) -> merge
+
+    // A BPE symbol: its id (-1 merged away, -2 a character no token or merge
+    // knows) and its bytes in the word being encoded.
+    struct Sym {
+        int32_t id;
+        int prev, next;
+        uint32_t off, len;
+    };
 
     explicit Impl(Vocab vocab);
     int32_t lookup(std::string_view text) const {
@@ -231,6 +249,9 @@ struct Tokenizer::Impl {
     void encode_spm(std::string_view text, bool space_prefix, std::vector<int32_t>& out) const;
     void encode_bpe(std::string_view text, std::vector<int32_t>& out) const;
     void bpe_word(std::string_view word, std::vector<int32_t>& out) const;
+    void encode_bpe_utf8(std::string_view text, std::vector<int32_t>& out) const;
+    void bpe_utf8_word(std::string_view word, std::vector<int32_t>& out) const;
+    void bpe_merge(std::vector<Sym>& syms) const;
     std::string make_piece(int32_t id) const;
 };
 
@@ -262,16 +283,19 @@ Tokenizer::Impl::Impl(Vocab vocab) : v(std::move(vocab)) {
 
     byte_token.fill(-1);
     byte_sym.fill(-1);
-    if (v.kind == Vocab::Kind::spm) {
+    if (v.kind != Vocab::Kind::bpe) {
         for (int b = 0; b < 256; b++) {
             int32_t id = lookup(fmt::format("<0x{:02X}>", b));
-            if (id < 0 && b < 0x80) id = lookup(std::string(1, static_cast<char>(b)));
+            if (id < 0 && b < 0x80 && v.kind == Vocab::Kind::spm)
+                id = lookup(std::string(1, static_cast<char>(b)));
             byte_token[b] = id;
         }
-    } else {
-        pre = unicode::pre_split_from_name(v.pre).value_or(unicode::PreSplit::gpt2);
-        ignore_merges = pre == unicode::PreSplit::llama3;
-        std::unordered_map<std::string, int32_t> extra_ids;
+    }
+    if (v.kind != Vocab::Kind::spm) {
+        if (v.kind == Vocab::Kind::bpe) {
+            pre = unicode::pre_split_from_name(v.pre).value_or(unicode::PreSplit::gpt2);
+            ignore_merges = pre == unicode::PreSplit::llama3;
+        }
         auto intern = [&](std::string_view s) {
             if (int32_t id = lookup(s); id >= 0) return id;
             auto [it, added] = extra_ids.try_emplace(std::string(s), 0);
@@ -281,7 +305,7 @@ Tokenizer::Impl::Impl(Vocab vocab) : v(std::move(vocab)) {
             }
             return it->second;
         };
-        for (int b = 0; b < 256; b++) {
+        for (int b = 0; b < 256 && v.kind == Vocab::Kind::bpe; b++) {
             std::string s;
             unicode::append_utf8(s, unicode::byte_to_cp(static_cast<uint8_t>(b)));
             byte_sym[b] = intern(s);
@@ -314,7 +338,7 @@ std::string Tokenizer::Impl::make_piece(int32_t id) const {
     case TokenAttr::user_defined:
         return t;
     case TokenAttr::byte:
-        if (v.kind == Vocab::Kind::spm) {
+        if (v.kind != Vocab::Kind::bpe) {
             int b = parse_byte_token(t);
             return b < 0 ? std::string() : std::string(1, static_cast<char>(b));
         }
@@ -489,49 +513,14 @@ void Tokenizer::Impl::bpe_word(std::string_view word, std::vector<int32_t>& out)
             return;
         }
     }
-    struct Sym {
-        int32_t id; // symbol id; -1 = merged away
-        int prev, next;
-    };
     std::vector<Sym> syms(word.size()); // (bytes of word)
     for (size_t i = 0; i < word.size(); i++) {
         int idx = static_cast<int>(i);
         syms[i] = {byte_sym[static_cast<uint8_t>(word[i])], idx - 1,
-                   i + 1 < word.size() ? idx + 1 : -1};
+                   i + 1 < word.size() ? idx + 1 : -1, static_cast<uint32_t>(i), 1};
     }
     if (syms.empty()) return;
-
-    struct Cand {
-        int32_t rank;
-        int left, right;
-        int32_t lid, rid; // the symbol ids the merge was found for
-    };
-    auto worse = [](const Cand& a, const Cand& b) {
-        return a.rank > b.rank || (a.rank == b.rank && a.left > b.left);
-    };
-    std::priority_queue<Cand, std::vector<Cand>, decltype(worse)> queue(worse);
-    auto try_pair = [&](int l, int r) {
-        if (l < 0 || r < 0) return;
-        uint64_t key = static_cast<uint64_t>(syms[l].id) << 32 | static_cast<uint32_t>(syms[r].id);
-        auto it = merges.find(key);
-        if (it != merges.end()) queue.push({it->second.rank, l, r, syms[l].id, syms[r].id});
-    };
-    for (int i = 1; i < static_cast<int>(syms.size()); i++) try_pair(i - 1, i);
-
-    while (!queue.empty()) {
-        Cand c = queue.top();
-        queue.pop();
-        Sym& l = syms[c.left];
-        Sym& r = syms[c.right];
-        // Stale when either side has since merged with something else.
-        if (l.id != c.lid || r.id != c.rid || l.next != c.right) continue;
-        l.id = merges.at(static_cast<uint64_t>(c.lid) << 32 | static_cast<uint32_t>(c.rid)).result;
-        r.id = -1;
-        l.next = r.next;
-        if (r.next >= 0) syms[r.next].prev = c.left;
-        try_pair(l.prev, c.left);
-        try_pair(c.left, l.next);
-    }
+    bpe_merge(syms);
 
     for (int i = 0; i >= 0; i = syms[i].next) {
         int32_t id = syms[i].id;
@@ -549,6 +538,107 @@ void Tokenizer::Impl::bpe_word(std::string_view word, std::vector<int32_t>& out)
             if (cid < 0) cid = v.unk;
             if (cid >= 0) out.push_back(cid);
         }
+    }
+}
+
+// Applies the lowest-ranked merge of adjacent symbols (ties: the leftmost)
+// until none applies.
+void Tokenizer::Impl::bpe_merge(std::vector<Sym>& syms) const {
+    struct Cand {
+        int32_t rank;
+        int left, right;
+        int32_t lid, rid; // the symbol ids the merge was found for
+    };
+    auto worse = [](const Cand& a, const Cand& b) {
+        return a.rank > b.rank || (a.rank == b.rank && a.left > b.left);
+    };
+    std::priority_queue<Cand, std::vector<Cand>, decltype(worse)> queue(worse);
+    auto try_pair = [&](int l, int r) {
+        if (l < 0 || r < 0 || syms[l].id < 0 || syms[r].id < 0) return;
+        uint64_t key = static_cast<uint64_t>(syms[l].id) << 32 | static_cast<uint32_t>(syms[r].id);
+        auto it = merges.find(key);
+        if (it != merges.end()) queue.push({it->second.rank, l, r, syms[l].id, syms[r].id});
+    };
+    for (int i = 1; i < static_cast<int>(syms.size()); i++) try_pair(i - 1, i);
+
+    while (!queue.empty()) {
+        Cand c = queue.top();
+        queue.pop();
+        Sym& l = syms[c.left];
+        Sym& r = syms[c.right];
+        // Stale when either side has since merged with something else.
+        if (l.id != c.lid || r.id != c.rid || l.next != c.right) continue;
+        l.id = merges.at(static_cast<uint64_t>(c.lid) << 32 | static_cast<uint32_t>(c.rid)).result;
+        l.len += r.len;
+        r.id = -1;
+        l.next = r.next;
+        if (r.next >= 0) syms[r.next].prev = c.left;
+        try_pair(l.prev, c.left);
+        try_pair(c.left, l.next);
+    }
+}
+
+// ---- BPE over UTF-8 characters (Gemma 4) -------------------------------------------
+// Spaces become U+2581 as in SentencePiece, the text is cut into runs of line
+// breaks and runs of everything else, and each run is merged from its
+// characters by rank. A run of line breaks that is a token is that token; a
+// symbol the vocabulary lacks is spelled in <0xNN> byte tokens.
+
+void Tokenizer::Impl::encode_bpe_utf8(std::string_view text, std::vector<int32_t>& out) const {
+    std::string s;
+    s.reserve(text.size() + 16);
+    for (char c : text) {
+        if (c == ' ') {
+            s += k_space_marker;
+        } else {
+            s += c;
+        }
+    }
+    std::string_view sv(s);
+    for (size_t b = 0; b < sv.size();) {
+        const bool newlines = sv[b] == '\n';
+        size_t e = b;
+        while (e < sv.size() && (sv[e] == '\n') == newlines) e++;
+        std::string_view word = sv.substr(b, e - b);
+        b = e;
+        if (newlines) {
+            if (int32_t id = lookup(word); id >= 0) {
+                out.push_back(id);
+                continue;
+            }
+        }
+        bpe_utf8_word(word, out);
+    }
+}
+
+void Tokenizer::Impl::bpe_utf8_word(std::string_view word, std::vector<int32_t>& out) const {
+    std::vector<Sym> syms; // (characters of word)
+    syms.reserve(word.size());
+    for (size_t off = 0; off < word.size();) {
+        int valid = unicode::valid_seq_len(word, off);
+        size_t len = valid > 0 ? static_cast<size_t>(valid) : 1;
+        std::string_view ch = word.substr(off, len);
+        int32_t id = lookup(ch);
+        if (id < 0) {
+            auto it = extra_ids.find(std::string(ch));
+            id = it == extra_ids.end() ? -2 : it->second;
+        }
+        int idx = static_cast<int>(syms.size());
+        syms.push_back({id, idx - 1, off + len < word.size() ? idx + 1 : -1,
+                        static_cast<uint32_t>(off), static_cast<uint32_t>(len)});
+        off += len;
+    }
+    if (syms.empty()) return;
+    bpe_merge(syms);
+
+    for (int i = 0; i >= 0; i = syms[i].next) {
+        const Sym& y = syms[i];
+        if (y.id >= 0 && y.id < n) {
+            out.push_back(y.id);
+            continue;
+        }
+        for (char c : word.substr(y.off, y.len))
+            if (int32_t b = byte_token[static_cast<uint8_t>(c)]; b >= 0) out.push_back(b);
     }
 }
 
@@ -600,8 +690,10 @@ std::vector<int32_t> Tokenizer::Impl::encode(std::string_view text, bool add_bos
         } else if (m.v.kind == Vocab::Kind::spm) {
             m.encode_spm(f.text, m.v.add_space_prefix && after_special, out);
             after_special = false;
-        } else {
+        } else if (m.v.kind == Vocab::Kind::bpe) {
             m.encode_bpe(f.text, out);
+        } else {
+            m.encode_bpe_utf8(f.text, out);
         }
     }
     if (add_bos && m.v.add_eos && m.v.eos >= 0) out.push_back(m.v.eos);

@@ -2,7 +2,10 @@
 //  - SentencePiece-style (`tokenizer.ggml.model` = "llama"): score-driven merges,
 //    byte fallback <0xNN>, U+2581 for spaces, optional leading space;
 //  - byte-level BPE (`tokenizer.ggml.model` = "gpt2"): ranked merges from
-//    `tokenizer.ggml.merges`, pre-tokenizer split chosen by `tokenizer.ggml.pre`.
+//    `tokenizer.ggml.merges`, pre-tokenizer split chosen by `tokenizer.ggml.pre`;
+//  - BPE over UTF-8 characters (`tokenizer.ggml.model` = "gemma4"): ranked
+//    merges, SentencePiece's U+2581 for spaces and <0xNN> byte fallback, the
+//    text split only at line breaks.
 // Special/control tokens written in the text (e.g. "<s>", "<|im_start|>") are
 // matched as whole tokens when parse_special is set.
 #pragma once
@@ -24,9 +27,9 @@ enum class TokenAttr : int32_t { // tokenizer.ggml.token_type values
 };
 
 struct Vocab {
-    enum class Kind { spm, bpe };
+    enum class Kind { spm, bpe, bpe_utf8 };
     Kind kind = Kind::spm;
-    std::string pre = "default";     // BPE pre-tokenizer name
+    std::string pre = "default";     // byte-level BPE pre-tokenizer name
     std::vector<std::string> tokens; // as stored in the GGUF
     std::vector<float> scores;       // SPM merge scores (empty => all 0)
     std::vector<TokenAttr> attrs;    // per token

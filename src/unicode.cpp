@@ -114,6 +114,12 @@ bool is_whitespace(uint32_t cp) {
     return c == UTF8PROC_CATEGORY_ZS || c == UTF8PROC_CATEGORY_ZL || c == UTF8PROC_CATEGORY_ZP;
 }
 
+bool is_mark(uint32_t cp) {
+    if (cp < 0x80) return false;
+    auto c = category(cp);
+    return c == UTF8PROC_CATEGORY_MN || c == UTF8PROC_CATEGORY_MC || c == UTF8PROC_CATEGORY_ME;
+}
+
 bool is_cased_letter(uint32_t cp) {
     auto c = category(cp);
     return c == UTF8PROC_CATEGORY_LU || c == UTF8PROC_CATEGORY_LL || c == UTF8PROC_CATEGORY_LT;
@@ -246,17 +252,21 @@ size_t match_gpt2(const Text& t, size_t pos) {
     return space_run(t, pos);
 }
 
-// (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,D}|
+// (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?W+|\p{N}{1,D}|
 //  ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
-template <size_t MaxDigits> size_t match_llama3(const Text& t, size_t pos) {
+// where W is \p{L} (Llama 3, Qwen2), or [\p{L}\p{M}] with Marks (Qwen 3.5:
+// combining marks stay on their word, and are not punctuation either).
+template <size_t MaxDigits, bool Marks = false> size_t match_llama3(const Text& t, size_t pos) {
     if (size_t n = contraction(t, pos, true)) return n;
+    auto word = [](uint32_t cp) { return is_letter(cp) || (Marks && is_mark(cp)); };
     auto lead = [](uint32_t cp) { return !is_crlf(cp) && !is_letter(cp) && !is_number(cp); };
-    if (size_t n = opt_then_run(t, pos, lead, is_letter)) return n;
+    auto other = [](uint32_t cp) { return is_other(cp) && !(Marks && is_mark(cp)); };
+    if (size_t n = opt_then_run(t, pos, lead, word)) return n;
     if (is_number(t.c[pos])) {
         size_t n = run(t, pos, is_number);
         return n < MaxDigits ? n : MaxDigits;
     }
-    if (size_t n = opt_then_run(t, pos, is_space_char, is_other))
+    if (size_t n = opt_then_run(t, pos, is_space_char, other))
         return n + run(t, pos + n, is_crlf);
     size_t k = run(t, pos, is_whitespace);
     // \s*[\r\n]+ : up to and including the run's last line break
@@ -377,6 +387,8 @@ std::vector<Matcher> matchers(PreSplit kind) {
         return {match_llama3<3>};
     case PreSplit::qwen2:
         return {match_llama3<1>};
+    case PreSplit::qwen35:
+        return {match_llama3<1, true>};
     case PreSplit::smollm:
         return {match_one_number, match_gpt2};
     case PreSplit::deepseek_llm:
@@ -393,12 +405,16 @@ std::vector<Matcher> matchers(PreSplit kind) {
 std::optional<PreSplit> pre_split_from_name(std::string_view name) {
     // Only names whose reference behaviour is one of these splitters: an
     // unknown one is an error rather than a silently different tokenization.
-    if (name == "default" || name == "gpt-2" || name == "phi-2" || name == "roberta-bpe")
+    if (name == "default" || name == "gpt-2" || name == "phi-2" || name == "roberta-bpe" ||
+        name == "mpt")
         return PreSplit::gpt2;
     if (name == "llama3" || name == "llama-v3" || name == "llama-bpe" || name == "falcon3")
         return PreSplit::llama3;
     if (name == "qwen2" || name == "deepseek-r1-qwen") return PreSplit::qwen2;
-    if (name == "smollm") return PreSplit::smollm;
+    if (name == "qwen35") return PreSplit::qwen35;
+    // Single digits, then GPT-2's split: StarCoder, Refact and Command R too.
+    if (name == "smollm" || name == "starcoder" || name == "refact" || name == "command-r")
+        return PreSplit::smollm;
     if (name == "deepseek-llm") return PreSplit::deepseek_llm;
     if (name == "gpt-4o" || name == "llama4") return PreSplit::gpt4o;
     return std::nullopt;

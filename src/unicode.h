@@ -35,6 +35,7 @@ void append_utf8(std::string& out, uint32_t cp);
 bool is_letter(uint32_t cp);       // \p{L}
 bool is_number(uint32_t cp);       // \p{N}
 bool is_whitespace(uint32_t cp);   // \s: the Unicode White_Space property
+bool is_mark(uint32_t cp);         // \p{M}: Mn, Mc, Me
 bool is_cased_letter(uint32_t cp); // Lu, Ll, Lt
 
 // GPT-2 byte-level encoding: every byte maps to one printable code point.
@@ -46,7 +47,7 @@ void byte_encode(std::string_view bytes, std::string& out);
 // Inverse of byte_encode; code points outside the table are kept as UTF-8.
 std::string byte_decode(std::string_view text);
 
-enum class PreSplit { gpt2, llama3, qwen2, smollm, deepseek_llm, gpt4o };
+enum class PreSplit { gpt2, llama3, qwen2, qwen35, smollm, deepseek_llm, gpt4o };
 // The splitter for a `tokenizer.ggml.pre` value, nullopt when unknown.
 std::optional<PreSplit> pre_split_from_name(std::string_view name);
 // Splits text into the pieces BPE merges within; the pieces are consecutive
