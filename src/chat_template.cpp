@@ -70,13 +70,14 @@ constexpr Name kNames[] = {
     {"plain", ChatFamily::plain},     {"llama2", ChatFamily::llama2},
     {"llama3", ChatFamily::llama3},   {"chatml", ChatFamily::chatml},
     {"mistral", ChatFamily::mistral}, {"phi3", ChatFamily::phi3},
-    {"gemma", ChatFamily::gemma},     {"zephyr", ChatFamily::zephyr},
+    {"gemma", ChatFamily::gemma},     {"gemma4", ChatFamily::gemma4},
+    {"zephyr", ChatFamily::zephyr},
 };
 
 } // namespace
 
 const char* ChatTemplate::names() {
-    return "plain, llama2, llama3, chatml, mistral, phi3, gemma, zephyr";
+    return "plain, llama2, llama3, chatml, mistral, phi3, gemma, gemma4, zephyr";
 }
 
 const char* ChatTemplate::name() const {
@@ -95,7 +96,7 @@ ChatTemplate ChatTemplate::named(std::string_view name, std::string bos, std::st
     t.eos_ = std::move(eos);
     // These templates all begin with {{ bos_token }} in their usual form.
     t.bos_at_start_ = t.family_ == ChatFamily::llama3 || t.family_ == ChatFamily::gemma ||
-                      t.family_ == ChatFamily::mistral;
+                      t.family_ == ChatFamily::gemma4 || t.family_ == ChatFamily::mistral;
     return t;
 }
 
@@ -109,6 +110,8 @@ ChatTemplate ChatTemplate::detect(std::string_view j, std::string bos, std::stri
         n = "chatml";
     else if (has(j, "<|start_header_id|>"))
         n = "llama3";
+    else if (has(j, "<|turn>"))
+        n = "gemma4";
     else if (has(j, "<start_of_turn>"))
         n = "gemma";
     else if (has(j, "<|assistant|>") && has(j, "<|end|>"))
@@ -146,7 +149,9 @@ ChatTemplate ChatTemplate::for_model(const GgufFile& f, const Tokenizer& tok,
             return std::find(v.tokens.begin(), v.tokens.end(), s) != v.tokens.end();
         };
         const char* n = nullptr;
-        if (has_token("<start_of_turn>") && has_token("<end_of_turn>"))
+        if (has_token("<|turn>") && has_token("<turn|>"))
+            n = "gemma4";
+        else if (has_token("<start_of_turn>") && has_token("<end_of_turn>"))
             n = "gemma";
         else if (has_token("<|im_start|>") && has_token("<|im_end|>"))
             n = "chatml";
@@ -188,6 +193,10 @@ ChatText ChatTemplate::prefix_text(const std::string& sys) const {
     case ChatFamily::mistral:
     case ChatFamily::gemma:
         return bos;
+    // Gemma 4 has a system turn (trimmed, as its template does).
+    case ChatFamily::gemma4:
+        return sys.empty() ? ChatText(bos)
+                           : bos + "<|turn>system\n" + ChatText::message(trim(sys)) + "<turn|>\n";
     }
     return {};
 }
@@ -215,6 +224,8 @@ ChatText ChatTemplate::user_text(const std::string& u, bool first, const std::st
     case ChatFamily::gemma:
         return "<start_of_turn>user\n" + M::message(trim(fold ? sys + "\n\n" + u : u)) +
                "<end_of_turn>\n";
+    case ChatFamily::gemma4:
+        return "<|turn>user\n" + M::message(trim(u)) + "<turn|>\n";
     case ChatFamily::zephyr:
         return "<|user|>\n" + M::message(u) + eos_ + "\n";
     }
@@ -237,6 +248,10 @@ std::string ChatTemplate::generation_prompt() const {
         return "<|assistant|>\n";
     case ChatFamily::gemma:
         return "<start_of_turn>model\n";
+    // With thinking off (its template's default) the model's turn opens
+    // with an empty thought channel.
+    case ChatFamily::gemma4:
+        return "<|turn>model\n<|channel>thought\n<channel|>";
     }
     return {};
 }
@@ -248,6 +263,7 @@ ChatText ChatTemplate::reply_text(const std::string& a) const {
         return " " + ChatText::message(trim(a));
     case ChatFamily::llama3:
     case ChatFamily::gemma:
+    case ChatFamily::gemma4:
         return ChatText::message(trim(a));
     default:
         return ChatText::message(a);
@@ -270,6 +286,8 @@ std::string ChatTemplate::close() const {
         return "<|end|>\n";
     case ChatFamily::gemma:
         return "<end_of_turn>\n";
+    case ChatFamily::gemma4:
+        return "<turn|>\n";
     case ChatFamily::zephyr:
         return eos_ + "\n";
     }
@@ -288,6 +306,8 @@ std::vector<std::string> ChatTemplate::end_markers() const {
         return {"<|end|>"};
     case ChatFamily::gemma:
         return {"<end_of_turn>"};
+    case ChatFamily::gemma4:
+        return {"<turn|>"};
     default:
         return {eos_}; // llama2, mistral, zephyr end with EOS
     }

@@ -53,7 +53,7 @@ struct ChatText {
     friend ChatText operator+(ChatText a, const ChatText& b) { return a += b; }
 };
 
-enum class ChatFamily { plain, llama2, llama3, chatml, mistral, phi3, gemma, zephyr };
+enum class ChatFamily { plain, llama2, llama3, chatml, mistral, phi3, gemma, gemma4, zephyr };
 
 struct ChatMessage {
     std::string role; // system, user, assistant

@@ -26,8 +26,13 @@ int parse_ctx(const std::string& s, long min, const char* what) {
 }
 
 // The rotation block --k-rotate asks for on this model's heads.
+// The smallest head size of any layer (Gemma 4's window layers have their own).
+int min_head_dim(const Hparams& hp) {
+    return hp.head_dim_swa ? std::min(hp.head_dim, hp.head_dim_swa) : hp.head_dim;
+}
+
 int rotation_for(const Hparams& hp) {
-    const int b = gl::hadamard_block(hp.head_dim);
+    const int b = gl::hadamard_block(min_head_dim(hp));
     if (b < 2)
         fail(Exit::usage, "--k-rotate: the head size ({}) has no power-of-two block to rotate",
              hp.head_dim);
@@ -40,7 +45,8 @@ std::vector<CacheTypes> cache_type_ladder(const Hparams& hp, const ContextReques
     const int rot = req.k_rotate ? rotation_for(hp) : 0;
     if (!req.auto_k && !req.auto_v) return {{req.type_k, req.type_v, rot}};
     using T = gl::Type;
-    const int rot4 = gl::hadamard_block(hp.head_dim) > 1 ? gl::hadamard_block(hp.head_dim) : 0;
+    const int hb = gl::hadamard_block(min_head_dim(hp));
+    const int rot4 = hb > 1 ? hb : 0;
     const CacheTypes steps[] = {{T::F16, T::F16, 0},
                                 {T::Q8_0, T::Q8_0, 0},
                                 {T::Q8_0, T::Q4_0, 0},
@@ -49,7 +55,10 @@ std::vector<CacheTypes> cache_type_ladder(const Hparams& hp, const ContextReques
     for (const CacheTypes& s : steps) {
         const CacheTypes c{req.auto_k ? s.k : req.type_k, req.auto_v ? s.v : req.type_v,
                            req.auto_k ? s.k_rotate : rot};
-        if (!gl::row_size_ok(c.k, hp.kv_dim()) || !gl::row_size_ok(c.v, hp.kv_dim())) continue;
+        const int kvd_min = hp.n_head_kv * min_head_dim(hp);
+        if (!gl::row_size_ok(c.k, kvd_min) || !gl::row_size_ok(c.v, kvd_min) ||
+            !gl::row_size_ok(c.k, hp.kv_dim()) || !gl::row_size_ok(c.v, hp.kv_dim()))
+            continue;
         if (std::none_of(out.begin(), out.end(), [&](const CacheTypes& o) {
                 return o.k == c.k && o.v == c.v && o.k_rotate == c.k_rotate;
             }))

@@ -44,7 +44,13 @@ Forward::Forward(const Model& m, KvCache& kv, Placement placement, int max_batch
     KV_ASSERT(max_batch >= 1);
     KV_ASSERT(place_.layers.size() == static_cast<size_t>(hp.n_layer) && place_.head);
     for (gl::Backend* b : place_.layers) KV_ASSERT(b);
-    KV_ASSERT(kv.config().n_layer == hp.n_layer && kv.kv_dim() == hp.kv_dim());
+    KV_ASSERT(kv.config().n_layer == hp.n_layer);
+    int max_q = 0, max_kv = 0;
+    for (int l = 0; l < hp.n_layer; l++) {
+        KV_ASSERT(kv.kv_dim(l) == hp.layer_kv_dim(l) && kv.config().source(l) == hp.kv_source(l));
+        max_q = std::max(max_q, hp.layer_q_dim(l));
+        max_kv = std::max(max_kv, hp.layer_kv_dim(l));
+    }
     // The cache layout every backend here reads (head-major is the faster one).
     const std::vector<gl::Backend*> backends = place_.distinct();
     kv.set_head_major(std::all_of(backends.begin(), backends.end(),
@@ -52,20 +58,39 @@ Forward::Forward(const Model& m, KvCache& kv, Placement placement, int max_batch
     const size_t B = max_batch;
     x_.resize(B * hp.n_embd);
     xb_.resize(B * hp.n_embd);
-    q_.resize(B * hp.q_dim());
-    q_unrot_.resize(B * hp.q_dim());
-    k_.resize(B * hp.kv_dim());
-    v_.resize(B * hp.kv_dim());
-    kc_.resize(B * kv.row_bytes_k());
-    vc_.resize(B * kv.row_bytes_v());
-    att_.resize(B * hp.q_dim());
+    q_.resize(B * max_q);
+    q_unrot_.resize(B * max_q);
+    k_.resize(B * max_kv);
+    v_.resize(B * max_kv);
+    kc_.resize(B * kv.max_row_bytes_k());
+    vc_.resize(B * kv.max_row_bytes_v());
+    att_.resize(B * max_q);
     hb_.resize(B * hp.n_ff);
     hb2_.resize(B * std::max(hp.n_ff, hp.n_embd)); // also the block output norms' rows
     cos_.resize(B * hp.rope_dims / 2);
     sin_.resize(B * hp.rope_dims / 2);
     if (!m.rope_inv_freq_swa.empty()) {
-        cos_swa_.resize(B * hp.rope_dims / 2);
-        sin_swa_.resize(B * hp.rope_dims / 2);
+        cos_swa_.resize(B * m.rope(1, true).dims / 2);
+        sin_swa_.resize(B * m.rope(1, true).dims / 2);
+    }
+    if (const int P = hp.n_embd_per_layer; P > 0) {
+        pli_.resize(static_cast<size_t>(hp.n_layer) * B * P);
+        pl_proj_.resize(B * hp.n_layer * P);
+        pl_normed_.resize(B * hp.n_layer * P);
+        pl_gate_.resize(B * P);
+    }
+    if (m.v_norm) ones_.assign(hp.max_head_dim(), 1.0f);
+    for (int l = 0; l < hp.n_layer; l++) {
+        if (hp.owns_kv(l)) continue;
+        SharedKv* s = shared_of(hp.kv_source(l));
+        if (!s) {
+            shared_kv_.push_back({});
+            s = &shared_kv_.back();
+            s->source = hp.kv_source(l);
+            s->k_new.resize(B * kv.row_bytes_k(s->source));
+            s->v_new.resize(B * kv.row_bytes_v(s->source));
+        }
+        s->last_reader = l;
     }
     pos_.resize(B);
     logits_.resize(static_cast<size_t>(hp.n_vocab)); // grown once if all rows are asked for
@@ -83,9 +108,11 @@ Forward::Forward(const Model& m, KvCache& kv, Placement placement, int max_batch
             for (const gl::Tensor* w : L.matrices()) need(*w);
             attends = true;
         }
+        if (m.per_layer_model_proj && (place_.layers.empty() ? place_.head : place_.layers[0]) == be)
+            need(m.per_layer_model_proj);
         if (place_.head == be) need(m.output);
         be->reserve(mm, attends ? gl::attention_scratch_floats(be->n_threads(), kv.n_ctx(),
-                                                               max_batch, hp.kv_dim(), hp.head_dim)
+                                                               max_batch, max_kv, hp.max_head_dim())
                                 : 0);
     }
     backends_ = place_.distinct();
@@ -205,6 +232,7 @@ void Forward::step(const int32_t* tokens, int n, int first, int64_t pos0, Pass p
     const Hparams& hp = m_.hp;
     const int half = hp.rope_dims / 2;
     const Rope rope = m_.rope(kv_.n_ctx());
+    const int half_swa = cos_swa_.empty() ? 0 : m_.rope(kv_.n_ctx(), true).dims / 2;
     {
         OpTimer t(profile_, Op::other);
         for (int i = 0; i < n; i++) {
@@ -217,9 +245,10 @@ void Forward::step(const int32_t* tokens, int n, int first, int64_t pos0, Pass p
             gl::ops::rope_angles(static_cast<double>(pos0 + i), half, rope.inv_freq,
                                  cos_.data() + at, sin_.data() + at);
             if (!cos_swa_.empty())
-                gl::ops::rope_angles(static_cast<double>(pos0 + i), half,
-                                     m_.rope_inv_freq_swa.data(), cos_swa_.data() + at,
-                                     sin_swa_.data() + at);
+                gl::ops::rope_angles(static_cast<double>(pos0 + i), half_swa,
+                                     m_.rope_inv_freq_swa.data(),
+                                     cos_swa_.data() + static_cast<size_t>(i) * half_swa,
+                                     sin_swa_.data() + static_cast<size_t>(i) * half_swa);
         }
         if (rope.attn_factor != 1.0) // LongRoPE: the rotated dims of Q and K scaled
             for (size_t j = 0; j < static_cast<size_t>(n) * half; j++) {
@@ -230,13 +259,14 @@ void Forward::step(const int32_t* tokens, int n, int first, int64_t pos0, Pass p
         wrote(cos_.data(), sizeof(float) * static_cast<size_t>(n) * half);
         wrote(sin_.data(), sizeof(float) * static_cast<size_t>(n) * half);
         if (!cos_swa_.empty()) {
-            wrote(cos_swa_.data(), sizeof(float) * static_cast<size_t>(n) * half);
-            wrote(sin_swa_.data(), sizeof(float) * static_cast<size_t>(n) * half);
+            wrote(cos_swa_.data(), sizeof(float) * static_cast<size_t>(n) * half_swa);
+            wrote(sin_swa_.data(), sizeof(float) * static_cast<size_t>(n) * half_swa);
         }
         wrote(pos_.data(), sizeof(int64_t) * static_cast<size_t>(n));
     }
 
     gl::Backend* cur = place_.layers.empty() ? place_.head : place_.layers[0];
+    if (hp.n_embd_per_layer > 0) per_layer_inputs(*cur, tokens, n);
     for (int l = 0; l < hp.n_layer; l++) {
         if (place_.layers[l] != cur) {
             cross(cur, place_.layers[l], n);
@@ -252,11 +282,77 @@ void Forward::step(const int32_t* tokens, int n, int first, int64_t pos0, Pass p
     rmsnorm(be, x_.data() + static_cast<size_t>(first) * hp.n_embd, m_.output_norm, rows, xn);
     matmul(be, Op::output, m_.output, xn, rows, logits_.data());
     be.host_read(logits_.data(), sizeof(float) * static_cast<size_t>(rows) * hp.n_vocab);
+    if (const float cap = hp.final_softcap; cap > 0) { // Gemma 4: cap * tanh(logit / cap)
+        OpTimer t(profile_, Op::other);
+        for (size_t j = 0; j < static_cast<size_t>(rows) * hp.n_vocab; j++)
+            logits_[j] = cap * std::tanh(logits_[j] / cap);
+    }
+}
+
+Forward::SharedKv* Forward::shared_of(int source) {
+    for (SharedKv& s : shared_kv_)
+        if (s.source == source) return &s;
+    return nullptr;
+}
+
+// PLI[l][t] = (rmsnorm(proj(x_t) / sqrt(n_embd), per layer) + embd_l(t) * sqrt(P)) / sqrt(2),
+// for each layer l's slice of P of a token's per-layer row (x_t: the scaled
+// token embedding).
+void Forward::per_layer_inputs(gl::Backend& be, const int32_t* tokens, int n) {
+    const Hparams& hp = m_.hp;
+    const int P = hp.n_embd_per_layer, W = hp.n_layer * P;
+    matmul(be, Op::other, m_.per_layer_model_proj, x_.data(), n, pl_proj_.data());
+    be.host_read(pl_proj_.data(), sizeof(float) * static_cast<size_t>(n) * W);
+    OpTimer t(profile_, Op::other);
+    const float proj_scale = 1.0f / std::sqrt(static_cast<float>(hp.n_embd));
+    for (size_t j = 0; j < static_cast<size_t>(n) * W; j++) pl_proj_[j] *= proj_scale;
+    be.host_wrote(pl_proj_.data(), sizeof(float) * static_cast<size_t>(n) * W);
+    be.rmsnorm(pl_proj_.data(), m_.per_layer_proj_norm.data(), P,
+               static_cast<int64_t>(n) * hp.n_layer, hp.rms_eps, pl_normed_.data());
+    be.host_read(pl_normed_.data(), sizeof(float) * static_cast<size_t>(n) * W);
+    const float embd_scale = std::sqrt(static_cast<float>(P));
+    const float half_scale = 1.0f / std::sqrt(2.0f);
+    float* row = pl_proj_.data(); // free again: one token's embedding row
+    for (int i = 0; i < n; i++) {
+        gl::cpu::dequantize_row(m_.per_layer_token_embd.type, m_.per_layer_token_embd.row(tokens[i]),
+                                row, W);
+        for (int l = 0; l < hp.n_layer; l++) {
+            float* out = pli_.data() + (static_cast<size_t>(l) * max_batch_ + i) * P;
+            const float* normed = pl_normed_.data() + static_cast<size_t>(i) * W + l * P;
+            for (int j = 0; j < P; j++)
+                out[j] = (normed[j] + row[l * P + j] * embd_scale) * half_scale;
+        }
+    }
+    wrote(pli_.data(), sizeof(float) * pli_.size());
+}
+
+void Forward::per_layer_input_block(int l, int n) {
+    const Hparams& hp = m_.hp;
+    const LayerWeights& L = m_.layers[l];
+    gl::Backend& be = *place_.layers[l];
+    const int P = hp.n_embd_per_layer;
+    matmul(be, Op::other, L.w_inp_gate, x_.data(), n, pl_gate_.data());
+    {
+        OpTimer t(profile_, Op::other);
+        be.gelu_mul(pl_gate_.data(), pli_.data() + static_cast<size_t>(l) * max_batch_ * P,
+                    static_cast<int64_t>(n) * P);
+    }
+    matmul(be, Op::other, L.w_inp_proj, pl_gate_.data(), n, xb_.data());
+    add_residual(be, n, L.inp_post_norm);
 }
 
 void Forward::layer(int l, int n, int64_t pos0, Pass pass) {
     attention_block(l, n, pos0, pass);
     ffn_block(l, n);
+    if (m_.hp.n_embd_per_layer > 0) per_layer_input_block(l, n);
+    if (const float s = m_.layers[l].output_scale; s != 1.0f) {
+        gl::Backend& be = *place_.layers[l];
+        const size_t count = static_cast<size_t>(n) * m_.hp.n_embd;
+        be.host_read(x_.data(), sizeof(float) * count);
+        OpTimer t(profile_, Op::other);
+        for (size_t j = 0; j < count; j++) x_[j] *= s;
+        be.host_wrote(x_.data(), sizeof(float) * count);
+    }
 }
 
 // x += Wo · attention(RoPE(Wq · norm(x)), the ring with RoPE(Wk · norm(x)), Wv · norm(x))
@@ -264,12 +360,20 @@ void Forward::attention_block(int l, int n, int64_t pos0, Pass pass) {
     const Hparams& hp = m_.hp;
     const LayerWeights& L = m_.layers[l];
     gl::Backend& be = *place_.layers[l];
-    const int qd = hp.q_dim(), kvd = hp.kv_dim();
+    const int hd = hp.layer_head_dim(l), qd = hp.layer_q_dim(l), kvd = hp.layer_kv_dim(l);
+    const int rope_dims = hp.layer_rope_dims(l);
+    // A layer sharing another's slots (Gemma 4) computes only its queries.
+    const bool own_kv = hp.owns_kv(l);
 
     rmsnorm(be, x_.data(), L.attn_norm, n, xb_.data());
     matmul(be, Op::attn_q, L.wq, xb_.data(), n, q_.data());
-    matmul(be, Op::attn_k, L.wk, xb_.data(), n, k_.data());
-    matmul(be, Op::attn_v, L.wv, xb_.data(), n, v_.data());
+    if (own_kv) {
+        matmul(be, Op::attn_k, L.wk, xb_.data(), n, k_.data());
+        if (L.v_is_k) // Gemma 4 without attn_v: the keys before their norm
+            be.convert_rows(gl::Type::F32, k_.data(), kvd, n, v_.data());
+        else
+            matmul(be, Op::attn_v, L.wv, xb_.data(), n, v_.data());
+    }
     std::optional<OpTimer> other(std::in_place, profile_, Op::other);
     if (!L.bq.empty())
         for (int i = 0; i < n; i++) {
@@ -282,17 +386,24 @@ void Forward::attention_block(int l, int n, int64_t pos0, Pass pass) {
     // of place through att_ (free until attention writes it) and copied back,
     // so no backend needs an in-place norm.
     if (!L.q_norm.empty()) {
-        be.rmsnorm(q_.data(), L.q_norm.data(), hp.head_dim, static_cast<int64_t>(n) * hp.n_head,
+        be.rmsnorm(q_.data(), L.q_norm.data(), hd, static_cast<int64_t>(n) * hp.n_head,
                    hp.rms_eps, att_.data());
         be.convert_rows(gl::Type::F32, att_.data(), qd, n, q_.data());
-        be.rmsnorm(k_.data(), L.k_norm.data(), hp.head_dim, static_cast<int64_t>(n) * hp.n_head_kv,
+    }
+    if (!L.k_norm.empty()) {
+        be.rmsnorm(k_.data(), L.k_norm.data(), hd, static_cast<int64_t>(n) * hp.n_head_kv,
                    hp.rms_eps, att_.data());
         be.convert_rows(gl::Type::F32, att_.data(), kvd, n, k_.data());
+    }
+    if (own_kv && m_.v_norm) { // Gemma 4: each head of V normed, no weight
+        be.rmsnorm(v_.data(), ones_.data(), hd, static_cast<int64_t>(n) * hp.n_head_kv,
+                   hp.rms_eps, att_.data());
+        be.convert_rows(gl::Type::F32, att_.data(), kvd, n, v_.data());
     }
     // Sinks keep their unrotated keys, re-rotated for queries past the window
     // (sliding-window layers have none: their ring is what they see).
     const bool sinks = kv_.config().keep_of(l) > 0;
-    if (sinks && pos0 < kv_.keep()) {
+    if (own_kv && sinks && pos0 < kv_.keep()) {
         be.host_read(k_.data(), sizeof(float) * static_cast<size_t>(n) * kvd);
         kv_.store_sinks(l, pos0, n, k_.data(), m_.layer_rope(l, kv_.n_ctx()));
     }
@@ -303,36 +414,52 @@ void Forward::attention_block(int l, int n, int64_t pos0, Pass pass) {
     const bool own_base = hp.is_swa(l) && !cos_swa_.empty();
     const float* cs = own_base ? cos_swa_.data() : cos_.data();
     const float* sn = own_base ? sin_swa_.data() : sin_.data();
-    be.rope(q_.data(), n, hp.n_head, hp.head_dim, hp.rope_dims, cs, sn, hp.rope_neox);
-    be.rope(k_.data(), n, hp.n_head_kv, hp.head_dim, hp.rope_dims, cs, sn, hp.rope_neox);
+    be.rope(q_.data(), n, hp.n_head, hd, rope_dims, cs, sn, hp.rope_neox);
+    if (own_kv) be.rope(k_.data(), n, hp.n_head_kv, hd, rope_dims, cs, sn, hp.rope_neox);
     // Rotated keys: keys (after RoPE, before their cache type) and queries
     // through the same orthonormal Hadamard blocks, so every q·k is as it
     // was (the sinks' copies are rotated in store_sinks; V is untouched).
     if (const int rot = kv_.config().k_rotate; rot > 0) {
         be.hadamard_rows(q_.data(), n, qd, rot);
-        be.hadamard_rows(k_.data(), n, kvd, rot);
+        if (own_kv) be.hadamard_rows(k_.data(), n, kvd, rot);
         if (any_slid) be.hadamard_rows(q_unrot_.data(), n, qd, rot);
     }
     // Rotated values (4-bit V): stored rotated; the output, a weighted sum of
     // them, is turned back below.
     const int v_rot = kv_.config().v_rotate;
-    if (v_rot > 0) be.hadamard_rows(v_.data(), n, kvd, v_rot);
-    be.convert_rows(kv_.config().type_k, k_.data(), kvd, n, kc_.data());
-    be.convert_rows(kv_.config().type_v, v_.data(), kvd, n, vc_.data());
+    if (own_kv) {
+        if (v_rot > 0) be.hadamard_rows(v_.data(), n, kvd, v_rot);
+        be.convert_rows(kv_.config().type_k, k_.data(), kvd, n, kc_.data());
+        be.convert_rows(kv_.config().type_v, v_.data(), kvd, n, vc_.data());
+    }
     other.reset();
+
+    // Shared slots: this layer is a source others read, or a reader.
+    const size_t rk = kv_.row_bytes_k(l), rv = kv_.row_bytes_v(l);
+    SharedKv* source = own_kv ? shared_of(l) : nullptr;
+    SharedKv* reader = own_kv ? nullptr : shared_of(hp.kv_source(l));
+    if (source) {
+        be.host_read(kc_.data(), static_cast<size_t>(n) * rk);
+        be.host_read(vc_.data(), static_cast<size_t>(n) * rv);
+        std::memcpy(source->k_new.data(), kc_.data(), static_cast<size_t>(n) * rk);
+        std::memcpy(source->v_new.data(), vc_.data(), static_cast<size_t>(n) * rv);
+        kv_.save_slots(l, pos0, n, source->overwritten);
+    }
+    uint8_t* k_rows = reader ? reader->k_new.data() : kc_.data();
+    uint8_t* v_rows = reader ? reader->v_new.data() : vc_.data();
 
     gl::AttentionArgs a;
     a.n_tok = n;
     a.n_head = hp.n_head;
     a.n_head_kv = hp.n_head_kv;
-    a.head_dim = hp.head_dim;
+    a.head_dim = hd;
     a.scale = m_.attn_scale();
     a.q = q_.data();
     a.q_unrot = any_slid ? q_unrot_.data() : nullptr;
     a.pos = pos_.data();
     kv_.attention_slots(l, a);
-    a.k_new = kc_.data();
-    a.v_new = vc_.data();
+    a.k_new = k_rows;
+    a.v_new = v_rows;
     a.out = att_.data();
     a.half_ok = pass == Pass::generated;
     if (pass == Pass::verify && be.reads_host_kv()) {
@@ -340,13 +467,18 @@ void Forward::attention_block(int l, int n, int64_t pos0, Pass pass) {
     } else {
         // The slots in view (the batch's own keys included), K and V.
         const double kv_bytes = static_cast<double>(std::min<int64_t>(pos0 + n, kv_.slots(l))) *
-                                static_cast<double>(kv_.row_bytes_k() + kv_.row_bytes_v());
+                                static_cast<double>(rk + rv);
         OpTimer t(profile_, Op::attention, kv_bytes);
         be.attention(a);
         kv_.write(
-            l, pos0, n, kc_.data(), vc_.data(),
+            l, pos0, n, k_rows, v_rows,
             [&be](void* dst, const void* src, size_t bytes) { be.copy_to_host(src, dst, bytes); });
     }
+    // The ring as the source found it for the next reader; the last leaves
+    // the batch written.
+    if (source) kv_.restore_slots(l, pos0, n, source->overwritten);
+    if (reader && reader->last_reader != l)
+        kv_.restore_slots(reader->source, pos0, n, reader->overwritten);
 
     if (v_rot > 0) {
         // Each query head's output is a sum of its KV head's rotated values:
@@ -361,12 +493,15 @@ void Forward::attention_block(int l, int n, int64_t pos0, Pass pass) {
 void Forward::attend_each(gl::AttentionArgs a, int l, int n, int64_t pos0, bool any_slid) {
     gl::Backend& be = *place_.layers[l];
     const Hparams& hp = m_.hp;
-    const int qd = hp.q_dim();
+    const int qd = hp.layer_q_dim(l);
     const int n_slots = kv_.slots(l);
     const int64_t* held = kv_.slot_pos(l);
     staged_pos_.assign(held, held + n_slots);
+    const size_t rk = kv_.row_bytes_k(l), rv = kv_.row_bytes_v(l);
     const double kv_bytes = static_cast<double>(std::min<int64_t>(pos0 + n, n_slots)) *
-                            static_cast<double>(kv_.row_bytes_k() + kv_.row_bytes_v());
+                            static_cast<double>(rk + rv);
+    const auto* k_rows = static_cast<const uint8_t*>(a.k_new);
+    const auto* v_rows = static_cast<const uint8_t*>(a.v_new);
     OpTimer t(profile_, Op::attention, kv_bytes * n);
     a.n_tok = 1;
     a.half_ok = true;
@@ -377,8 +512,8 @@ void Forward::attend_each(gl::AttentionArgs a, int l, int n, int64_t pos0, bool 
         a.q_unrot =
             any_slid && p >= n_slots ? q_unrot_.data() + static_cast<size_t>(i) * qd : nullptr;
         a.pos = pos_.data() + i;
-        a.k_new = kc_.data() + i * kv_.row_bytes_k();
-        a.v_new = vc_.data() + i * kv_.row_bytes_v();
+        a.k_new = k_rows + i * rk;
+        a.v_new = v_rows + i * rv;
         a.out = att_.data() + static_cast<size_t>(i) * qd;
         be.attention(a);
         kv_.write_row(l, p, a.k_new, a.v_new);

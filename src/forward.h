@@ -82,6 +82,10 @@ class Forward {
     // eval_generated attends it, the slots it writes staged in view of the next.
     void attend_each(gl::AttentionArgs a, int l, int n, int64_t pos0, bool any_slid);
     void ffn_block(int l, int n);
+    // Gemma 4: every layer's per-layer input rows of the batch (pli_), once
+    // per step; and one layer's use of them, x_ += norm(proj(gelu(gate x_) * pli)).
+    void per_layer_inputs(gl::Backend& be, const int32_t* tokens, int n);
+    void per_layer_input_block(int l, int n);
     // be's op, timed into profile_ (when set) as `op`, with w's bytes.
     void matmul(gl::Backend& be, Op op, const gl::Tensor& w, const float* x, int n, float* y);
     // out = rmsnorm(x) * w for `rows` rows of n_embd; x_ += xb_ for n rows
@@ -119,6 +123,21 @@ class Forward {
     std::vector<int64_t> pos_;    // [B]
     std::vector<float> logits_;   // [B or 1][n_vocab]
     std::vector<int64_t> staged_pos_; // attend_each: a ring's slot positions with the batch's written ones
+    // Gemma 4's per-layer inputs: [n_layer][B][P] rows, the projection's
+    // [B][n_layer * P] (twice: before and after its norm), a gate's [B][P].
+    std::vector<float> pli_, pl_proj_, pl_normed_, pl_gate_;
+    std::vector<float> ones_; // [max head size]: the weight of a weightless norm (V)
+    // Layers that read another layer's slots (Gemma 4's shared KV) see them as
+    // the source saw them: the source keeps the batch's K/V rows and what its
+    // write overwrote, and puts the overwritten rows back for each reader but
+    // the last (which leaves the batch written, as the source would have).
+    struct SharedKv {
+        int source = -1, last_reader = -1;
+        std::vector<uint8_t> k_new, v_new;     // [B] the batch's rows in the cache types
+        std::vector<uint8_t> overwritten;      // KvCache::save_slots
+    };
+    std::vector<SharedKv> shared_kv_;
+    SharedKv* shared_of(int source);
     OpProfile* profile_ = nullptr;
 };
 

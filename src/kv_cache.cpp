@@ -25,23 +25,30 @@ int KvCacheConfig::swa_count() const {
     return n;
 }
 
+size_t KvCacheConfig::slot_bytes(int layer) const {
+    if (!owns(layer)) return 0;
+    const int64_t kvd = kv_dim_of(layer);
+    return gl::row_size(type_k, kvd) + gl::row_size(type_v, kvd);
+}
+
 namespace {
-// K + V bytes of one slot of one layer.
-size_t slot_bytes(const KvCacheConfig& c) {
-    const int64_t kv_dim = static_cast<int64_t>(c.n_head_kv) * c.head_dim;
-    return gl::row_size(c.type_k, kv_dim) + gl::row_size(c.type_v, kv_dim);
+// One slot's bytes summed over the global layers and over the window ones.
+std::pair<uint64_t, uint64_t> slot_bytes_by_kind(const KvCacheConfig& c) {
+    uint64_t global = 0, swa = 0;
+    for (int l = 0; l < c.n_layer; l++) (c.is_swa(l) ? swa : global) += c.slot_bytes(l);
+    return {global, swa};
 }
 } // namespace
 
 size_t KvCache::bytes_per_token(const KvCacheConfig& c) {
-    return static_cast<size_t>(c.n_layer) * slot_bytes(c);
+    auto [global, swa] = slot_bytes_by_kind(c);
+    return global + swa;
 }
 
 size_t KvCache::bytes_at_depth(const KvCacheConfig& c, int64_t depth) {
-    const int64_t n_swa = c.swa_count(), n_global = c.n_layer - n_swa;
+    auto [global, swa] = slot_bytes_by_kind(c);
     const int64_t swa_rows = std::min<int64_t>(depth, std::min(c.swa_window, c.n_ctx));
-    const int64_t rows = n_global * std::min<int64_t>(depth, c.n_ctx) + n_swa * swa_rows;
-    return static_cast<size_t>(rows) * slot_bytes(c);
+    return static_cast<size_t>(global * std::min<int64_t>(depth, c.n_ctx) + swa * swa_rows);
 }
 
 size_t KvCache::ring_bytes_for(const KvCacheConfig& c) {
@@ -49,16 +56,13 @@ size_t KvCache::ring_bytes_for(const KvCacheConfig& c) {
 }
 
 int64_t KvCache::max_ctx_for_bytes(const KvCacheConfig& c, uint64_t bytes) {
-    const uint64_t row = slot_bytes(c);
-    const int64_t n_swa = c.swa_count(), n_global = c.n_layer - n_swa;
-    if (row == 0 || c.n_layer == 0) return 0;
+    auto [global, swa] = slot_bytes_by_kind(c);
+    if (global + swa == 0) return 0;
     // Below the window every layer grows with n_ctx; above it only the global ones.
-    const uint64_t all_rows = bytes / row;
-    const int64_t below = static_cast<int64_t>(all_rows / c.n_layer);
-    if (n_swa == 0 || below < c.swa_window) return below;
-    if (n_global == 0) return int64_t{1} << 30; // the rings stop growing at the window
-    return static_cast<int64_t>((all_rows - static_cast<uint64_t>(n_swa) * c.swa_window) /
-                                n_global);
+    const int64_t below = static_cast<int64_t>(bytes / (global + swa));
+    if (swa == 0 || below < c.swa_window) return below;
+    if (global == 0) return int64_t{1} << 30; // the rings stop growing at the window
+    return static_cast<int64_t>((bytes - swa * static_cast<uint64_t>(c.swa_window)) / global);
 }
 
 KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg) {
@@ -68,21 +72,27 @@ KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg) {
     if (cfg.keep < 0 || cfg.keep >= cfg.n_ctx)
         fail(Exit::usage, "--keep {} must be at least 0 and smaller than the context ({})",
              cfg.keep, cfg.n_ctx);
+    KV_ASSERT(cfg.n_kv_shared >= 0 && cfg.n_kv_shared + 2 <= std::max(cfg.n_layer, 2));
     for (gl::Type t : {cfg.type_k, cfg.type_v}) {
         if (!kv_cache_type_ok(t))
             fail(Exit::usage, "KV cache type {} is not supported (use {})", gl::type_name(t),
                  kv_cache_type_names());
-        if (!gl::row_size_ok(t, kv_dim()))
-            fail(Exit::usage,
-                 "KV cache type {} needs rows that are a multiple of {} elements; this model's are "
-                 "{}",
-                 gl::type_name(t), gl::type_info(t).block_size, kv_dim());
+        for (int l = 0; l < cfg.n_layer; l++)
+            if (!gl::row_size_ok(t, cfg.kv_dim_of(l)))
+                fail(Exit::usage,
+                     "KV cache type {} needs rows that are a multiple of {} elements; this "
+                     "model's are {}",
+                     gl::type_name(t), gl::type_info(t).block_size, cfg.kv_dim_of(l));
     }
     for (const int rot : {cfg.k_rotate, cfg.v_rotate})
-        KV_ASSERT(rot == 0 || (rot <= gl::kHadamardMaxBlock && (rot & (rot - 1)) == 0 &&
-                               cfg.head_dim % rot == 0));
-    row_k_ = gl::row_size(cfg.type_k, kv_dim());
-    row_v_ = gl::row_size(cfg.type_v, kv_dim());
+        for (int l = 0; l < cfg.n_layer; l++)
+            KV_ASSERT(rot == 0 || (rot <= gl::kHadamardMaxBlock && (rot & (rot - 1)) == 0 &&
+                                   cfg.head_dim_of(l) % rot == 0));
+    for (int l = 0; l < cfg.n_layer; l++) {
+        const bool own = cfg.owns(l);
+        row_k_.push_back(own ? gl::row_size(cfg.type_k, cfg.kv_dim_of(l)) : 0);
+        row_v_.push_back(own ? gl::row_size(cfg.type_v, cfg.kv_dim_of(l)) : 0);
+    }
     // One block for every layer's K and V slots, each 64-byte aligned (SIMD
     // loads of a row never split a cache line needlessly), on huge pages
     // (allocate_huge): a decode step reads every layer's slots from DRAM
@@ -92,8 +102,8 @@ KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg) {
     size_t used = 0;
     for (int l = 0; l < cfg.n_layer; l++) {
         layer_at_.push_back(used);
-        k_bytes_.push_back(aligned(row_k_ * slots(l)));
-        used += k_bytes_.back() + aligned(row_v_ * slots(l));
+        k_bytes_.push_back(aligned(row_k_[l] * slots(l)));
+        used += k_bytes_.back() + aligned(row_v_[l] * slots(l));
     }
     block_ = allocate_huge(used);
     if (!block_) fail(Exit::out_of_memory, "cannot allocate {} bytes for the KV cache", used);
@@ -103,7 +113,12 @@ KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg) {
         const int s = std::min(cfg.swa_window, cfg.n_ctx);
         rings_.push_back(Ring{s, 0, std::vector<int64_t>(s, -1)});
     }
-    sink_k_.assign(static_cast<size_t>(cfg.n_layer) * cfg.keep * kv_dim(), 0.0f);
+    size_t sinks = 0;
+    for (int l = 0; l < cfg.n_layer; l++) {
+        sink_at_.push_back(sinks);
+        if (cfg.owns(l)) sinks += static_cast<size_t>(cfg.keep_of(l)) * cfg.kv_dim_of(l);
+    }
+    sink_k_.assign(sinks, 0.0f);
 }
 
 size_t KvCache::ring_bytes() const {
@@ -113,15 +128,15 @@ size_t KvCache::ring_bytes() const {
 void KvCache::attention_slots(int layer, gl::AttentionArgs& a) const {
     a.k_type = cfg_.type_k;
     a.v_type = cfg_.type_v;
-    a.k_row_bytes = row_k_;
-    a.v_row_bytes = row_v_;
+    a.k_row_bytes = row_bytes_k(layer);
+    a.v_row_bytes = row_bytes_v(layer);
     const Ring& r = ring(layer);
     a.n_ctx = r.slots;
     a.k_slots = k_slots(layer);
     a.v_slots = v_slots(layer);
     // 0 = rows (see gl::AttentionArgs)
     a.k_head_bytes = head_bytes_k(layer);
-    a.v_slot_bytes = head_major_ ? slot_bytes_v() : 0;
+    a.v_slot_bytes = head_major_ ? slot_bytes_v(layer) : 0;
     a.v_head_bytes = head_bytes_v(layer);
     a.slot_pos = r.pos.data();
     a.n_sink = r.keep;
@@ -155,8 +170,8 @@ void KvCache::write(int layer, int64_t pos0, int n, const void* k_rows, const vo
         const int64_t p = pos0 + i;
         if (i < first && p >= r.keep) continue;
         const int s = r.slot_of(p);
-        put_row(layer, s, static_cast<const uint8_t*>(k_rows) + i * row_k_,
-                static_cast<const uint8_t*>(v_rows) + i * row_v_, copy);
+        put_row(layer, s, static_cast<const uint8_t*>(k_rows) + i * row_bytes_k(layer),
+                static_cast<const uint8_t*>(v_rows) + i * row_bytes_v(layer), copy);
     }
 }
 
@@ -175,8 +190,9 @@ void KvCache::set_head_major(bool on) {
         return;
     }
     // Each layer out as rows in the old layout, back in the new one.
-    std::vector<uint8_t> k(cfg_.n_ctx * row_k_), v(cfg_.n_ctx * row_v_);
+    std::vector<uint8_t> k(cfg_.n_ctx * max_row_bytes_k()), v(cfg_.n_ctx * max_row_bytes_v());
     for (int l = 0; l < cfg_.n_layer; l++) {
+        if (!cfg_.owns(l)) continue;
         head_major_ = !on;
         read_rows(l, slots(l), k.data(), v.data());
         head_major_ = on;
@@ -190,19 +206,21 @@ void KvCache::put_row(int layer, int s, const uint8_t* kr, const uint8_t* vr, co
 
 template <class Copy>
 void KvCache::put_row_with(int layer, int s, const uint8_t* kr, const uint8_t* vr, Copy&& copy) {
+    layer = cfg_.source(layer);
     uint8_t* kb = k_at(layer);
     uint8_t* vb = kb + k_bytes_[layer];
+    const size_t rk = row_k_[layer], rv = row_v_[layer];
     if (!head_major_) {
-        copy(kb + s * row_k_, kr, row_k_);
-        copy(vb + s * row_v_, vr, row_v_);
+        copy(kb + s * rk, kr, rk);
+        copy(vb + s * rv, vr, rv);
         return;
     }
-    const size_t hv = slot_bytes_v(), hbk = head_bytes_k(layer), hbv = head_bytes_v(layer);
+    const size_t hv = slot_bytes_v(layer), hbk = head_bytes_k(layer), hbv = head_bytes_v(layer);
     for (int h = 0; h < cfg_.n_head_kv; h++) copy(vb + h * hbv + s * hv, vr + h * hv, hv);
     // Keys element by element into their tiles: a key's elements are a tile
     // width apart. (Not through a staged row: `copy` may complete later.)
     const size_t e = gl::type_info(cfg_.type_k).type_size;
-    const int hd = cfg_.head_dim, n_slots = slots(layer);
+    const int hd = cfg_.head_dim_of(layer), n_slots = slots(layer);
     for (int h = 0; h < cfg_.n_head_kv; h++)
         for (int k = 0; k < hd; k++)
             copy(kb + h * hbk + gl::key_tile_index(s, k, hd, n_slots) * e,
@@ -210,16 +228,18 @@ void KvCache::put_row_with(int layer, int s, const uint8_t* kr, const uint8_t* v
 }
 
 void KvCache::get_row(int layer, int s, uint8_t* ko, uint8_t* vo) const {
+    layer = cfg_.source(layer);
     const uint8_t* kb = k_at(layer);
     const uint8_t* vb = kb + k_bytes_[layer];
+    const size_t rk = row_k_[layer], rv = row_v_[layer];
     if (!head_major_) {
-        std::memcpy(ko, kb + s * row_k_, row_k_);
-        std::memcpy(vo, vb + s * row_v_, row_v_);
+        std::memcpy(ko, kb + s * rk, rk);
+        std::memcpy(vo, vb + s * rv, rv);
         return;
     }
-    const size_t hv = slot_bytes_v(), e = gl::type_info(cfg_.type_k).type_size;
+    const size_t hv = slot_bytes_v(layer), e = gl::type_info(cfg_.type_k).type_size;
     const size_t hbk = head_bytes_k(layer), hbv = head_bytes_v(layer);
-    const int hd = cfg_.head_dim, n_slots = slots(layer);
+    const int hd = cfg_.head_dim_of(layer), n_slots = slots(layer);
     for (int h = 0; h < cfg_.n_head_kv; h++) {
         std::memcpy(vo + h * hv, vb + h * hbv + s * hv, hv);
         for (int k = 0; k < hd; k++)
@@ -233,14 +253,16 @@ void KvCache::read_rows(int layer, int n, void* k_rows, void* v_rows) const {
     auto* ko = static_cast<uint8_t*>(k_rows);
     auto* vo = static_cast<uint8_t*>(v_rows);
     // n may be 0 with null buffers (an empty save): no row, no memcpy.
-    for (int s = 0; s < n; s++) get_row(layer, s, ko + s * row_k_, vo + s * row_v_);
+    const size_t rk = row_bytes_k(layer), rv = row_bytes_v(layer);
+    for (int s = 0; s < n; s++) get_row(layer, s, ko + s * rk, vo + s * rv);
 }
 
 void KvCache::restore_rows(int layer, int n, const void* k_rows, const void* v_rows) {
     KV_ASSERT(layer >= 0 && layer < cfg_.n_layer && n >= 0 && n <= slots(layer));
+    const size_t rk = row_bytes_k(layer), rv = row_bytes_v(layer);
     for (int s = 0; s < n; s++)
-        put_row(layer, s, static_cast<const uint8_t*>(k_rows) + s * row_k_,
-                static_cast<const uint8_t*>(v_rows) + s * row_v_, copy_bytes);
+        put_row(layer, s, static_cast<const uint8_t*>(k_rows) + s * rk,
+                static_cast<const uint8_t*>(v_rows) + s * rv, copy_bytes);
 }
 
 void KvCache::restore_positions(int64_t n) {
@@ -300,33 +322,34 @@ bool KvCache::drop(int64_t from, int64_t to, const Model& m) {
     // Per layer: the moved rows out (every one, before any slot is written:
     // in a wrapped ring a destination can be another row's source), their
     // keys rotated, then in at their new slots.
-    const int kvd = kv_dim(), half = m.hp.rope_dims / 2;
     std::vector<uint8_t> ks, vs;
-    std::vector<float> f(kvd), cs(half), sn(half);
-    const double* angles_for = nullptr;
+    std::vector<float> f, cs, sn;
     for (int l = 0; l < cfg_.n_layer; l++) {
+        if (!cfg_.owns(l)) continue;
         const Ring& r = ring(l);
         const int64_t lo = std::max(from, std::max<int64_t>(r.keep, n - r.window()));
         const int64_t count = std::max<int64_t>(0, n - lo);
-        ks.resize(count * row_k_);
-        vs.resize(count * row_v_);
+        const int kvd = kv_dim(l);
+        const size_t rk = row_bytes_k(l), rv = row_bytes_v(l);
+        ks.resize(count * rk);
+        vs.resize(count * rv);
+        f.resize(kvd);
         // Rotation only, without LongRoPE's attn_factor: the stored keys carry it already.
         const Rope rope = m.layer_rope(l, cfg_.n_ctx);
-        if (rope.inv_freq != angles_for) {
-            gl::ops::rope_angles(-static_cast<double>(d), half, rope.inv_freq, cs.data(),
-                                 sn.data());
-            angles_for = rope.inv_freq;
-        }
+        const int half = rope.dims / 2;
+        cs.resize(half);
+        sn.resize(half);
+        gl::ops::rope_angles(-static_cast<double>(d), half, rope.inv_freq, cs.data(), sn.data());
         for (int64_t i = 0; i < count; i++) {
-            uint8_t* kr = ks.data() + i * row_k_;
-            get_row(l, r.slot_of(lo + i + d), kr, vs.data() + i * row_v_);
+            uint8_t* kr = ks.data() + i * rk;
+            get_row(l, r.slot_of(lo + i + d), kr, vs.data() + i * rv);
             gl::cpu::dequantize_row(cfg_.type_k, kr, f.data(), kvd);
-            rope_stored(f.data(), rope, cs.data(), sn.data());
+            rope_stored(l, f.data(), rope, cs.data(), sn.data());
             gl::cpu::quantize_row(cfg_.type_k, f.data(), kr, kvd);
         }
         for (int64_t i = 0; i < count; i++)
             put_row_with(
-                l, r.slot_of(lo + i), ks.data() + i * row_k_, vs.data() + i * row_v_,
+                l, r.slot_of(lo + i), ks.data() + i * rk, vs.data() + i * rv,
                 [](void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); });
     }
     for (Ring& r : rings_) {
@@ -339,9 +362,9 @@ bool KvCache::drop(int64_t from, int64_t to, const Model& m) {
 }
 
 void KvCache::store_sinks(int layer, int64_t pos0, int n, const float* k_unrot, const Rope& rope) {
-    const int kvd = kv_dim(), half = rope.dims / 2;
+    const int kvd = kv_dim(layer), half = rope.dims / 2;
     std::vector<float> cs(half), sn(half);
-    KV_ASSERT(!cfg_.is_swa(layer));
+    KV_ASSERT(!cfg_.is_swa(layer) && cfg_.owns(layer));
     for (int i = 0; i < n && pos0 + i < cfg_.keep; i++) {
         const int64_t j = pos0 + i;
         float* dst = sink_k(layer) + j * kvd;
@@ -355,8 +378,8 @@ void KvCache::store_sinks(int layer, int64_t pos0, int n, const float* k_unrot, 
                 sn[p] *= f2;
             }
         }
-        gl::ops::rope(dst, cfg_.n_head_kv, cfg_.head_dim, rope.dims, cs.data(), sn.data(),
-                      rope.neox);
+        gl::ops::rope(dst, cfg_.n_head_kv, cfg_.head_dim_of(layer), rope.dims, cs.data(),
+                      sn.data(), rope.neox);
         if (cfg_.k_rotate > 0) gl::hadamard_rows(dst, 1, kvd, cfg_.k_rotate);
     }
 }
@@ -369,14 +392,17 @@ void KvCache::reseat_sinks(int layer, int64_t n_ctx_then, const Rope& rope) {
                          cs.data(), sn.data());
     float* dst = sink_k(layer);
     for (int j = 0; j < cfg_.keep; j++)
-        rope_stored(dst + static_cast<size_t>(j) * kv_dim(), rope, cs.data(), sn.data());
+        rope_stored(layer, dst + static_cast<size_t>(j) * kv_dim(layer), rope, cs.data(),
+                    sn.data());
 }
 
-void KvCache::rope_stored(float* k, const Rope& rope, const float* cs, const float* sn) const {
+void KvCache::rope_stored(int layer, float* k, const Rope& rope, const float* cs,
+                          const float* sn) const {
     // Out of the Hadamard basis, RoPE, back in.
-    if (cfg_.k_rotate > 0) gl::hadamard_rows_inverse(k, 1, kv_dim(), cfg_.k_rotate);
-    gl::ops::rope(k, cfg_.n_head_kv, cfg_.head_dim, rope.dims, cs, sn, rope.neox);
-    if (cfg_.k_rotate > 0) gl::hadamard_rows(k, 1, kv_dim(), cfg_.k_rotate);
+    const int kvd = kv_dim(layer);
+    if (cfg_.k_rotate > 0) gl::hadamard_rows_inverse(k, 1, kvd, cfg_.k_rotate);
+    gl::ops::rope(k, cfg_.n_head_kv, cfg_.head_dim_of(layer), rope.dims, cs, sn, rope.neox);
+    if (cfg_.k_rotate > 0) gl::hadamard_rows(k, 1, kvd, cfg_.k_rotate);
 }
 
 } // namespace kvrun

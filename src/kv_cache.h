@@ -53,6 +53,10 @@ struct KvCacheConfig {
     // rotated values, is turned back by R^-1 per head. Set with k_rotate for
     // 4-bit values, where it helps (docs/kv-cache.md, "Rotated values").
     int v_rotate = 0;
+    // Gemma 4 (Hparams): window layers' head size (0: head_dim), and the last
+    // n_kv_shared layers, which store nothing and read an earlier layer's slots.
+    int head_dim_swa = 0;
+    int n_kv_shared = 0;
 
     static KvCacheConfig for_model(const Hparams& hp, int n_ctx, int keep, gl::Type type_k,
                                    gl::Type type_v, int k_rotate = 0) {
@@ -66,7 +70,9 @@ struct KvCacheConfig {
                 hp.swa_window,
                 hp.swa_layers,
                 k_rotate,
-                values_rotated_with(type_v, k_rotate)};
+                values_rotated_with(type_v, k_rotate),
+                hp.head_dim_swa,
+                hp.n_kv_shared};
     }
     // The v_rotate that goes with rotated keys: the keys' block for a 4-bit V.
     static int values_rotated_with(gl::Type type_v, int k_rotate) {
@@ -74,6 +80,17 @@ struct KvCacheConfig {
     }
     bool is_swa(int layer) const { return !swa_layers.empty() && swa_layers[layer] != 0; }
     int swa_count() const;
+    int head_dim_of(int layer) const {
+        return is_swa(layer) && head_dim_swa ? head_dim_swa : head_dim;
+    }
+    int kv_dim_of(int layer) const { return n_head_kv * head_dim_of(layer); }
+    // The layer whose slots `layer` reads (itself unless it shares, Hparams::kv_source).
+    int source(int layer) const {
+        return Hparams::shared_kv_source(layer, n_layer, n_kv_shared, is_swa(layer));
+    }
+    bool owns(int layer) const { return source(layer) == layer; }
+    // K + V bytes of one slot of a layer that owns its slots.
+    size_t slot_bytes(int layer) const;
     // A layer's ring: its slots and sinks.
     int slots(int layer) const { return is_swa(layer) ? std::min(swa_window, n_ctx) : n_ctx; }
     int keep_of(int layer) const { return is_swa(layer) ? 0 : keep; }
@@ -92,7 +109,8 @@ class KvCache {
     int n_ctx() const { return cfg_.n_ctx; }
     int keep() const { return cfg_.keep; }
     int64_t window() const { return cfg_.n_ctx - cfg_.keep; }
-    int kv_dim() const { return cfg_.n_head_kv * cfg_.head_dim; }
+    // A layer's row: n_head_kv heads of its head size.
+    int kv_dim(int layer) const { return cfg_.kv_dim_of(layer); }
     int slots(int layer) const { return cfg_.slots(layer); }
     // The smallest ring's window (its slots past the sinks).
     int64_t min_window() const {
@@ -105,8 +123,9 @@ class KvCache {
     int64_t n_past() const { return n_past_; }
     int slot_of(int layer, int64_t pos) const { return ring(layer).slot_of(pos); }
 
-    // Exactly 2 × n_head_kv × head_dim × bytes per element × the sum over
-    // layers of their slots (n_layer × n_ctx when every layer is global).
+    // Exactly the sum over layers that own slots of their slots × their K and
+    // V row bytes (2 × n_layer × n_ctx × kv_dim × element bytes when every
+    // layer is global and alike).
     size_t ring_bytes() const;
     // The sinks' pre-rotated F32 copies.
     size_t sink_bytes() const;
@@ -116,12 +135,15 @@ class KvCache {
     // The bytes of the slots a token at `depth` reads: per layer,
     // min(depth, slots) rows (ring_bytes_for at depth n_ctx).
     static size_t bytes_at_depth(const KvCacheConfig& cfg, int64_t depth);
-    // 2 × n_layer × n_head_kv × head_dim × bytes per element (n_ctx not counted).
+    // The K and V row bytes of every layer that owns slots (n_ctx not counted).
     static size_t bytes_per_token(const KvCacheConfig& cfg);
     // The largest n_ctx whose rings fit in `bytes` (0 if none).
     static int64_t max_ctx_for_bytes(const KvCacheConfig& cfg, uint64_t bytes);
-    size_t row_bytes_k() const { return row_k_; }
-    size_t row_bytes_v() const { return row_v_; }
+    size_t row_bytes_k(int layer) const { return row_k_[cfg_.source(layer)]; }
+    size_t row_bytes_v(int layer) const { return row_v_[cfg_.source(layer)]; }
+    // The largest rows of any layer (a batch's staging buffers).
+    size_t max_row_bytes_k() const { return *std::max_element(row_k_.begin(), row_k_.end()); }
+    size_t max_row_bytes_v() const { return *std::max_element(row_v_.begin(), row_v_.end()); }
 
     const void* k_slots(int layer) const { return k_at(layer); }
     const void* v_slots(int layer) const { return k_at(layer) + k_bytes_[layer]; }
@@ -137,11 +159,15 @@ class KvCache {
     // its values at v_slots + h * head_bytes_v, slot_bytes_v apart.
     void set_head_major(bool on);
     bool head_major() const { return head_major_; }
-    size_t slot_bytes_v() const { return head_major_ ? row_v_ / cfg_.n_head_kv : row_v_; }
-    size_t head_bytes_k(int layer) const {
-        return head_major_ ? row_k_ / cfg_.n_head_kv * slots(layer) : 0;
+    size_t slot_bytes_v(int layer) const {
+        return head_major_ ? row_bytes_v(layer) / cfg_.n_head_kv : row_bytes_v(layer);
     }
-    size_t head_bytes_v(int layer) const { return head_major_ ? slot_bytes_v() * slots(layer) : 0; }
+    size_t head_bytes_k(int layer) const {
+        return head_major_ ? row_bytes_k(layer) / cfg_.n_head_kv * slots(layer) : 0;
+    }
+    size_t head_bytes_v(int layer) const {
+        return head_major_ ? slot_bytes_v(layer) * slots(layer) : 0;
+    }
     // A layer's cached slots for gl::attention: the cache fields of `a`
     // (types, row sizes, n_ctx, slots in either layout, the positions they
     // hold, the sinks); the caller fills the batch's own.
@@ -150,12 +176,8 @@ class KvCache {
     void read_rows(int layer, int n, void* k_rows, void* v_rows) const;
     // The positions a layer's slots hold (-1: empty).
     const int64_t* slot_pos(int layer) const { return ring(layer).pos.data(); }
-    float* sink_k(int layer) {
-        return sink_k_.data() + static_cast<size_t>(layer) * cfg_.keep * kv_dim();
-    }
-    const float* sink_k(int layer) const {
-        return sink_k_.data() + static_cast<size_t>(layer) * cfg_.keep * kv_dim();
-    }
+    float* sink_k(int layer) { return sink_k_.data() + sink_at_[cfg_.source(layer)]; }
+    const float* sink_k(int layer) const { return sink_k_.data() + sink_at_[cfg_.source(layer)]; }
 
     // The sink rule. Sink j's key (j < keep) is kept once, in F32, rotated by
     // -(n_ctx - 1 - j) from its unrotated form, so that dotted with an
@@ -181,6 +203,11 @@ class KvCache {
     // One row of a batch not committed yet, at position pos >= n_past()
     // (Forward::eval_verify writes its tokens one at a time).
     void write_row(int layer, int64_t pos, const void* k_row, const void* v_row);
+    // The rows of the slots positions pos0 .. pos0 + n - 1 map to in layer's
+    // ring, out (appended to `out`), and back in: a layer sharing the ring
+    // (Gemma 4) sees it as it was before the batch was written.
+    void save_slots(int layer, int64_t pos0, int n, std::vector<uint8_t>& out) const;
+    void restore_slots(int layer, int64_t pos0, int n, const std::vector<uint8_t>& in);
     // After all layers are written: record the positions the slots now hold.
     void commit(int64_t pos0, int n);
 
@@ -242,7 +269,7 @@ class KvCache {
     const Ring& ring(int layer) const { return rings_[cfg_.is_swa(layer) ? 1 : 0]; }
 
     KvCacheConfig cfg_;
-    size_t row_k_ = 0, row_v_ = 0;
+    std::vector<size_t> row_k_, row_v_; // [n_layer] (0 for a layer that shares)
     bool head_major_ = false;
     void put_row(int layer, int slot, const uint8_t* k_row, const uint8_t* v_row,
                  const RowCopy& copy);
@@ -255,7 +282,7 @@ class KvCache {
     // RoPE by (cs, sn) of one stored key row of kv_dim floats (a window key
     // being moved by drop, a sink copy being reseated), through the Hadamard
     // basis when keys are rotated.
-    void rope_stored(float* k, const Rope& rope, const float* cs, const float* sn) const;
+    void rope_stored(int layer, float* k, const Rope& rope, const float* cs, const float* sn) const;
     // The position a ring's slots should hold after a drop of d positions at
     // `from`: p itself before the span, p + d after it.
     static int64_t held_before_drop(int64_t p, int64_t from, int64_t d) {
@@ -273,9 +300,10 @@ class KvCache {
     // its V slots k_bytes_[l] further.
     HugeBytes block_;
     std::vector<size_t> layer_at_, k_bytes_;
-    uint8_t* k_at(int layer) const { return block_.get() + layer_at_[layer]; }
+    uint8_t* k_at(int layer) const { return block_.get() + layer_at_[cfg_.source(layer)]; }
     std::vector<Ring> rings_;   // [0]: global layers; [1]: sliding-window layers, if any
-    std::vector<float> sink_k_; // [n_layer][keep][kv_dim]
+    std::vector<float> sink_k_; // per global layer that owns slots: [keep][kv_dim]
+    std::vector<size_t> sink_at_; // [n_layer] where a layer's sinks start in sink_k_
     int64_t n_past_ = 0;
 };
 

@@ -27,14 +27,37 @@ void KvCache::checkpoint(int64_t pos0, int n) {
     // Before the ring wraps the slots are empty: their positions say so, and
     // their bytes are never read.
     if (!any_held) return;
-    const size_t per_layer = static_cast<size_t>(n) * (row_k_ + row_v_);
-    c.rows.resize(per_layer * cfg_.n_layer); // grows to the largest batch once
+    size_t bytes = 0; // n K rows then n V rows of each layer that owns slots
+    for (int l = 0; l < cfg_.n_layer; l++) bytes += static_cast<size_t>(n) * (row_k_[l] + row_v_[l]);
+    c.rows.resize(bytes); // grows to the largest batch once
+    uint8_t* k = c.rows.data();
     for (int l = 0; l < cfg_.n_layer; l++) {
-        uint8_t* k = c.rows.data() + per_layer * l;
-        uint8_t* v = k + static_cast<size_t>(n) * row_k_;
-        for (int i = 0; i < n; i++)
-            get_row(l, slot_of(l, pos0 + i), k + i * row_k_, v + i * row_v_);
+        if (!cfg_.owns(l)) continue;
+        const size_t rk = row_k_[l], rv = row_v_[l];
+        uint8_t* v = k + static_cast<size_t>(n) * rk;
+        for (int i = 0; i < n; i++) get_row(l, slot_of(l, pos0 + i), k + i * rk, v + i * rv);
+        k = v + static_cast<size_t>(n) * rv;
     }
+}
+
+void KvCache::save_slots(int layer, int64_t pos0, int n, std::vector<uint8_t>& out) const {
+    const size_t rk = row_bytes_k(layer), rv = row_bytes_v(layer);
+    out.resize(static_cast<size_t>(n) * (rk + rv));
+    for (int i = 0; i < n; i++)
+        get_row(layer, slot_of(layer, pos0 + i), out.data() + i * (rk + rv),
+                out.data() + i * (rk + rv) + rk);
+}
+
+void KvCache::restore_slots(int layer, int64_t pos0, int n, const std::vector<uint8_t>& in) {
+    const size_t rk = row_bytes_k(layer), rv = row_bytes_v(layer);
+    KV_ASSERT(in.size() == static_cast<size_t>(n) * (rk + rv));
+    const RowCopy copy = [](void* dst, const void* src, size_t bytes) {
+        std::memcpy(dst, src, bytes);
+    };
+    // Two positions of the batch in one slot saved the same bytes twice.
+    for (int i = 0; i < n; i++)
+        put_row(layer, slot_of(layer, pos0 + i), in.data() + i * (rk + rv),
+                in.data() + i * (rk + rv) + rk, copy);
 }
 
 void KvCache::rollback(int64_t m) {
@@ -54,14 +77,16 @@ void KvCache::rollback(int64_t m) {
         const RowCopy copy = [](void* dst, const void* src, size_t bytes) {
             std::memcpy(dst, src, bytes);
         };
-        const size_t per_layer = static_cast<size_t>(n) * (row_k_ + row_v_);
+        const uint8_t* k = c.rows.data();
         for (int l = 0; l < cfg_.n_layer; l++) {
-            const uint8_t* k = c.rows.data() + per_layer * l;
-            const uint8_t* v = k + static_cast<size_t>(n) * row_k_;
+            if (!cfg_.owns(l)) continue;
+            const size_t rk = row_k_[l], rv = row_v_[l];
+            const uint8_t* v = k + static_cast<size_t>(n) * rk;
             for (int64_t p = m; p < n_past_; p++) {
                 const size_t i = static_cast<size_t>(p - c.pos0);
-                put_row(l, slot_of(l, p), k + i * row_k_, v + i * row_v_, copy);
+                put_row(l, slot_of(l, p), k + i * rk, v + i * rv, copy);
             }
+            k = v + static_cast<size_t>(n) * rv;
         }
     }
     n_past_ = m;

@@ -199,29 +199,35 @@ Model Model::load(const GgufFile& f) {
                    : m.token_embd;
 
     m.layers.resize(hp.n_layer);
+    const int P = hp.n_embd_per_layer;
     for (int l = 0; l < hp.n_layer; l++) {
         LayerWeights& L = m.layers[l];
         auto name = [l](std::string_view suffix) { return tn::blk(l, suffix); };
+        const int hd = hp.layer_head_dim(l), qd = hp.layer_q_dim(l), kvd = hp.layer_kv_dim(l);
+        const bool own_kv = hp.owns_kv(l);
         L.attn_norm = b.vector(name(tn::attn_norm), hp.n_embd);
         if (b.find(name(tn::attn_qkv))) { // fused (phi3): Q rows, then K, then V
-            const gl::Tensor qkv =
-                b.matrix(name(tn::attn_qkv), hp.n_embd, hp.q_dim() + 2 * hp.kv_dim());
-            L.wq = qkv.rows(0, hp.q_dim());
-            L.wk = qkv.rows(hp.q_dim(), hp.kv_dim());
-            L.wv = qkv.rows(hp.q_dim() + hp.kv_dim(), hp.kv_dim());
+            const gl::Tensor qkv = b.matrix(name(tn::attn_qkv), hp.n_embd, qd + 2 * kvd);
+            L.wq = qkv.rows(0, qd);
+            L.wk = qkv.rows(qd, kvd);
+            L.wv = qkv.rows(qd + kvd, kvd);
         } else {
-            L.wq = b.matrix(name(tn::attn_q), hp.n_embd, hp.q_dim());
-            L.wk = b.matrix(name(tn::attn_k), hp.n_embd, hp.kv_dim());
-            L.wv = b.matrix(name(tn::attn_v), hp.n_embd, hp.kv_dim());
+            L.wq = b.matrix(name(tn::attn_q), hp.n_embd, qd);
+            // Layers sharing another's K/V (Gemma 4) have none to compute.
+            if (own_kv) {
+                L.wk = b.matrix(name(tn::attn_k), hp.n_embd, kvd);
+                L.v_is_k = arch->optional_v && !b.find(name(tn::attn_v));
+                if (!L.v_is_k) L.wv = b.matrix(name(tn::attn_v), hp.n_embd, kvd);
+            }
         }
-        L.bq = b.vector(name(tn::attn_q_bias), hp.q_dim(), arch->qkv_bias);
-        L.bk = b.vector(name(tn::attn_k_bias), hp.kv_dim(), arch->qkv_bias);
-        L.bv = b.vector(name(tn::attn_v_bias), hp.kv_dim(), arch->qkv_bias);
+        L.bq = b.vector(name(tn::attn_q_bias), qd, arch->qkv_bias);
+        L.bk = b.vector(name(tn::attn_k_bias), kvd, arch->qkv_bias);
+        L.bv = b.vector(name(tn::attn_v_bias), kvd, arch->qkv_bias);
         if (arch->qk_norm) {
-            L.q_norm = b.vector(name(tn::attn_q_norm), hp.head_dim);
-            L.k_norm = b.vector(name(tn::attn_k_norm), hp.head_dim);
+            L.q_norm = b.vector(name(tn::attn_q_norm), hd);
+            if (own_kv) L.k_norm = b.vector(name(tn::attn_k_norm), hd);
         }
-        L.wo = b.matrix(name(tn::attn_output), hp.q_dim(), hp.n_embd);
+        L.wo = b.matrix(name(tn::attn_output), qd, hp.n_embd);
         L.ffn_norm = b.vector(name(tn::ffn_norm), hp.n_embd);
         if (arch->post_norms) {
             L.post_attn_norm = b.vector(name(tn::post_attention_norm), hp.n_embd);
@@ -239,7 +245,27 @@ Model Model::load(const GgufFile& f) {
             L.w_up = b.matrix(name(tn::ffn_up), hp.n_embd, hp.n_ff);
         }
         L.w_down = b.matrix(name(tn::ffn_down), hp.n_ff, hp.n_embd);
+        if (P > 0) {
+            L.w_inp_gate = b.matrix(name(tn::inp_gate), hp.n_embd, P);
+            L.w_inp_proj = b.matrix(name(tn::inp_proj), P, hp.n_embd);
+            L.inp_post_norm = b.vector(name(tn::inp_post_norm), hp.n_embd);
+        }
+        if (const std::vector<float> s = b.vector(name(tn::layer_output_scale), 1, false);
+            !s.empty()) {
+            if (!std::isfinite(s[0]) || std::fabs(s[0]) > 1e4f)
+                fail(Exit::bad_model, "{}: {} holds {}", f.path(), name(tn::layer_output_scale),
+                     s[0]);
+            L.output_scale = s[0];
+        }
     }
+    if (P > 0) {
+        const int64_t width = static_cast<int64_t>(P) * hp.n_layer;
+        m.per_layer_token_embd =
+            b.matrix(std::string(tn::per_layer_token_embd), width, hp.n_vocab);
+        m.per_layer_model_proj = b.matrix(std::string(tn::per_layer_model_proj), hp.n_embd, width);
+        m.per_layer_proj_norm = b.vector(std::string(tn::per_layer_proj_norm), P);
+    }
+    m.v_norm = arch->v_norm;
 
     // theta_i = base^(-2i/d); Llama 3 files carry per-frequency divisors in
     // rope_freqs, LongRoPE files two sets (short and long contexts).
@@ -254,7 +280,9 @@ Model Model::load(const GgufFile& f) {
         return v;
     };
     const std::vector<float> freq_factors = b.vector(std::string(tn::rope_freqs), n_pairs, false);
-    for (float x : freq_factors) check_factor(f, tn::rope_freqs, x);
+    for (float x : freq_factors)
+        if (!(arch->rope_factors_off && x >= 1e4f && std::isfinite(x)))
+            check_factor(f, tn::rope_freqs, x);
     m.rope_inv_freq = inv_freq(freq_factors);
     if (f.tensor(std::string(tn::rope_factors_long)) ||
         f.tensor(std::string(tn::rope_factors_short))) {
@@ -269,9 +297,10 @@ Model Model::load(const GgufFile& f) {
     }
     // Sliding-window layers with a base of their own take it unscaled.
     if (hp.rope_base_swa > 0 && !hp.swa_layers.empty()) {
-        m.rope_inv_freq_swa.resize(n_pairs);
-        for (int i = 0; i < n_pairs; i++)
-            m.rope_inv_freq_swa[i] = std::pow(hp.rope_base_swa, -2.0 * i / hp.rope_dims);
+        const int dims_swa = hp.rope_dims_swa ? hp.rope_dims_swa : hp.rope_dims;
+        m.rope_inv_freq_swa.resize(dims_swa / 2);
+        for (int i = 0; i < dims_swa / 2; i++)
+            m.rope_inv_freq_swa[i] = std::pow(hp.rope_base_swa, -2.0 * i / dims_swa);
     }
     m.embed_scale = arch->embed_scale ? std::sqrt(static_cast<float>(hp.n_embd)) : 1.0f;
     m.gelu_ffn = arch->gelu_ffn;

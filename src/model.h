@@ -3,6 +3,7 @@
 // file (no copy); small 1-D tensors (norms, biases) are converted to F32.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <string>
@@ -38,9 +39,37 @@ struct Hparams {
     std::vector<uint8_t> swa_layers;    // [n_layer] 1 = sliding-window layer
     double rope_base_swa = 0;           // RoPE base of the sliding-window layers (0: rope_base)
     float attn_scale = 0;               // query-key scale, 0 = 1/sqrt(head_dim)
+    // Gemma 4: sliding-window layers with heads of their own size (0: head_dim)
+    // and rotated dims (0: rope_dims); the last n_kv_shared layers store no
+    // K/V and attend with an earlier layer's (kv_source); per-layer token
+    // inputs of n_embd_per_layer; logits soft-capped at final_softcap (0: not).
+    int head_dim_swa = 0, rope_dims_swa = 0;
+    int n_kv_shared = 0;
+    int n_embd_per_layer = 0;
+    float final_softcap = 0;
     bool is_swa(int layer) const { return !swa_layers.empty() && swa_layers[layer] != 0; }
+    // Global layers' sizes (every layer's, but for Gemma 4's window layers).
     int q_dim() const { return n_head * head_dim; }
     int kv_dim() const { return n_head_kv * head_dim; }
+    int layer_head_dim(int l) const { return is_swa(l) && head_dim_swa ? head_dim_swa : head_dim; }
+    int layer_rope_dims(int l) const {
+        return is_swa(l) && rope_dims_swa ? rope_dims_swa : rope_dims;
+    }
+    int layer_q_dim(int l) const { return n_head * layer_head_dim(l); }
+    int layer_kv_dim(int l) const { return n_head_kv * layer_head_dim(l); }
+    int max_head_dim() const { return std::max(head_dim, head_dim_swa); }
+    int kv_source(int l) const { return shared_kv_source(l, n_layer, n_kv_shared, is_swa(l)); }
+    bool owns_kv(int l) const { return kv_source(l) == l; }
+
+    // The layer whose K/V layer l attends with: itself, or for the last
+    // n_shared layers (Gemma 4) the last layer before them of the same kind,
+    // which the file format fixes by position: the one before them for a
+    // global layer, the one before that for a window layer (read_hparams
+    // checks those kinds).
+    static int shared_kv_source(int l, int n_layer, int n_shared, bool swa) {
+        const int first = n_layer - n_shared;
+        return n_shared == 0 || l < first ? l : first - (swa ? 2 : 1);
+    }
 };
 
 // How keys are rotated (Model::rope()): the KV cache re-rotates its sink
@@ -63,10 +92,21 @@ struct LayerWeights {
     std::vector<float> post_ffn_norm;        // optional norm of the FFN output [n_embd] (gemma3)
     gl::Tensor w_gate, w_up;                 // [n_embd] -> [n_ff]
     gl::Tensor w_down;                       // [n_ff] -> [n_embd]
+    // Gemma 4: no attn_v (values are the keys), V normed without a weight;
+    // the per-layer input's gate [n_embd] -> [n_embd_per_layer], projection
+    // back and its norm; a scale of the layer's output.
+    bool v_is_k = false;
+    gl::Tensor w_inp_gate, w_inp_proj;
+    std::vector<float> inp_post_norm;
+    float output_scale = 1.0f;
 
-    // The weight matrices, in the order a token uses them.
-    std::array<const gl::Tensor*, 7> matrices() const {
-        return {&wq, &wk, &wv, &wo, &w_gate, &w_up, &w_down};
+    // The weight matrices the layer has, in the order a token uses them.
+    std::vector<const gl::Tensor*> matrices() const {
+        std::vector<const gl::Tensor*> v;
+        for (const gl::Tensor* w :
+             {&wq, &wk, &wv, &wo, &w_gate, &w_up, &w_down, &w_inp_gate, &w_inp_proj})
+            if (*w) v.push_back(w);
+        return v;
     }
 };
 
@@ -84,6 +124,11 @@ struct Model {
     // long ones, for contexts past hp.rope_orig_ctx. Empty otherwise.
     std::vector<double> rope_inv_freq_long;
     float embed_scale = 1.0f;       // token embeddings are multiplied by it (gemma3: sqrt(n_embd))
+    // Gemma 4's per-layer inputs: a token's [n_layer * n_embd_per_layer] rows,
+    // the projection of the embedding to the same width, and its norm.
+    gl::Tensor per_layer_token_embd, per_layer_model_proj;
+    std::vector<float> per_layer_proj_norm;
+    bool v_norm = false;            // V RMS-normed per head without a weight (gemma4)
     bool gelu_ffn = false;          // GELU-gated FFN instead of SwiGLU
     uint64_t weight_bytes = 0;      // bytes of all tensors in the file
 
@@ -92,7 +137,8 @@ struct Model {
     // sliding-window ones.
     Rope rope(int64_t n_ctx, bool sliding = false) const {
         if (sliding && !rope_inv_freq_swa.empty())
-            return Rope{rope_inv_freq_swa.data(), hp.rope_dims, hp.rope_neox};
+            return Rope{rope_inv_freq_swa.data(), hp.rope_dims_swa ? hp.rope_dims_swa : hp.rope_dims,
+                        hp.rope_neox};
         const bool long_factors = !rope_inv_freq_long.empty() && n_ctx > hp.rope_orig_ctx;
         return Rope{(long_factors ? rope_inv_freq_long : rope_inv_freq).data(), hp.rope_dims,
                     hp.rope_neox, hp.rope_attn_factor};

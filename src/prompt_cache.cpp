@@ -93,16 +93,17 @@ void save_prompt_cache(const std::string& path, uint64_t digest, const KvCache& 
     std::string out;
     append(out, &h, 1);
     append(out, tokens.data(), tokens.size());
-    std::vector<uint8_t> k_rows(n * kv.row_bytes_k()), v_rows(n * kv.row_bytes_v());
+    std::vector<uint8_t> k_rows(n * kv.max_row_bytes_k()), v_rows(n * kv.max_row_bytes_v());
     for (int l = 0; l < c.n_layer; l++) {
+        if (!c.owns(l)) continue; // its slots are another layer's (Gemma 4)
         // Slot by slot (before a ring wraps, position p is in slot p); the
         // file holds rows whatever the cache's layout.
         const int64_t rows = saved_slots(c, l, h.swa_slots, n);
         kv.read_rows(l, static_cast<int>(rows), k_rows.data(), v_rows.data());
-        append(out, k_rows.data(), rows * kv.row_bytes_k());
-        append(out, v_rows.data(), rows * kv.row_bytes_v());
+        append(out, k_rows.data(), rows * kv.row_bytes_k(l));
+        append(out, v_rows.data(), rows * kv.row_bytes_v(l));
         if (c.keep_of(l) > 0)
-            append(out, kv.sink_k(l), static_cast<size_t>(c.keep_of(l)) * kv.kv_dim());
+            append(out, kv.sink_k(l), static_cast<size_t>(c.keep_of(l)) * kv.kv_dim(l));
     }
     const uint64_t sum = fnv1a(reinterpret_cast<const uint8_t*>(out.data()), out.size());
     append(out, &sum, 1);
@@ -129,8 +130,9 @@ PromptCacheLoad load_prompt_cache(const std::string& path, uint64_t digest, KvCa
     // bound on what is read, whatever the path names.
     uint64_t most = sizeof(Header) + static_cast<uint64_t>(c.n_ctx) * 4 + 8;
     for (int l = 0; l < c.n_layer; l++)
-        most += static_cast<uint64_t>(c.n_ctx) * (kv.row_bytes_k() + kv.row_bytes_v()) +
-                static_cast<uint64_t>(c.keep_of(l)) * kv.kv_dim() * sizeof(float);
+        if (c.owns(l))
+            most += static_cast<uint64_t>(c.n_ctx) * (kv.row_bytes_k(l) + kv.row_bytes_v(l)) +
+                    static_cast<uint64_t>(c.keep_of(l)) * kv.kv_dim(l) * sizeof(float);
     // Too large, its header still says why (another model, more tokens).
     const ReadResult file = try_read_regular_file(path, most, sizeof(Header));
     if (!file.ok && !file.too_large) {
@@ -177,12 +179,13 @@ PromptCacheLoad load_prompt_cache(const std::string& path, uint64_t digest, KvCa
     if (h.swa_slots != swa_slots && n > std::min(h.swa_slots, swa_slots))
         return r.why = "made with another context size (its sliding-window rings differ)", r;
     auto sink_bytes = [&](int l) {
-        return static_cast<size_t>(c.keep_of(l)) * kv.kv_dim() * sizeof(float);
+        return static_cast<size_t>(c.keep_of(l)) * kv.kv_dim(l) * sizeof(float);
     };
     uint64_t want = sizeof(Header) + n * 4 + 8;
     for (int l = 0; l < c.n_layer; l++)
-        want += saved_slots(c, l, h.swa_slots, n) * (kv.row_bytes_k() + kv.row_bytes_v()) +
-                sink_bytes(l);
+        if (c.owns(l))
+            want += saved_slots(c, l, h.swa_slots, n) * (kv.row_bytes_k(l) + kv.row_bytes_v(l)) +
+                    sink_bytes(l);
     if (data.size() != want)
         return r.why = "truncated or padded (size " + std::to_string(data.size()) + ")", r;
     uint64_t sum;
@@ -202,10 +205,11 @@ PromptCacheLoad load_prompt_cache(const std::string& path, uint64_t digest, KvCa
     KV_ASSERT(kv.n_past() == 0);
     const char* p = data.data() + sizeof(Header) + n * 4;
     for (int l = 0; l < c.n_layer; l++) {
+        if (!c.owns(l)) continue;
         const int64_t rows = saved_slots(c, l, h.swa_slots, n);
         const char* k = p;
-        const char* v = k + rows * kv.row_bytes_k();
-        const char* s = v + rows * kv.row_bytes_v();
+        const char* v = k + rows * kv.row_bytes_k(l);
+        const char* s = v + rows * kv.row_bytes_v(l);
         kv.restore_rows(l, static_cast<int>(rows), k, v);
         if (c.keep_of(l) > 0) {
             std::memcpy(kv.sink_k(l), s, sink_bytes(l));

@@ -18,6 +18,10 @@ inline constexpr std::string_view rope_freqs = "rope_freqs.weight";
 // LongRoPE (phi3 128k): frequency divisors for long and short contexts.
 inline constexpr std::string_view rope_factors_long = "rope_factors_long.weight";
 inline constexpr std::string_view rope_factors_short = "rope_factors_short.weight";
+// Gemma 4's per-layer token inputs.
+inline constexpr std::string_view per_layer_token_embd = "per_layer_token_embd.weight";
+inline constexpr std::string_view per_layer_model_proj = "per_layer_model_proj.weight";
+inline constexpr std::string_view per_layer_proj_norm = "per_layer_proj_norm.weight";
 
 // Per-layer tensors: blk(l, attn_q) = "blk.<l>.attn_q.weight".
 inline constexpr std::string_view attn_norm = "attn_norm.weight";
@@ -39,6 +43,12 @@ inline constexpr std::string_view post_ffw_norm = "post_ffw_norm.weight"; // gem
 inline constexpr std::string_view ffn_gate = "ffn_gate.weight";
 inline constexpr std::string_view ffn_up = "ffn_up.weight";
 inline constexpr std::string_view ffn_down = "ffn_down.weight";
+// Gemma 4: the per-layer input's gate and projection, its norm, and the
+// layer's output scale ([1]).
+inline constexpr std::string_view inp_gate = "inp_gate.weight";
+inline constexpr std::string_view inp_proj = "proj.weight";
+inline constexpr std::string_view inp_post_norm = "post_norm.weight";
+inline constexpr std::string_view layer_output_scale = "layer_output_scale.weight";
 
 inline std::string blk(int layer, std::string_view suffix) {
     return "blk." + std::to_string(layer) + "." + std::string(suffix);

@@ -29,6 +29,7 @@ constexpr std::string_view k_eot_texts[] = {
     "<|im_end|>",
     "<|end|>",
     "<end_of_turn>",
+    "<turn|>",
     "<|endoftext|>",
     "<EOT>",
     "_<EOT>",
@@ -38,7 +39,7 @@ constexpr std::string_view k_eot_texts[] = {
 };
 // Texts that end generation whenever present (end of turn / of message).
 constexpr std::string_view k_eog_texts[] = {
-    "<|eot_id|>",    "<|im_end|>", "<|end|>", "<end_of_turn>",
+    "<|eot_id|>",    "<|im_end|>", "<|end|>", "<end_of_turn>", "<turn|>",
     "<|endoftext|>", "<|eom_id|>", "<EOT>",   "_<EOT>",
 };
 

@@ -122,11 +122,11 @@ AttentionTimes bench_attention(const Model& m, gl::Type tk, gl::Type tv, int dep
                                        gl::kKeyTile * hd * ke);
             for (int h = 0; h < hp.n_head_kv; h++) {
                 add(k + h * kv.head_bytes_k(l), k_bytes);
-                add(v + h * kv.head_bytes_v(l), depth * kv.slot_bytes_v());
+                add(v + h * kv.head_bytes_v(l), depth * kv.slot_bytes_v(l));
             }
         } else {
-            add(k, depth * kv.row_bytes_k());
-            add(v, depth * kv.row_bytes_v());
+            add(k, depth * kv.row_bytes_k(l));
+            add(v, depth * kv.row_bytes_v(l));
         }
     }
 

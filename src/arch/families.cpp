@@ -8,9 +8,10 @@ extern const Family kQwen2;
 extern const Family kQwen3;
 extern const Family kGemma3;
 extern const Family kPhi3;
+extern const Family kGemma4;
 
 namespace {
-const Family* const kFamilies[] = {&kLlama, &kQwen2, &kQwen3, &kGemma3, &kPhi3};
+const Family* const kFamilies[] = {&kLlama, &kQwen2, &kQwen3, &kGemma3, &kPhi3, &kGemma4};
 } // namespace
 
 const Family* find_family(std::string_view arch) {

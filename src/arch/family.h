@@ -24,6 +24,12 @@ struct Family {
     bool post_norms = false;  // RMS norms of the attention and FFN outputs before the residual add
     bool gelu_ffn = false;    // GELU (tanh form) gate instead of SiLU
     bool embed_scale = false; // token embeddings multiplied by sqrt(n_embd)
+    // Gemma 4: attn_v may be absent (values are then the keys), values are
+    // RMS-normed per head without a weight, and rope_freqs factors may be
+    // huge (1e30: that frequency is switched off, "proportional" RoPE).
+    bool optional_v = false;
+    bool v_norm = false;
+    bool rope_factors_off = false;
     // Family-specific metadata, read after the keys every family shares
     // (model.cpp); may throw Error(bad_model). Null: nothing more to read.
     void (*read_hparams)(const GgufFile& f, Hparams& hp) = nullptr;

@@ -332,6 +332,11 @@ Backends make_backends(const CommonOptions& o, int threads, const Hparams& hp) {
         fail(Exit::usage, "--device {}: {}", o.device, why);
     if (o.deterministic && b.n_gpu_layers > 0)
         fail(Exit::usage, "--deterministic runs on the CPU only (not with -ngl or --device cuda)");
+    // Gemma 4's window heads of their own size, shared K/V and per-layer
+    // inputs have no CUDA kernels yet.
+    if (b.n_gpu_layers > 0 && (hp.head_dim_swa > 0 || hp.n_kv_shared > 0 || hp.n_embd_per_layer > 0))
+        fail(Exit::usage, "{} models run on the CPU only for now (not with -ngl or --device cuda)",
+             hp.arch);
     if (b.n_gpu_layers > 0) {
         const std::string d = is_cuda_device(o.device) ? o.device : "cuda";
         const std::string what =

@@ -168,21 +168,30 @@ int run_info(int argc, char** argv) {
     const uint64_t kv_total = KvCache::ring_bytes_for(kv_cfg);
     const uint64_t kv_uniform = per_token * static_cast<uint64_t>(n_ctx); // every layer n_ctx slots
     // Per layer kind: how many layers, their slots and bytes.
+    // Layers that read another layer's slots (Gemma 4) are a kind of their
+    // own, with no slots: what they would have stored is the saving.
     struct KvKind {
         const char* kind;
         int layers = 0;
         int64_t slots = 0;
+        int head_dim = 0;
         uint64_t bytes = 0;
+        uint64_t saved = 0; // shared: the bytes their own slots would take
     };
     std::vector<KvKind> kinds;
-    const uint64_t slot_bytes = per_token / static_cast<uint64_t>(hp.n_layer); // K + V of one slot
     for (int l = 0; l < hp.n_layer; l++) {
-        const char* kind = kv_cfg.is_swa(l) ? "sliding_window" : "global";
+        const char* kind = !kv_cfg.owns(l)   ? "shared"
+                           : kv_cfg.is_swa(l) ? "sliding_window"
+                                              : "global";
         auto k = std::find_if(kinds.begin(), kinds.end(),
                               [&](const KvKind& x) { return x.kind == kind; });
-        if (k == kinds.end()) k = kinds.insert(kinds.end(), KvKind{kind, 0, kv_cfg.slots(l), 0});
+        if (k == kinds.end())
+            k = kinds.insert(kinds.end(), KvKind{kind, 0, kv_cfg.owns(l) ? kv_cfg.slots(l) : 0,
+                                                 kv_cfg.head_dim_of(l), 0, 0});
         k->layers++;
-        k->bytes += slot_bytes * static_cast<uint64_t>(kv_cfg.slots(l));
+        k->bytes += kv_cfg.slot_bytes(l) * static_cast<uint64_t>(kv_cfg.slots(l));
+        if (!kv_cfg.owns(l))
+            k->saved += kv_cfg.slot_bytes(kv_cfg.source(l)) * static_cast<uint64_t>(kv_cfg.slots(l));
     }
     std::stable_partition(kinds.begin(), kinds.end(),
                           [](const KvKind& k) { return k.kind == std::string("global"); });
@@ -244,8 +253,12 @@ int run_info(int argc, char** argv) {
                               {"max_ctx_that_fits", plan.max_ctx_that_fits}}}};
         nlohmann::json layer_kinds = nlohmann::json::array();
         for (const KvKind& k : kinds)
-            layer_kinds.push_back(
-                {{"kind", k.kind}, {"layers", k.layers}, {"slots", k.slots}, {"bytes", k.bytes}});
+            layer_kinds.push_back({{"kind", k.kind},
+                                   {"layers", k.layers},
+                                   {"slots", k.slots},
+                                   {"head_dim", k.head_dim},
+                                   {"bytes", k.bytes},
+                                   {"saved_bytes", k.saved}});
         j["kv"]["layer_kinds"] = layer_kinds;
         j["kernels"] = {{"isa", gl::cpu::isa_name()},
                         {"prompt_batches", prompt_path},
@@ -297,17 +310,34 @@ int run_info(int argc, char** argv) {
     // (q8_0: 34 bytes per 32 elements = 1.0625).
     const double el_k = static_cast<double>(bytes_k) / hp.kv_dim(),
                  el_v = static_cast<double>(bytes_v) / hp.kv_dim();
-    fmt::print(
-        "KV per token: {} = {} layers × {} KV heads × {} dims × ({:g} + {:g} bytes) ({}{})\n",
-        human_bytes(per_token), hp.n_layer, hp.n_head_kv, hp.head_dim, el_k, el_v,
-        cache_types_text(tk, tv, k_rotate),
-        k_rotate > 0 ? fmt::format(" in Hadamard blocks of {}", k_rotate) : std::string());
+    const bool uniform = hp.head_dim_swa == 0 && hp.n_kv_shared == 0;
+    if (uniform)
+        fmt::print(
+            "KV per token: {} = {} layers × {} KV heads × {} dims × ({:g} + {:g} bytes) ({}{})\n",
+            human_bytes(per_token), hp.n_layer, hp.n_head_kv, hp.head_dim, el_k, el_v,
+            cache_types_text(tk, tv, k_rotate),
+            k_rotate > 0 ? fmt::format(" in Hadamard blocks of {}", k_rotate) : std::string());
+    else
+        fmt::print("KV per token: {} over the {} layers that store K/V, {} KV heads of {} "
+                   "(global) and {} (window) dims ({}{})\n",
+                   human_bytes(per_token), hp.n_layer - hp.n_kv_shared, hp.n_head_kv,
+                   hp.head_dim, hp.head_dim_swa ? hp.head_dim_swa : hp.head_dim,
+                   cache_types_text(tk, tv, k_rotate),
+                   k_rotate > 0 ? fmt::format(" in Hadamard blocks of {}", k_rotate)
+                                : std::string());
     if (kinds.size() > 1) {
         std::string parts;
-        for (const KvKind& k : kinds)
-            parts += fmt::format("{}{} {} × {} slots = {}", parts.empty() ? "" : "; ", k.layers,
-                                 k.kind == std::string("global") ? "global" : "sliding-window",
-                                 k.slots, human_bytes(k.bytes));
+        for (const KvKind& k : kinds) {
+            const std::string kind = k.kind == std::string("global")         ? "global"
+                                     : k.kind == std::string("sliding_window") ? "sliding-window"
+                                                                               : "";
+            if (kind.empty())
+                parts += fmt::format("{}{} sharing an earlier layer's K/V (saves {})",
+                                     parts.empty() ? "" : "; ", k.layers, human_bytes(k.saved));
+            else
+                parts += fmt::format("{}{} {} × {} slots = {}", parts.empty() ? "" : "; ",
+                                     k.layers, kind, k.slots, human_bytes(k.bytes));
+        }
         fmt::print("KV layers:    {} (window {})\n", parts, hp.swa_window);
     }
     if (types_auto)

@@ -48,7 +48,7 @@ double tolerance_for(const std::string& model) {
 }
 
 std::string model_path(const std::string& name) {
-    for (const char* dir : {"models/", "models/synthetic/", "models/families/"})
+    for (const char* dir : {"models/", "models/synthetic/", "models/families/", "models/next/"})
         if (std::string p = kvtest::shared(dir + name); fs::exists(p)) return p;
     return kvtest::shared("models/" + name); // missing: the load names it
 }
@@ -197,6 +197,43 @@ TEST_CASE("golden: newer families from ../shared/golden-families") {
             SUBCASE(f.filename().string().c_str()) {
                 check_golden(f, gl::Type::F16, gl::Type::F16, 0, "", false, true);
                 if (gl::cpu::has_gemm(gl::Type::Q4_0)) check_golden(f);
+            }
+        }
+        CHECK_MESSAGE(n == 3, family);
+    }
+}
+
+// The late-2026 families (../shared/golden-next, models in models/next), as
+// kvrun runs them: gemma4 (window layers with heads of 32, global ones of 64,
+// the last two layers attending with layers 2 and 3's K/V, V = K on layer 1,
+// per-layer inputs, soft-capped logits).
+TEST_CASE("golden: late-2026 families from ../shared/golden-next") {
+    for (const char* family : {"tiny-gemma4"}) {
+        int n = 0;
+        for (const auto& f : goldens("golden-next")) {
+            if (f.filename().string().rfind(std::string(family) + "-", 0) != 0) continue;
+            n++;
+            SUBCASE(f.filename().string().c_str()) {
+                // The goldens' arithmetic at their tolerance (--precise).
+                check_golden(f, gl::Type::F16, gl::Type::F16, 0, "", false, true);
+                // 8-bit activations move this model's logits by up to 1.3 in
+                // the reference engine's own CPU path (its distance from
+                // these files: story 0.46, unicode 0.54, long 1.32,
+                // scripts/reference-distance.sh); kvrun's default lands
+                // 0.26 / 0.82 / 1.29 (docs/performance.md, "Prompt
+                // precision"), held here to 1.6x the reference's.
+                const std::string name = f.filename().string();
+                const double ref = name.find("story") != std::string::npos     ? 0.46
+                                   : name.find("unicode") != std::string::npos ? 0.54
+                                                                               : 1.32;
+                if (gl::cpu::has_gemm(gl::Type::Q4_0))
+                    check_golden(f, gl::Type::F16, gl::Type::F16, 1.6 * ref);
+                // An F32 cache at the goldens' tolerance; rows of 32 (window)
+                // and 64 (global) elements in Q8_0 blocks within what 8-bit
+                // keys cost a model attending at scale 1 with normed Q and K
+                // (measured 0.11 / 0.17 / 0.71; keys alone 0.11 / 0.34 / 0.77).
+                check_golden(f, gl::Type::F32, gl::Type::F32, 0, "", false, true);
+                check_golden(f, gl::Type::Q8_0, gl::Type::Q8_0, 1.0, "", false, true);
             }
         }
         CHECK_MESSAGE(n == 3, family);

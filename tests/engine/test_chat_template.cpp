@@ -48,6 +48,10 @@ const char* kGemma =
 ' + message['content'] | trim + '<end_of_turn>
 ' }}{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model
 '}}{% endif %})T";
+// Gemma 4's template is long (tools, thinking, media); what detection keys on
+// is its turn markers, as in this excerpt of google-gemma-4-31B-it.jinja.
+const char* kGemma4 =
+    R"T({{- bos_token -}}{%- if messages[0]['role'] in ['system', 'developer'] -%}{{- '<|turn>system\n' -}}{{- messages[0]['content'] | trim -}}{{- '<turn|>\n' -}}{%- endif %}{%- for message in loop_messages -%}{{- '<|turn>' + role + '\n' }}{{- message['content'] | trim -}}{{- '<turn|>\n' -}}{%- endfor -%}{%- if add_generation_prompt -%}{{- '<|turn>model\n' -}}{%- if not enable_thinking | default(false) -%}{{- '<|channel>thought\n<channel|>' -}}{%- endif -%}{%- endif -%})T";
 const char* kZephyr = R"T({% for message in messages %}
 {% if message['role'] == 'user' %}
 {{ '<|user|>
@@ -118,6 +122,18 @@ TEST_CASE("chat template: each family renders the exact string its models expect
          "<bos><start_of_turn>user\nHello<end_of_turn>\n<start_of_turn>model\nHi "
          "there<end_of_turn>\n"
          "<start_of_turn>user\nWho are you<end_of_turn>\n<start_of_turn>model\n"},
+        // Gemma 4 with thinking off (its default): each model turn opens with
+        // an empty thought channel. Its template drops that channel from
+        // earlier turns; kvrun keeps it, as the model saw it, so that a chat's
+        // next turn reuses the cache instead of evaluating the history again.
+        {kGemma4, "<bos>", "<eos>", "gemma4", true,
+         "<bos><|turn>system\nYou are a helpful assistant<turn|>\n<|turn>user\nHello<turn|>\n"
+         "<|turn>model\n<|channel>thought\n<channel|>Hi there<turn|>\n<|turn>user\nWho are "
+         "you<turn|>\n<|turn>model\n<|channel>thought\n<channel|>"},
+        {kGemma4, "<bos>", "<eos>", "gemma4", false,
+         "<bos><|turn>user\nHello<turn|>\n<|turn>model\n<|channel>thought\n<channel|>Hi "
+         "there<turn|>\n<|turn>user\nWho are you<turn|>\n<|turn>model\n<|channel>thought\n"
+         "<channel|>"},
         {kZephyr, "<s>", "</s>", "zephyr", true,
          "<|system|>\nYou are a helpful assistant</s>\n<|user|>\nHello</s>\n<|assistant|>\nHi "
          "there</s>\n"

@@ -52,8 +52,8 @@ Run run(const Model& m, gl::Type type, int n_ctx, const std::vector<int32_t>& he
     r.k0.resize(m.hp.n_layer);
     r.v0.resize(m.hp.n_layer);
     for (int l = 0; l < m.hp.n_layer; l++) {
-        r.k0[l].resize(kv.slots(l) * kv.row_bytes_k());
-        r.v0[l].resize(kv.slots(l) * kv.row_bytes_v());
+        r.k0[l].resize(kv.slots(l) * kv.row_bytes_k(l));
+        r.v0[l].resize(kv.slots(l) * kv.row_bytes_v(l));
         kv.read_rows(l, kv.slots(l), r.k0[l].data(), r.v0[l].data());
     }
     const float* rows = fwd.eval(next.data(), static_cast<int>(next.size()), true);

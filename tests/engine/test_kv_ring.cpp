@@ -179,7 +179,7 @@ TEST_CASE("kv ring: head-major slots hold each row's head slices (keys in tiles)
         heads.set_head_major(true);
         CHECK(heads.head_major() == c.head_major);
         CHECK_FALSE(rows.head_major());
-        const size_t rk = rows.row_bytes_k(), rv = rows.row_bytes_v();
+        const size_t rk = rows.row_bytes_k(0), rv = rows.row_bytes_v(0);
         uint32_t seed = 7;
         // 120 tokens in batches of 3 through a ring of 35 window slots: wraps thrice.
         for (int64_t p = 0; p < 120; p += 3) {
@@ -205,7 +205,7 @@ TEST_CASE("kv ring: head-major slots hold each row's head slices (keys in tiles)
             if (heads.head_major()) {
                 const auto* hk = static_cast<const uint8_t*>(heads.k_slots(l));
                 const auto* hv = static_cast<const uint8_t*>(heads.v_slots(l));
-                const size_t sv = heads.slot_bytes_v(), e = gl::type_info(c.tk).type_size;
+                const size_t sv = heads.slot_bytes_v(l), e = gl::type_info(c.tk).type_size;
                 CHECK(sv * c.n_head_kv == rv);
                 CHECK(heads.head_bytes_k(l) * c.n_head_kv == n_ctx * rk);
                 int wrong = 0;

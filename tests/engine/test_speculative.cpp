@@ -340,7 +340,7 @@ TEST_CASE("speculative rollback: after every round the cache equals one that eva
             for (int l = 0; l < cfg.n_layer; l++) {
                 const int slots = a.slots(l);
                 REQUIRE(std::equal(a.slot_pos(l), a.slot_pos(l) + slots, b.slot_pos(l)));
-                std::vector<uint8_t> ka(slots * a.row_bytes_k()), va(slots * a.row_bytes_v());
+                std::vector<uint8_t> ka(slots * a.row_bytes_k(l)), va(slots * a.row_bytes_v(l));
                 std::vector<uint8_t> kb(ka.size()), vb(va.size());
                 a.read_rows(l, slots, ka.data(), va.data());
                 b.read_rows(l, slots, kb.data(), vb.data());
@@ -348,10 +348,10 @@ TEST_CASE("speculative rollback: after every round the cache equals one that eva
                     if (a.slot_pos(l)[s] < 0) continue;
                     CAPTURE(l);
                     CAPTURE(s);
-                    REQUIRE(std::memcmp(ka.data() + s * a.row_bytes_k(),
-                                        kb.data() + s * a.row_bytes_k(), a.row_bytes_k()) == 0);
-                    REQUIRE(std::memcmp(va.data() + s * a.row_bytes_v(),
-                                        vb.data() + s * a.row_bytes_v(), a.row_bytes_v()) == 0);
+                    REQUIRE(std::memcmp(ka.data() + s * a.row_bytes_k(l),
+                                        kb.data() + s * a.row_bytes_k(l), a.row_bytes_k(l)) == 0);
+                    REQUIRE(std::memcmp(va.data() + s * a.row_bytes_v(l),
+                                        vb.data() + s * a.row_bytes_v(l), a.row_bytes_v(l)) == 0);
                 }
             }
         }
