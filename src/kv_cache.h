@@ -146,7 +146,7 @@ class KvCache {
     size_t max_row_bytes_v() const { return *std::max_element(row_v_.begin(), row_v_.end()); }
 
     const void* k_slots(int layer) const { return k_at(layer); }
-    const void* v_slots(int layer) const { return k_at(layer) + k_bytes_[layer]; }
+    const void* v_slots(int layer) const { return k_at(layer) + k_bytes_[cfg_.source(layer)]; }
     // Head-major slots instead of rows: per layer, each KV head's keys and
     // values are one contiguous stream, not a head_dim slice of every row
     // (TinyLlama shape, depth 4096: attention 8.9 instead of 11.7 ms per

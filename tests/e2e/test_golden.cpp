@@ -69,13 +69,14 @@ LoadedModel& model_cached(const std::string& path) {
 
 void check_golden(const fs::path& file, gl::Type tk = gl::Type::F16, gl::Type tv = gl::Type::F16,
                   double tol_override = 0, const std::string& model_file = "", bool rotate = false,
-                  bool precise = false) {
+                  bool precise = false, int max_batch = 0) {
     std::ifstream in(file);
     const nlohmann::json g = nlohmann::json::parse(in);
     const std::string model = g["model"];
     const double tol = tol_override > 0 ? tol_override : tolerance_for(model);
     const std::string cache_types = std::string(gl::type_name(tk)) + "/" + gl::type_name(tv) +
-                                    (rotate ? " keys rotated" : "") + (precise ? " --precise" : "");
+                                    (rotate ? " keys rotated" : "") + (precise ? " --precise" : "") +
+                                    (max_batch > 0 ? " -b " + std::to_string(max_batch) : "");
     INFO("golden ", file.filename().string(), " cache ", cache_types, " tolerance ", tol);
     LoadedModel& lm = model_cached(model_file.empty() ? model_path(model) : model_file);
     const Hparams& hp = lm.model.hp;
@@ -96,8 +97,15 @@ void check_golden(const fs::path& file, gl::Type tk = gl::Type::F16, gl::Type tv
     // (batches of 128 for large vocabularies: every row's logits are kept).
     {
         const int n = static_cast<int>(seq.size());
+        // Batches of max_batch or a few more, none under 16 tokens, so that
+        // every row takes the --precise prompt path (shorter ones take the
+        // single-token dot products, with 8-bit activations).
+        while (max_batch > 0 && max_batch < n && n % max_batch != 0 && n % max_batch < 16)
+            max_batch++;
         KvCache kv(KvCacheConfig::for_model(hp, n, 4, tk, tv, rot));
-        Forward fwd(lm.model, kv, *be, std::min(n, hp.n_vocab > 100000 ? 128 : 512));
+        Forward fwd(lm.model, kv, *be,
+                    max_batch > 0 ? std::min(n, max_batch)
+                                  : std::min(n, hp.n_vocab > 100000 ? 128 : 512));
         double worst = 0;
         int argmax_checked = 0;
         for (int i = 0; i < n;) {
@@ -214,8 +222,11 @@ TEST_CASE("golden: late-2026 families from ../shared/golden-next") {
             if (f.filename().string().rfind(std::string(family) + "-", 0) != 0) continue;
             n++;
             SUBCASE(f.filename().string().c_str()) {
-                // The goldens' arithmetic at their tolerance (--precise).
+                // The goldens' arithmetic at their tolerance (--precise), the
+                // prompt in one batch and in batches of 16 (later ones read
+                // every kind of slot: window rings wrapped, shared ones).
                 check_golden(f, gl::Type::F16, gl::Type::F16, 0, "", false, true);
+                check_golden(f, gl::Type::F16, gl::Type::F16, 0, "", false, true, 16);
                 // 8-bit activations move this model's logits by up to 1.3 in
                 // the reference engine's own CPU path (its distance from
                 // these files: story 0.46, unicode 0.54, long 1.32,

@@ -67,16 +67,12 @@ int first_difference(const std::vector<float>& want, const std::vector<float>& g
     return -1;
 }
 
-void check_invariance(const Shape& s, gl::Type kv_type) {
-    const std::vector<uint8_t> bytes = random_model(s, 4321);
-    GgufFile f = GgufFile::parse(bytes.data(), bytes.size(), "random");
-    Model m = Model::load(f);
+void check_invariance(const Model& m, const std::string& model, gl::Type kv_type) {
     std::vector<int32_t> toks(kTotal);
     std::mt19937 rng(11);
     for (auto& t : toks) t = static_cast<int32_t>(rng() % 512);
     const size_t nv = static_cast<size_t>(m.hp.n_vocab);
-    const std::string what = std::string(s.arch) + " " + gl::type_name(s.wtype) + " weights, " +
-                             gl::type_name(kv_type) + " KV";
+    const std::string what = model + ", " + gl::type_name(kv_type) + " KV";
     const std::vector<float> want = logits_of(m, kv_type, toks, {});
     const Run runs[] = {
         {2, 16, -1, true}, {2, 7, -1, true},       {2, 1, -1, true}, {1, kPrompt, -1, true},
@@ -101,6 +97,13 @@ void check_invariance(const Shape& s, gl::Type kv_type) {
     MESSAGE(what, ": default mode, -b ", kPrompt, " vs -b 1: first differing position ", d);
 }
 
+void check_invariance(const Shape& s, gl::Type kv_type) {
+    const std::vector<uint8_t> bytes = random_model(s, 4321);
+    GgufFile f = GgufFile::parse(bytes.data(), bytes.size(), "random");
+    Model m = Model::load(f);
+    check_invariance(m, std::string(s.arch) + " " + gl::type_name(s.wtype) + " weights", kv_type);
+}
+
 } // namespace
 
 TEST_CASE("deterministic: logits are bit-identical whatever the batching, threads or cache reuse") {
@@ -113,4 +116,9 @@ TEST_CASE("deterministic: logits are bit-identical whatever the batching, thread
     // Sliding-window layers with their own small rings (wrapped many times).
     check_invariance({"gemma3", 128, 4, 1, 96, 6, gl::Type::Q8_0}, gl::Type::F16);
     check_invariance({"gemma3", 128, 4, 1, 96, 6, gl::Type::Q8_0}, gl::Type::Q8_0);
+    // Gemma 4: window layers with heads of their own size (rings of 8, wrapped
+    // many times), the last two layers reading layers 2 and 3's slots, V = K.
+    const auto g4 = LoadedModel::load(kvtest::shared("models/next/tiny-gemma4-Q4_K_M.gguf"));
+    for (gl::Type kv : {gl::Type::F16, gl::Type::Q8_0})
+        check_invariance(g4->model, "tiny-gemma4", kv);
 }

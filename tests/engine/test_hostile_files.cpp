@@ -98,6 +98,7 @@ kvtest::RunResult gen(const std::string& model, std::vector<std::string> extra =
 struct Rewrite {
     std::vector<std::pair<std::string, std::function<void(kvrun::GgufWriter&)>>> kv;
     std::function<void(const std::string& name, std::vector<float>& data)> tensor;
+    std::function<bool(const std::string& name)> drop; // tensors left out
 };
 Rewrite with_kv(const std::string& key, std::function<void(kvrun::GgufWriter&)> set) {
     Rewrite rw;
@@ -121,6 +122,7 @@ void rewrite(const std::string& out, const Rewrite& rw = Rewrite(),
     }
     for (const auto& [rk, set] : rw.kv) set(w);
     for (const auto& t : f.tensors()) {
+        if (rw.drop && rw.drop(t.name)) continue;
         std::vector<uint8_t> bytes(static_cast<const uint8_t*>(t.data),
                                    static_cast<const uint8_t*>(t.data) + t.nbytes);
         if (rw.tensor && t.type == gl::Type::F32) {
@@ -614,6 +616,70 @@ TEST_CASE("files: rope bases, scales, window flags, vocab sizes and LongRoPE fac
         const auto r = gen(m);
         CHECK(r.status == 3);
         CHECK(contains(r.err, "rope_factors_long"));
+    }
+}
+
+// Gemma 4's keys and tensors: shared-layer counts the layers cannot hold, a
+// shared layer whose source is of the other kind, missing per-layer tensors,
+// a missing window head size, non-finite scales and RoPE factors.
+TEST_CASE("files: Gemma 4 files with bad shared layers, missing tensors or bad values are bad "
+          "models") {
+    TempDir d;
+    const std::string g4 = kvtest::shared("models/next/tiny-gemma4-Q4_K_M.gguf");
+    REQUIRE(gen(g4).status == 0);
+    auto u32 = [](const std::string& key, uint32_t v) {
+        return with_kv(key, [=](kvrun::GgufWriter& w) { w.set_u32(key, v); });
+    };
+    auto without = [](const std::string& tensor) {
+        Rewrite rw;
+        rw.drop = [=](const std::string& name) { return name == tensor; };
+        return rw;
+    };
+    auto f32_tensor = [](const std::string& tensor, float v) {
+        return with_tensor([=](const std::string& name, std::vector<float>& x) {
+            if (name == tensor) x[0] = v;
+        });
+    };
+    Rewrite no_swa_key;
+    no_swa_key.kv.emplace_back("gemma4.attention.key_length_swa", [](kvrun::GgufWriter&) {});
+    struct Case {
+        const char* what;
+        Rewrite rw;
+        const char* says;
+    };
+    const std::vector<Case> cases = {
+        {"shared_kv_layers 5 of 6", u32("gemma4.attention.shared_kv_layers", 5),
+         "shared_kv_layers"},
+        {"shared_kv_layers 1000", u32("gemma4.attention.shared_kv_layers", 1000),
+         "shared_kv_layers"},
+        // Layer 4 (window) would read layer 2, made global here.
+        {"a shared layer's source of the other kind",
+         with_kv("gemma4.attention.sliding_window_pattern",
+                 [](kvrun::GgufWriter& w) {
+                     w.set_i32_array("gemma4.attention.sliding_window_pattern",
+                                     {1, 1, 0, 0, 1, 0});
+                 }),
+         "of the other kind"},
+        {"no key_length_swa", no_swa_key, "key_length_swa"},
+        {"no inp_gate in layer 2", without("blk.2.inp_gate.weight"), "blk.2.inp_gate.weight"},
+        {"no per_layer_token_embd", without("per_layer_token_embd.weight"),
+         "per_layer_token_embd"},
+        {"no attn_k in layer 3", without("blk.3.attn_k.weight"), "blk.3.attn_k.weight"},
+        {"layer_output_scale NaN", f32_tensor("blk.1.layer_output_scale.weight", NAN),
+         "layer_output_scale"},
+        {"rope_freqs NaN", f32_tensor("rope_freqs.weight", NAN), "rope_freqs"},
+        {"embedding_length_per_layer_input 0",
+         u32("gemma4.embedding_length_per_layer_input", 0), "embedding_length_per_layer_input"},
+    };
+    for (const Case& c : cases) {
+        CAPTURE(std::string(c.what));
+        const std::string m = d.file("bad.gguf");
+        fs::remove(m);
+        rewrite(m, c.rw, g4);
+        const auto r = gen(m);
+        CHECK(r.status == 3);
+        CHECK(contains(r.err, c.says));
+        CHECK(count_lines(r.err) == 1);
     }
 }
 

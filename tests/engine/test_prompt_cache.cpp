@@ -12,8 +12,11 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "forward.h"
 #include "gguf.h"
 #include "gguf_writer.h"
+#include "loader.h"
+#include "prompt_cache.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -332,4 +335,50 @@ TEST_CASE("prompt cache: -c auto makes room for a cached document, so a shorter 
     // The same answer as without the file, with the same batches.
     CHECK(nlohmann::json::parse(same_batches_of("tiny-Q8_0.gguf", half, shorter).out)["text"] ==
           js["text"]);
+}
+// Gemma 4: only the layers with K/V of their own are saved (rows of 32 on
+// window layers, 64 on global ones); the two sharing layers read them back.
+// With the batch-invariant arithmetic a reused prefix gives the logits of a
+// run without the file, bit for bit.
+TEST_CASE("prompt cache: Gemma 4's own and shared K/V come back exactly") {
+    using namespace kvrun;
+    TempDir d;
+    const std::string pc = d.file("g4.cache");
+    const auto lm = LoadedModel::load(kvtest::shared("models/next/tiny-gemma4-Q4_K_M.gguf"));
+    const Model& m = lm->model;
+    auto be = gl::make_cpu_backend(2, true);
+    const KvCacheConfig cfg = KvCacheConfig::for_model(m.hp, 128, 4, gl::Type::F16, gl::Type::F16);
+    std::mt19937 rng(5);
+    std::vector<int32_t> longer(50);
+    for (auto& t : longer) t = static_cast<int32_t>(rng() % m.hp.n_vocab);
+    const std::vector<int32_t> prefix(longer.begin(), longer.begin() + 40);
+    const size_t nv = static_cast<size_t>(m.hp.n_vocab);
+    std::vector<float> want(nv);
+    {
+        KvCache kv(cfg);
+        Forward fwd(m, kv, *be, 64);
+        std::memcpy(want.data(), fwd.eval(longer.data(), 50, false), sizeof(float) * nv);
+    }
+    {
+        KvCache kv(cfg);
+        Forward fwd(m, kv, *be, 64);
+        fwd.eval(prefix.data(), 17, false); // the window rings wrap twice
+        fwd.eval(prefix.data() + 17, 23, false);
+        save_prompt_cache(pc, 1234, kv, prefix);
+    }
+    KvCache kv(cfg);
+    const PromptCacheLoad r = load_prompt_cache(pc, 1234, kv, longer, m);
+    REQUIRE_MESSAGE(r.ok, r.why);
+    CHECK(r.reused == 40);
+    Forward fwd(m, kv, *be, 64);
+    const float* got = fwd.eval(longer.data() + 40, 10, false);
+    CHECK(std::memcmp(got, want.data(), sizeof(float) * nv) == 0);
+    // A shorter shared prefix than the file's: the window rings wrapped past
+    // it, so the file cannot serve it, and says why.
+    std::vector<int32_t> other(prefix.begin(), prefix.begin() + 30);
+    other.push_back(7);
+    KvCache kv2(cfg);
+    const PromptCacheLoad r2 = load_prompt_cache(pc, 1234, kv2, other, m);
+    CHECK_FALSE(r2.ok);
+    CHECK(r2.why.find("sliding-window") != std::string::npos);
 }

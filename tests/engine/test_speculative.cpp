@@ -288,19 +288,28 @@ TEST_CASE("speculative rollback: after every round the cache equals one that eva
         Shape shape;
         gl::Type kv;
         bool deterministic;
+        const char* file = nullptr; // a model of ../shared instead of the random shape
     };
     const Case cases[] = {
         {{"llama", 128, 4, 2, 96, 2, gl::Type::Q8_0}, gl::Type::F16, false},  // head-major slots
         {{"llama", 128, 4, 2, 96, 2, gl::Type::Q8_0}, gl::Type::Q4_0, false}, // block rows
         {{"llama", 128, 4, 2, 96, 2, gl::Type::Q8_0}, gl::Type::F16, true}, // --deterministic rows
         {{"gemma3", 128, 4, 1, 96, 6, gl::Type::Q8_0}, gl::Type::Q8_0, false}, // windows of 8
+        // Gemma 4: windows of 8 with heads of 32, two layers reading others' slots.
+        {{}, gl::Type::F16, false, "models/next/tiny-gemma4-Q4_K_M.gguf"},
+        {{}, gl::Type::Q8_0, false, "models/next/tiny-gemma4-Q4_K_M.gguf"},
     };
     for (const Case& c : cases) {
-        CAPTURE(c.shape.arch);
+        CAPTURE(c.file ? c.file : c.shape.arch);
         CAPTURE(std::string(gl::type_name(c.kv)));
         CAPTURE(c.deterministic);
-        ModelFile mf(c.shape);
-        const LoadedModel& lm = *mf.lm;
+        std::unique_ptr<ModelFile> mf;
+        std::unique_ptr<LoadedModel> shared_model;
+        if (c.file)
+            shared_model = LoadedModel::load(kvtest::shared(c.file));
+        else
+            mf = std::make_unique<ModelFile>(c.shape);
+        const LoadedModel& lm = c.file ? *shared_model : *mf->lm;
         const int nv = lm.model.hp.n_vocab;
         auto be = gl::make_cpu_backend(2, c.deterministic);
         const KvCacheConfig cfg = KvCacheConfig::for_model(lm.model.hp, 32, 4, c.kv, c.kv);
