@@ -532,10 +532,11 @@ void Forward::ffn_block(int l, int n) {
     matmul(be, Op::ffn_up, L.w_up, xb_.data(), n, hb2_.data());
     {
         OpTimer t(profile_, Op::other);
+        const int64_t count = static_cast<int64_t>(n) * hp.layer_n_ff(l);
         if (m_.gelu_ffn)
-            be.gelu_mul(hb_.data(), hb2_.data(), static_cast<int64_t>(n) * hp.n_ff);
+            be.gelu_mul(hb_.data(), hb2_.data(), count);
         else
-            be.silu_mul(hb_.data(), hb2_.data(), static_cast<int64_t>(n) * hp.n_ff);
+            be.silu_mul(hb_.data(), hb2_.data(), count);
     }
     matmul(be, Op::ffn_down, L.w_down, hb_.data(), n, xb_.data());
     add_residual(be, n, L.post_ffn_norm);

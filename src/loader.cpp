@@ -51,7 +51,13 @@ std::unique_ptr<LoadedModel> LoadedModel::load(const std::string& path, bool wei
     // resident (+37 MB for TinyLlama Q4_0, +70 MB Q8_0).
     const bool tied = f.tensor(std::string(tensor_names::output)) == nullptr;
     if (weights_on_cpu && want_huge_pages(f))
-        f.move_data_to_huge_pages([tied](const GgufTensor& t) { return !tied && t.name == tensor_names::token_embd; });
+        // Tables read a row per token stay in the mapping: an untied
+        // embedding, and Gemma 4's per-layer embeddings (E2B: 1.3 GB in Q4_0,
+        // 35 layers' rows of 256 for each of 262144 tokens).
+        f.move_data_to_huge_pages([tied](const GgufTensor& t) {
+            return (!tied && t.name == tensor_names::token_embd) ||
+                   t.name == tensor_names::per_layer_token_embd;
+        });
     Model m = Model::load(f);
     Tokenizer t(Vocab::from_gguf(f));
     if (t.n_vocab() != m.hp.n_vocab)

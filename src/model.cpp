@@ -1,5 +1,6 @@
 #include "model.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "arch/family.h"
@@ -105,7 +106,29 @@ Hparams read_hparams(const GgufFile& f) {
 
     hp.n_embd = need("embedding_length");
     hp.n_layer = need("block_count", 4096);
-    hp.n_ff = need("feed_forward_length");
+    // One width, or one per layer (Gemma 4 E2B's last 20 layers are twice as wide).
+    const std::string ff_key = p + "feed_forward_length";
+    if (const GgufValue* ff = f.find(ff_key); ff && ff->type == GgufType::array) {
+        const GgufType e = ff->elem_type;
+        const bool integers = e != GgufType::f32 && e != GgufType::f64 && e != GgufType::string &&
+                              e != GgufType::array && e != GgufType::boolean;
+        if (ff->count != static_cast<uint64_t>(hp.n_layer) || !integers)
+            fail(Exit::bad_model, "{}: '{}' must hold one integer per layer ({})", f.path(),
+                 ff_key, hp.n_layer);
+        for (int l = 0; l < hp.n_layer; l++) {
+            const int64_t w = ff->array_i64(l);
+            if (w <= 0 || w > (1 << 24))
+                fail(Exit::bad_model, "{}: '{}' = {} at layer {} is out of range", f.path(), ff_key,
+                     w, l);
+            hp.n_ff_layers.push_back(static_cast<int>(w));
+        }
+        hp.n_ff = *std::max_element(hp.n_ff_layers.begin(), hp.n_ff_layers.end());
+        if (std::all_of(hp.n_ff_layers.begin(), hp.n_ff_layers.end(),
+                        [&](int w) { return w == hp.n_ff; }))
+            hp.n_ff_layers.clear();
+    } else {
+        hp.n_ff = need("feed_forward_length");
+    }
     hp.n_head = need("attention.head_count", 4096);
     hp.n_head_kv = f.get_u64(p + "attention.head_count_kv") ? need("attention.head_count_kv", 4096)
                                                             : hp.n_head;
@@ -235,16 +258,17 @@ Model Model::load(const GgufFile& f) {
         }
         // Fused (phi3): no ffn_gate, and an ffn_up of other than n_ff rows
         // (2 n_ff: gate rows, then up; anything else is named as misshapen).
+        const int ff = hp.layer_n_ff(l);
         const GgufTensor* up = b.find(name(tn::ffn_up));
-        if (!b.find(name(tn::ffn_gate)) && up && up->ne[1] != hp.n_ff) {
-            const gl::Tensor gate_up = b.matrix(name(tn::ffn_up), hp.n_embd, 2 * hp.n_ff);
-            L.w_gate = gate_up.rows(0, hp.n_ff);
-            L.w_up = gate_up.rows(hp.n_ff, hp.n_ff);
+        if (!b.find(name(tn::ffn_gate)) && up && up->ne[1] != ff) {
+            const gl::Tensor gate_up = b.matrix(name(tn::ffn_up), hp.n_embd, 2 * ff);
+            L.w_gate = gate_up.rows(0, ff);
+            L.w_up = gate_up.rows(ff, ff);
         } else {
-            L.w_gate = b.matrix(name(tn::ffn_gate), hp.n_embd, hp.n_ff);
-            L.w_up = b.matrix(name(tn::ffn_up), hp.n_embd, hp.n_ff);
+            L.w_gate = b.matrix(name(tn::ffn_gate), hp.n_embd, ff);
+            L.w_up = b.matrix(name(tn::ffn_up), hp.n_embd, ff);
         }
-        L.w_down = b.matrix(name(tn::ffn_down), hp.n_ff, hp.n_embd);
+        L.w_down = b.matrix(name(tn::ffn_down), ff, hp.n_embd);
         if (P > 0) {
             L.w_inp_gate = b.matrix(name(tn::inp_gate), hp.n_embd, P);
             L.w_inp_proj = b.matrix(name(tn::inp_proj), P, hp.n_embd);

@@ -20,7 +20,8 @@ struct Hparams {
     int n_embd = 0;         // model width
     int n_layer = 0;
     int n_head = 0, n_head_kv = 0, head_dim = 0;
-    int n_ff = 0;           // FFN hidden width
+    int n_ff = 0;           // FFN hidden width (the widest layer's)
+    std::vector<int> n_ff_layers; // per-layer widths where the file has an array (Gemma 4 E2B)
     int64_t n_ctx_train = 0; // context the model was trained for
     float rms_eps = 1e-5f;
     double rope_base = 10000.0;
@@ -55,6 +56,7 @@ struct Hparams {
     int layer_rope_dims(int l) const {
         return is_swa(l) && rope_dims_swa ? rope_dims_swa : rope_dims;
     }
+    int layer_n_ff(int l) const { return n_ff_layers.empty() ? n_ff : n_ff_layers[l]; }
     int layer_q_dim(int l) const { return n_head * layer_head_dim(l); }
     int layer_kv_dim(int l) const { return n_head_kv * layer_head_dim(l); }
     int max_head_dim() const { return std::max(head_dim, head_dim_swa); }

@@ -25,6 +25,11 @@ struct Preset {
     float rope_base;
     bool tied;         // output matrix shared with the embedding
     int rope_dims = 0; // rotated dims per head (0: all); phi3 presets fuse QKV and gate|up
+    // gemma4: heads of head_dim on global layers (every swa_period-th) and
+    // head_dim_swa on window ones, the last n_kv_shared layers sharing K/V
+    // (and n_ff_shared wide), per-layer inputs of ple.
+    int head_dim = 0, head_dim_swa = 0, swa_period = 0, window = 0;
+    int n_kv_shared = 0, n_ff_shared = 0, ple = 0;
 };
 
 constexpr Preset kPresets[] = {
@@ -36,6 +41,12 @@ constexpr Preset kPresets[] = {
     {"phi-3-mini", "phi3", 3072, 32, 32, 32, 8192, 4096, 10000.0f, false},
     {"phi-4-mini", "phi3", 3072, 32, 24, 8, 8192, 131072, 10000.0f, true,
      96}, // without LongRoPE factors
+    // Gemma 4 E2B: 35 layers, a global one every fifth (heads of 512, a
+    // quarter of their frequencies rotated), windows of 512 (heads of 256),
+    // the last 20 layers on layers 13 and 14's K/V with FFNs twice as wide,
+    // per-layer inputs of 256.
+    {"gemma-4-e2b", "gemma4", 1536, 35, 8, 1, 6144, 131072, 1000000.0f, true, 512, 512, 256, 5,
+     512, 20, 12288, 256},
 };
 
 // Uniform in [-scale, scale), from a per-row seed: reproducible and parallel.
@@ -83,12 +94,36 @@ int run_synth(int argc, char** argv) {
     w.set_u32(a + ".context_length", static_cast<uint32_t>(p->n_ctx));
     w.set_u32(a + ".embedding_length", p->n_embd);
     w.set_u32(a + ".block_count", p->n_layer);
-    w.set_u32(a + ".feed_forward_length", p->n_ff);
+    if (a != "gemma4") w.set_u32(a + ".feed_forward_length", p->n_ff); // gemma4: per layer
     w.set_u32(a + ".attention.head_count", p->n_head);
     w.set_u32(a + ".attention.head_count_kv", p->n_head_kv);
     w.set_f32(a + ".attention.layer_norm_rms_epsilon", 1e-5f);
     w.set_f32(a + ".rope.freq_base", p->rope_base);
     if (p->rope_dims) w.set_u32(a + ".rope.dimension_count", p->rope_dims);
+    const bool gemma4 = a == "gemma4";
+    auto is_swa = [&](int l) { return gemma4 && l % p->swa_period != p->swa_period - 1; };
+    auto n_ff_of = [&](int l) {
+        return gemma4 && l >= p->n_layer - p->n_kv_shared ? p->n_ff_shared : p->n_ff;
+    };
+    if (gemma4) {
+        std::vector<int32_t> pattern, widths;
+        for (int l = 0; l < p->n_layer; l++) {
+            pattern.push_back(is_swa(l));
+            widths.push_back(n_ff_of(l));
+        }
+        w.set_i32_array(a + ".feed_forward_length", widths);
+        w.set_i32_array(a + ".attention.sliding_window_pattern", pattern);
+        w.set_u32(a + ".attention.key_length", p->head_dim);
+        w.set_u32(a + ".attention.value_length", p->head_dim);
+        w.set_u32(a + ".attention.key_length_swa", p->head_dim_swa);
+        w.set_u32(a + ".attention.value_length_swa", p->head_dim_swa);
+        w.set_u32(a + ".rope.dimension_count_swa", p->head_dim_swa);
+        w.set_f32(a + ".rope.freq_base_swa", 10000.0f);
+        w.set_u32(a + ".attention.sliding_window", p->window);
+        w.set_u32(a + ".attention.shared_kv_layers", p->n_kv_shared);
+        w.set_u32(a + ".embedding_length_per_layer_input", p->ple);
+        w.set_f32(a + ".final_logit_softcapping", 30.0f);
+    }
     for (const auto& [k, v] : vocab.metadata())
         if (k.rfind("tokenizer.", 0) == 0) w.copy_kv(k, v);
 
@@ -114,26 +149,50 @@ int run_synth(int argc, char** argv) {
         std::vector<float> v(n, 1.0f);
         w.add_tensor(name, gl::Type::F32, {n}, v.data(), v.size() * sizeof(float));
     };
-    const int hd = p->n_embd / p->n_head;
     namespace tn = tensor_names;
     matrix(std::string(tn::token_embd), p->n_embd, n_vocab, wt);
     ones(std::string(tn::output_norm), p->n_embd);
     if (!p->tied) matrix(std::string(tn::output), p->n_embd, n_vocab, wt);
+    if (gemma4) {
+        const int width = p->ple * p->n_layer;
+        matrix(std::string(tn::per_layer_token_embd), width, n_vocab, wt);
+        matrix(std::string(tn::per_layer_model_proj), p->n_embd, width, wt);
+        ones(std::string(tn::per_layer_proj_norm), p->ple);
+        // A quarter of the global heads' frequencies rotated, the rest off.
+        std::vector<float> factors(p->head_dim / 2, 1e30f);
+        for (int i = 0; i < p->head_dim / 8; i++) factors[i] = 1.0f;
+        w.add_tensor(std::string(tn::rope_freqs), gl::Type::F32, {p->head_dim / 2},
+                     factors.data(), factors.size() * sizeof(float));
+    }
     for (int l = 0; l < p->n_layer; l++) {
+        const int hd = !gemma4 ? p->n_embd / p->n_head : is_swa(l) ? p->head_dim_swa : p->head_dim;
+        const int ff = n_ff_of(l);
         ones(tn::blk(l, tn::attn_norm), p->n_embd);
         ones(tn::blk(l, tn::ffn_norm), p->n_embd);
         if (a == "phi3") { // fused: Q|K|V rows, gate|up rows
             matrix(tn::blk(l, tn::attn_qkv), p->n_embd, (p->n_head + 2 * p->n_head_kv) * hd, wt);
-            matrix(tn::blk(l, tn::ffn_up), p->n_embd, 2 * p->n_ff, wt);
+            matrix(tn::blk(l, tn::ffn_up), p->n_embd, 2 * ff, wt);
         } else {
             matrix(tn::blk(l, tn::attn_q), p->n_embd, p->n_head * hd, wt);
-            matrix(tn::blk(l, tn::attn_k), p->n_embd, p->n_head_kv * hd, wt);
-            matrix(tn::blk(l, tn::attn_v), p->n_embd, p->n_head_kv * hd, wt);
-            matrix(tn::blk(l, tn::ffn_gate), p->n_embd, p->n_ff, wt);
-            matrix(tn::blk(l, tn::ffn_up), p->n_embd, p->n_ff, wt);
+            if (!gemma4 || l < p->n_layer - p->n_kv_shared) {
+                matrix(tn::blk(l, tn::attn_k), p->n_embd, p->n_head_kv * hd, wt);
+                matrix(tn::blk(l, tn::attn_v), p->n_embd, p->n_head_kv * hd, wt);
+                if (gemma4) ones(tn::blk(l, tn::attn_k_norm), hd);
+            }
+            matrix(tn::blk(l, tn::ffn_gate), p->n_embd, ff, wt);
+            matrix(tn::blk(l, tn::ffn_up), p->n_embd, ff, wt);
         }
         matrix(tn::blk(l, tn::attn_output), p->n_head * hd, p->n_embd, wt);
-        matrix(tn::blk(l, tn::ffn_down), p->n_ff, p->n_embd, wt);
+        matrix(tn::blk(l, tn::ffn_down), ff, p->n_embd, wt);
+        if (gemma4) {
+            ones(tn::blk(l, tn::attn_q_norm), hd);
+            ones(tn::blk(l, tn::post_attention_norm), p->n_embd);
+            ones(tn::blk(l, tn::post_ffw_norm), p->n_embd);
+            matrix(tn::blk(l, tn::inp_gate), p->n_embd, p->ple, wt);
+            matrix(tn::blk(l, tn::inp_proj), p->ple, p->n_embd, wt);
+            ones(tn::blk(l, tn::inp_post_norm), p->n_embd);
+            ones(tn::blk(l, tn::layer_output_scale), 1);
+        }
         if (a == "qwen2")
             for (auto [nm, len] : {std::pair{tn::attn_q_bias, p->n_head * hd}, {tn::attn_k_bias, p->n_head_kv * hd},
                                    {tn::attn_v_bias, p->n_head_kv * hd}})
