@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "error.h"
+#include "ggml-like/cpu/delta_net.h"
 #include "ggml-like/cpu/gemm.h"
 #include "ggml-like/cpu/ops.h"
 #include "ggml-like/kernels.h"
@@ -80,6 +81,19 @@ Forward::Forward(const Model& m, KvCache& kv, Placement placement, int max_batch
         pl_gate_.resize(B * P);
     }
     if (m.v_norm) ones_.assign(hp.max_head_dim(), 1.0f);
+    if (hp.attn_output_gate) {
+        qg_.resize(2 * B * max_q);
+        gate_.resize(B * max_q);
+    }
+    if (!hp.recurrent_layers.empty()) {
+        ssm_qkv_.resize(B * hp.ssm_conv_dim());
+        ssm_conv_.resize(B * hp.ssm_conv_dim());
+        ssm_z_.resize(B * hp.ssm_d_inner);
+        ssm_o_.resize(B * hp.ssm_d_inner);
+        ssm_o2_.resize(B * hp.ssm_d_inner);
+        ssm_beta_.resize(B * hp.ssm_n_v_heads);
+        ssm_g_.resize(B * hp.ssm_n_v_heads);
+    }
     for (int l = 0; l < hp.n_layer; l++) {
         if (hp.owns_kv(l)) continue;
         SharedKv* s = shared_of(hp.kv_source(l));
@@ -342,7 +356,10 @@ void Forward::per_layer_input_block(int l, int n) {
 }
 
 void Forward::layer(int l, int n, int64_t pos0, Pass pass) {
-    attention_block(l, n, pos0, pass);
+    if (m_.hp.is_recurrent(l))
+        recurrent_block(l, n);
+    else
+        attention_block(l, n, pos0, pass);
     ffn_block(l, n);
     if (m_.hp.n_embd_per_layer > 0) per_layer_input_block(l, n);
     if (const float s = m_.layers[l].output_scale; s != 1.0f) {
@@ -366,7 +383,21 @@ void Forward::attention_block(int l, int n, int64_t pos0, Pass pass) {
     const bool own_kv = hp.owns_kv(l);
 
     rmsnorm(be, x_.data(), L.attn_norm, n, xb_.data());
-    matmul(be, Op::attn_q, L.wq, xb_.data(), n, q_.data());
+    if (hp.attn_output_gate) {
+        // Qwen 3.5: per head, the query then its gate.
+        matmul(be, Op::attn_q, L.wq, xb_.data(), n, qg_.data());
+        be.host_read(qg_.data(), sizeof(float) * static_cast<size_t>(n) * 2 * qd);
+        for (int i = 0; i < n; i++)
+            for (int h = 0; h < hp.n_head; h++) {
+                const float* src = qg_.data() + (static_cast<size_t>(i) * hp.n_head + h) * 2 * hd;
+                const size_t at = static_cast<size_t>(i) * qd + static_cast<size_t>(h) * hd;
+                std::memcpy(q_.data() + at, src, sizeof(float) * hd);
+                std::memcpy(gate_.data() + at, src + hd, sizeof(float) * hd);
+            }
+        wrote(q_.data(), sizeof(float) * static_cast<size_t>(n) * qd);
+    } else {
+        matmul(be, Op::attn_q, L.wq, xb_.data(), n, q_.data());
+    }
     if (own_kv) {
         matmul(be, Op::attn_k, L.wk, xb_.data(), n, k_.data());
         if (L.v_is_k) // Gemma 4 without attn_v: the keys before their norm
@@ -486,7 +517,57 @@ void Forward::attention_block(int l, int n, int64_t pos0, Pass pass) {
         OpTimer t(profile_, Op::other);
         be.hadamard_rows_inverse(att_.data(), n, qd, v_rot);
     }
+    if (hp.attn_output_gate) { // each head's output times sigmoid(its gate)
+        const size_t count = static_cast<size_t>(n) * qd;
+        be.host_read(att_.data(), sizeof(float) * count);
+        OpTimer t(profile_, Op::other);
+        for (size_t j = 0; j < count; j++) att_[j] /= 1.0f + std::exp(-gate_[j]);
+        be.host_wrote(att_.data(), sizeof(float) * count);
+    }
     matmul(be, Op::attn_output, L.wo, att_.data(), n, xb_.data());
+    add_residual(be, n, L.post_attn_norm);
+}
+
+void Forward::recurrent_block(int l, int n) {
+    const Hparams& hp = m_.hp;
+    const LayerWeights& L = m_.layers[l];
+    gl::Backend& be = *place_.layers[l];
+    const int C = hp.ssm_conv_dim(), H = hp.ssm_n_v_heads, dk = hp.ssm_d_state,
+              dv = hp.ssm_v_head_dim(), inner = hp.ssm_d_inner;
+    const size_t N = static_cast<size_t>(n);
+    rmsnorm(be, x_.data(), L.attn_norm, n, xb_.data());
+    matmul(be, Op::attn_q, L.w_ssm_qkv, xb_.data(), n, ssm_qkv_.data());
+    matmul(be, Op::attn_v, L.w_ssm_z, xb_.data(), n, ssm_z_.data());
+    matmul(be, Op::other, L.w_ssm_beta, xb_.data(), n, ssm_beta_.data());
+    matmul(be, Op::other, L.w_ssm_alpha, xb_.data(), n, ssm_g_.data());
+    be.host_read(ssm_qkv_.data(), sizeof(float) * N * C);
+    be.host_read(ssm_beta_.data(), sizeof(float) * N * H);
+    be.host_read(ssm_g_.data(), sizeof(float) * N * H);
+    {
+        OpTimer t(profile_, Op::attention);
+        // Write strength sigmoid(beta); decay exp(g), g = softplus(alpha + dt) * a <= 0.
+        for (size_t i = 0; i < N; i++)
+            for (int h = 0; h < H; h++) {
+                float& b = ssm_beta_[i * H + h];
+                b = 1.0f / (1.0f + std::exp(-b));
+                const float x = ssm_g_[i * H + h] + L.ssm_dt_bias[h];
+                ssm_g_[i * H + h] = (x > 20.0f ? x : std::log1p(std::exp(x))) * L.ssm_a[h];
+            }
+        gl::cpu::causal_conv1d_silu(kv_.conv_state(l), ssm_qkv_.data(), L.ssm_conv.data(), n, C,
+                                    hp.ssm_conv_kernel, ssm_conv_.data());
+        // q and k per key head to unit length (they sit first in each row).
+        for (size_t i = 0; i < N; i++)
+            gl::cpu::l2_normalize(ssm_conv_.data() + i * C, 2 * hp.ssm_n_k_heads, dk, hp.rms_eps);
+        gl::cpu::gated_delta_rule(kv_.ssm_state(l), ssm_conv_.data(), C, ssm_g_.data(),
+                                  ssm_beta_.data(), n, H, hp.ssm_n_k_heads, dk, dv,
+                                  ssm_o_.data());
+    }
+    wrote(ssm_o_.data(), sizeof(float) * N * inner);
+    // Each head's output RMS-normed, gated by silu(z), projected back.
+    be.rmsnorm(ssm_o_.data(), L.ssm_norm.data(), dv, static_cast<int64_t>(n) * H, hp.rms_eps,
+               ssm_o2_.data());
+    be.silu_mul(ssm_z_.data(), ssm_o2_.data(), static_cast<int64_t>(n) * inner);
+    matmul(be, Op::attn_output, L.w_ssm_out, ssm_z_.data(), n, xb_.data());
     add_residual(be, n, L.post_attn_norm);
 }
 

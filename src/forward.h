@@ -86,6 +86,9 @@ class Forward {
     // per step; and one layer's use of them, x_ += norm(proj(gelu(gate x_) * pli)).
     void per_layer_inputs(gl::Backend& be, const int32_t* tokens, int n);
     void per_layer_input_block(int l, int n);
+    // Qwen 3.5's Gated DeltaNet layer: x_ += out(norm(delta rule(conv(qkv))) * silu(z)),
+    // carrying the layer's state in the cache (KvCache::conv_state, ssm_state).
+    void recurrent_block(int l, int n);
     // be's op, timed into profile_ (when set) as `op`, with w's bytes.
     void matmul(gl::Backend& be, Op op, const gl::Tensor& w, const float* x, int n, float* y);
     // out = rmsnorm(x) * w for `rows` rows of n_embd; x_ += xb_ for n rows
@@ -127,6 +130,11 @@ class Forward {
     // [B][n_layer * P] (twice: before and after its norm), a gate's [B][P].
     std::vector<float> pli_, pl_proj_, pl_normed_, pl_gate_;
     std::vector<float> ones_; // [max head size]: the weight of a weightless norm (V)
+    // Qwen 3.5: gated attention's [B][2 q_dim] projection and [B][q_dim]
+    // gates; the DeltaNet layers' q|k|v rows before and after the conv
+    // [B][conv_dim], z and the heads' outputs [B][d_inner], beta and decay [B][n_v].
+    std::vector<float> qg_, gate_;
+    std::vector<float> ssm_qkv_, ssm_conv_, ssm_z_, ssm_o_, ssm_o2_, ssm_beta_, ssm_g_;
     // Layers that read another layer's slots (Gemma 4's shared KV) see them as
     // the source saw them: the source keeps the batch's K/V rows and what its
     // write overwrote, and puts the overwritten rows back for each reader but

@@ -1,5 +1,6 @@
 #include "kv_cache.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -23,6 +24,17 @@ int KvCacheConfig::swa_count() const {
     int n = 0;
     for (int l = 0; l < n_layer; l++) n += is_swa(l);
     return n;
+}
+
+bool KvCacheConfig::has_recurrent() const {
+    return std::any_of(recurrent.begin(), recurrent.end(), [](uint8_t r) { return r != 0; });
+}
+
+size_t KvCache::state_bytes_for(const KvCacheConfig& c) {
+    size_t n = 0;
+    for (int l = 0; l < c.n_layer; l++)
+        if (c.is_recurrent(l)) n += static_cast<size_t>(c.conv_floats + c.ssm_floats);
+    return n * sizeof(float);
 }
 
 size_t KvCacheConfig::slot_bytes(int layer) const {
@@ -119,6 +131,12 @@ KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg) {
         if (cfg.owns(l)) sinks += static_cast<size_t>(cfg.keep_of(l)) * cfg.kv_dim_of(l);
     }
     sink_k_.assign(sinks, 0.0f);
+    size_t states = 0;
+    for (int l = 0; l < cfg.n_layer; l++) {
+        state_at_.push_back(states);
+        if (cfg.is_recurrent(l)) states += static_cast<size_t>(cfg.conv_floats + cfg.ssm_floats);
+    }
+    state_.assign(states, 0.0f);
 }
 
 size_t KvCache::ring_bytes() const {
@@ -284,12 +302,14 @@ void KvCache::commit(int64_t pos0, int n) {
 
 void KvCache::clear() {
     checkpoint_.pos0 = -1;
+    std::fill(state_.begin(), state_.end(), 0.0f);
     for (Ring& r : rings_) std::fill(r.pos.begin(), r.pos.end(), -1);
     n_past_ = 0;
 }
 
 bool KvCache::truncate(int64_t n) {
     if (n >= n_past_) return n == n_past_;
+    if (!state_.empty()) return false; // a recurrent state holds every position it saw
     // A query at n attends the sinks and positions lowest_seen(n) .. n - 1:
     // each must still be in its slot (a wrapped ring has overwritten the
     // oldest of them with later tokens).
@@ -309,6 +329,7 @@ bool KvCache::drop(int64_t from, int64_t to, const Model& m) {
     const int64_t d = to - from, n = n_past_ - d;
     if (d == 0) return true;
     if (from < cfg_.keep) return false; // the sinks' copies are fixed by position
+    if (!state_.empty()) return false;  // nor can a recurrent state forget a span
     checkpoint_.pos0 = -1;
     // After the drop a ring holds what a run of n tokens leaves in it
     // (restore_positions' rule); each of those must be in the ring now.

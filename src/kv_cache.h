@@ -57,6 +57,10 @@ struct KvCacheConfig {
     // n_kv_shared layers, which store nothing and read an earlier layer's slots.
     int head_dim_swa = 0;
     int n_kv_shared = 0;
+    // Recurrent layers (Qwen 3.5's Gated DeltaNet, Hparams::recurrent_layers):
+    // no slots; a fixed state of conv_floats + ssm_floats F32 each instead.
+    std::vector<uint8_t> recurrent = {};
+    int64_t conv_floats = 0, ssm_floats = 0;
 
     static KvCacheConfig for_model(const Hparams& hp, int n_ctx, int keep, gl::Type type_k,
                                    gl::Type type_v, int k_rotate = 0) {
@@ -72,7 +76,10 @@ struct KvCacheConfig {
                 k_rotate,
                 values_rotated_with(type_v, k_rotate),
                 hp.head_dim_swa,
-                hp.n_kv_shared};
+                hp.n_kv_shared,
+                hp.recurrent_layers,
+                hp.recurrent_layers.empty() ? 0 : hp.conv_state_floats(),
+                hp.recurrent_layers.empty() ? 0 : hp.ssm_state_floats()};
     }
     // The v_rotate that goes with rotated keys: the keys' block for a 4-bit V.
     static int values_rotated_with(gl::Type type_v, int k_rotate) {
@@ -88,7 +95,9 @@ struct KvCacheConfig {
     int source(int layer) const {
         return Hparams::shared_kv_source(layer, n_layer, n_kv_shared, is_swa(layer));
     }
-    bool owns(int layer) const { return source(layer) == layer; }
+    bool is_recurrent(int layer) const { return !recurrent.empty() && recurrent[layer] != 0; }
+    bool has_recurrent() const;
+    bool owns(int layer) const { return source(layer) == layer && !is_recurrent(layer); }
     // K + V bytes of one slot of a layer that owns its slots.
     size_t slot_bytes(int layer) const;
     // A layer's ring: its slots and sinks.
@@ -139,6 +148,17 @@ class KvCache {
     static size_t bytes_per_token(const KvCacheConfig& cfg);
     // The largest n_ctx whose rings fit in `bytes` (0 if none).
     static int64_t max_ctx_for_bytes(const KvCacheConfig& cfg, uint64_t bytes);
+    // The recurrent layers' states (F32): the conv's last inputs and the
+    // value heads' matrices of layer l (KvCacheConfig::recurrent), zero after
+    // clear(). Positions cannot be taken back from a state: truncate() below
+    // the end and drop() say no (callers evaluate again), and a speculative
+    // rollback goes back only to its checkpoint.
+    float* conv_state(int layer) { return state_.data() + state_at_[layer]; }
+    float* ssm_state(int layer) { return conv_state(layer) + cfg_.conv_floats; }
+    const float* conv_state(int layer) const { return state_.data() + state_at_[layer]; }
+    const float* ssm_state(int layer) const { return conv_state(layer) + cfg_.conv_floats; }
+    static size_t state_bytes_for(const KvCacheConfig& cfg);
+    size_t state_bytes() const { return state_.size() * sizeof(float); }
     size_t row_bytes_k(int layer) const { return row_k_[cfg_.source(layer)]; }
     size_t row_bytes_v(int layer) const { return row_v_[cfg_.source(layer)]; }
     // The largest rows of any layer (a batch's staging buffers).
@@ -244,7 +264,8 @@ class KvCache {
     void checkpoint(int64_t pos0, int n);
     bool can_rollback(int64_t m) const {
         return checkpoint_.pos0 >= 0 && m >= checkpoint_.pos0 && m <= n_past_ &&
-               n_past_ <= checkpoint_.pos0 + checkpoint_.n;
+               n_past_ <= checkpoint_.pos0 + checkpoint_.n &&
+               (!cfg_.has_recurrent() || m == checkpoint_.pos0 || m == n_past_);
     }
     void rollback(int64_t m);
 
@@ -295,6 +316,7 @@ class KvCache {
         int n = 0;
         std::vector<uint8_t> rows;
         std::vector<int64_t> held; // [ring][n]
+        std::vector<float> state;  // the recurrent states at pos0
     } checkpoint_;
     // All layers' slots (allocate_huge): layer l's K slots at layer_at_[l],
     // its V slots k_bytes_[l] further.
@@ -304,6 +326,8 @@ class KvCache {
     std::vector<Ring> rings_;   // [0]: global layers; [1]: sliding-window layers, if any
     std::vector<float> sink_k_; // per global layer that owns slots: [keep][kv_dim]
     std::vector<size_t> sink_at_; // [n_layer] where a layer's sinks start in sink_k_
+    std::vector<float> state_;    // the recurrent layers' states, state_at_[l] each
+    std::vector<size_t> state_at_;
     int64_t n_past_ = 0;
 };
 

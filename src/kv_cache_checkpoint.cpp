@@ -16,6 +16,7 @@ void KvCache::checkpoint(int64_t pos0, int n) {
     Checkpoint& c = checkpoint_;
     c.pos0 = pos0;
     c.n = n;
+    c.state = state_; // the recurrent states at pos0 (none: empty)
     c.held.resize(rings_.size() * static_cast<size_t>(n));
     bool any_held = false;
     for (size_t ri = 0; ri < rings_.size(); ri++)
@@ -62,7 +63,9 @@ void KvCache::restore_slots(int layer, int64_t pos0, int n, const std::vector<ui
 
 void KvCache::rollback(int64_t m) {
     Checkpoint& c = checkpoint_;
-    KV_ASSERT(c.pos0 >= 0 && m >= c.pos0 && m <= n_past_ && n_past_ <= c.pos0 + c.n);
+    KV_ASSERT(can_rollback(m));
+    if (m == n_past_) return;
+    if (!state_.empty()) state_ = c.state; // m == pos0 (can_rollback)
     const int n = c.n;
     bool any_held = false;
     for (size_t ri = 0; ri < rings_.size(); ri++) {

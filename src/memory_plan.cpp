@@ -28,7 +28,9 @@ MemoryPlan plan_memory(const GgufFile& f, const Hparams& hp, int64_t n_ctx, gl::
     const KvCacheConfig cache = KvCacheConfig::for_model(hp, static_cast<int>(n_ctx), 0, tk, tv);
     p.kv_per_token = KvCache::bytes_per_token(cache);
     p.n_ctx = n_ctx;
-    p.kv = KvCache::ring_bytes_for(cache);
+    // The recurrent layers' states (Qwen 3.5) do not grow with n_ctx.
+    const uint64_t state = KvCache::state_bytes_for(cache);
+    p.kv = KvCache::ring_bytes_for(cache) + state;
     const uint64_t b = static_cast<uint64_t>(std::min<int64_t>(batch, n_ctx));
     // Forward's buffers (see forward.h) plus attention scratch per thread and one logits row.
     p.scratch =
@@ -36,7 +38,7 @@ MemoryPlan plan_memory(const GgufFile& f, const Hparams& hp, int64_t n_ctx, gl::
              static_cast<uint64_t>(threads) * (n_ctx + b + 2 * hp.kv_dim() + 512) + hp.n_vocab) +
         b * 2 * (gl::row_size(tk, hp.kv_dim()) + gl::row_size(tv, hp.kv_dim()));
     const uint64_t to_fault = p.weights > p.weights_resident ? p.weights - p.weights_resident : 0;
-    const uint64_t used = to_fault + p.scratch + kReserve;
+    const uint64_t used = to_fault + p.scratch + kReserve + state;
     p.kv_free = p.mem_available > used ? p.mem_available - used : 0;
     p.max_ctx_that_fits = KvCache::max_ctx_for_bytes(cache, p.kv_free);
     return p;
@@ -70,10 +72,9 @@ GpuPlan plan_gpu(const GgufFile& f, const Hparams& hp, int64_t n_ctx, int64_t ke
     // mirror holds its whole ring, or with a window the sinks and newest W.
     const KvCacheConfig cache =
         KvCacheConfig::for_model(hp, static_cast<int>(n_ctx), static_cast<int>(g.keep), tk, tv);
-    const uint64_t row =
-        KvCache::bytes_per_token(cache) / static_cast<uint64_t>(hp.n_layer); // K + V of one slot
     g.kv_host = KvCache::ring_bytes_for(cache);
     for (int l = 0; l < g.n_gpu_layers; l++) {
+        const uint64_t row = cache.slot_bytes(l); // K + V of one slot (0: none of its own)
         const int64_t slots = cache.slots(l), on_gpu = std::min<int64_t>(slots, g.gpu_slots);
         g.kv_gpu += static_cast<uint64_t>(on_gpu) * row;
         g.kv_cold += static_cast<uint64_t>(slots - on_gpu) * row;
@@ -90,7 +91,7 @@ GpuPlan plan_gpu(const GgufFile& f, const Hparams& hp, int64_t n_ctx, int64_t ke
         const uint64_t twins = 4 * (b * (2ull * hp.n_embd + 3ull * hp.q_dim() + 2ull * hp.kv_dim() +
                                          2ull * hp.n_ff + hp.rope_dims) +
                                     hp.n_vocab) +
-                               8 * b + b * row;
+                               8 * b + b * (gl::row_size(tk, hp.kv_dim()) + gl::row_size(tv, hp.kv_dim()));
         const uint64_t splits = (g.gpu_slots + b + 255) / 256;
         const uint64_t partial = 4 * (b * hp.n_head * splits * (hp.head_dim + 2) + b * hp.n_head);
         const uint64_t small = 4 * (static_cast<uint64_t>(hp.q_dim()) + g.keep * hp.kv_dim());

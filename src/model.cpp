@@ -63,6 +63,8 @@ class Binder {
                  f_.path(), t.name, gl::type_name(t.type));
     }
 
+    const std::string& path() const { return f_.path(); }
+
   private:
     const GgufFile& f_;
 };
@@ -80,6 +82,39 @@ void check_factor(const GgufFile& f, std::string_view tensor, float x) {
 int as_int(uint64_t v, const GgufFile& f, const std::string& key, uint64_t max = 1u << 24) {
     if (v == 0 || v > max) fail(Exit::bad_model, "{}: '{}' = {} is out of range", f.path(), key, v);
     return static_cast<int>(v);
+}
+
+// A small 2-D tensor (conv taps) as F32 rows of `in`, `out` of them.
+std::vector<float> small_matrix(const Binder& b, const std::string& name, int64_t in, int64_t out) {
+    const gl::Tensor t = b.matrix(name, in, out);
+    std::vector<float> v(static_cast<size_t>(in * out));
+    for (int64_t r = 0; r < out; r++) gl::ref::dequantize_row(t.type, t.row(r), v.data() + r * in, in);
+    return v;
+}
+
+// Qwen 3.5's Gated DeltaNet weights of layer l.
+void bind_delta_net(const Binder& b, const Hparams& hp, int l, LayerWeights& L) {
+    auto name = [l](std::string_view suffix) { return tn::blk(l, suffix); };
+    const int hv = hp.ssm_n_v_heads;
+    L.w_ssm_qkv = b.matrix(name(tn::attn_qkv), hp.n_embd, hp.ssm_conv_dim());
+    L.w_ssm_z = b.matrix(name(tn::attn_gate), hp.n_embd, hp.ssm_d_inner);
+    L.w_ssm_beta = b.matrix(name(tn::ssm_beta), hp.n_embd, hv);
+    L.w_ssm_alpha = b.matrix(name(tn::ssm_alpha), hp.n_embd, hv);
+    L.w_ssm_out = b.matrix(name(tn::ssm_out), hp.ssm_d_inner, hp.n_embd);
+    L.ssm_conv = small_matrix(b, name(tn::ssm_conv1d), hp.ssm_conv_kernel, hp.ssm_conv_dim());
+    L.ssm_dt_bias = b.vector(name(tn::ssm_dt_bias), hv);
+    L.ssm_a = b.vector(name(tn::ssm_a), hv);
+    L.ssm_norm = b.vector(name(tn::ssm_norm), hp.ssm_v_head_dim());
+    // The decay exp(softplus(.) * a) must stay in (0, 1]: a = -exp(A_log) <= 0.
+    for (float a : L.ssm_a)
+        if (!(a <= 0) || !std::isfinite(a))
+            fail(Exit::bad_model, "{}: {} holds {}, expected finite values <= 0 (-exp(A))", b.path(),
+                 name(tn::ssm_a), a);
+    for (const std::vector<float>* v : {&L.ssm_conv, &L.ssm_dt_bias, &L.ssm_norm})
+        for (float x : *v)
+            if (!std::isfinite(x))
+                fail(Exit::bad_model, "{}: layer {}'s Gated DeltaNet weights hold {}", b.path(), l,
+                     x);
 }
 
 } // namespace
@@ -229,13 +264,16 @@ Model Model::load(const GgufFile& f) {
         const int hd = hp.layer_head_dim(l), qd = hp.layer_q_dim(l), kvd = hp.layer_kv_dim(l);
         const bool own_kv = hp.owns_kv(l);
         L.attn_norm = b.vector(name(tn::attn_norm), hp.n_embd);
-        if (b.find(name(tn::attn_qkv))) { // fused (phi3): Q rows, then K, then V
+        if (hp.is_recurrent(l)) {
+            bind_delta_net(b, hp, l, L);
+        } else if (b.find(name(tn::attn_qkv))) { // fused (phi3): Q rows, then K, then V
             const gl::Tensor qkv = b.matrix(name(tn::attn_qkv), hp.n_embd, qd + 2 * kvd);
             L.wq = qkv.rows(0, qd);
             L.wk = qkv.rows(qd, kvd);
             L.wv = qkv.rows(qd + kvd, kvd);
         } else {
-            L.wq = b.matrix(name(tn::attn_q), hp.n_embd, qd);
+            // Qwen 3.5: each head's query, then its output gate.
+            L.wq = b.matrix(name(tn::attn_q), hp.n_embd, hp.attn_output_gate ? 2 * qd : qd);
             // Layers sharing another's K/V (Gemma 4) have none to compute.
             if (own_kv) {
                 L.wk = b.matrix(name(tn::attn_k), hp.n_embd, kvd);
@@ -243,15 +281,19 @@ Model Model::load(const GgufFile& f) {
                 if (!L.v_is_k) L.wv = b.matrix(name(tn::attn_v), hp.n_embd, kvd);
             }
         }
-        L.bq = b.vector(name(tn::attn_q_bias), qd, arch->qkv_bias);
-        L.bk = b.vector(name(tn::attn_k_bias), kvd, arch->qkv_bias);
-        L.bv = b.vector(name(tn::attn_v_bias), kvd, arch->qkv_bias);
-        if (arch->qk_norm) {
-            L.q_norm = b.vector(name(tn::attn_q_norm), hd);
-            if (own_kv) L.k_norm = b.vector(name(tn::attn_k_norm), hd);
+        if (!hp.is_recurrent(l)) {
+            L.bq = b.vector(name(tn::attn_q_bias), qd, arch->qkv_bias);
+            L.bk = b.vector(name(tn::attn_k_bias), kvd, arch->qkv_bias);
+            L.bv = b.vector(name(tn::attn_v_bias), kvd, arch->qkv_bias);
+            if (arch->qk_norm) {
+                L.q_norm = b.vector(name(tn::attn_q_norm), hd);
+                if (own_kv) L.k_norm = b.vector(name(tn::attn_k_norm), hd);
+            }
+            L.wo = b.matrix(name(tn::attn_output), qd, hp.n_embd);
         }
-        L.wo = b.matrix(name(tn::attn_output), qd, hp.n_embd);
-        L.ffn_norm = b.vector(name(tn::ffn_norm), hp.n_embd);
+        L.ffn_norm = b.vector(
+            name(arch->ffn_norm_is_post_attention ? tn::post_attention_norm : tn::ffn_norm),
+            hp.n_embd);
         if (arch->post_norms) {
             L.post_attn_norm = b.vector(name(tn::post_attention_norm), hp.n_embd);
             L.post_ffn_norm = b.vector(name(tn::post_ffw_norm), hp.n_embd);

@@ -48,7 +48,29 @@ struct Hparams {
     int n_kv_shared = 0;
     int n_embd_per_layer = 0;
     float final_softcap = 0;
+    // Qwen 3.5: Gated DeltaNet layers (recurrent_layers[l] = 1) keep a fixed
+    // state instead of K/V: a causal conv of ssm_conv_kernel taps over the
+    // q|k|v channels, and per value head a ssm_d_state x v-head-size matrix;
+    // ssm_n_k_heads key heads of ssm_d_state, ssm_n_v_heads value heads
+    // sharing ssm_d_inner. Full-attention layers there gate their output
+    // (attn_q holds each head's query, then its gate).
+    std::vector<uint8_t> recurrent_layers;
+    int ssm_conv_kernel = 0, ssm_d_inner = 0, ssm_d_state = 0;
+    int ssm_n_k_heads = 0, ssm_n_v_heads = 0;
+    bool attn_output_gate = false;
+    int n_mtp_layers = 0; // multi-token-prediction layers in the file, not run
     bool is_swa(int layer) const { return !swa_layers.empty() && swa_layers[layer] != 0; }
+    bool is_recurrent(int l) const { return !recurrent_layers.empty() && recurrent_layers[l] != 0; }
+    int ssm_conv_dim() const { return 2 * ssm_n_k_heads * ssm_d_state + ssm_d_inner; }
+    int ssm_v_head_dim() const { return ssm_n_v_heads ? ssm_d_inner / ssm_n_v_heads : 0; }
+    // A recurrent layer's state, in floats: the conv's last kernel-1 inputs
+    // of every channel, and the value heads' matrices.
+    int64_t conv_state_floats() const {
+        return static_cast<int64_t>(ssm_conv_kernel - 1) * ssm_conv_dim();
+    }
+    int64_t ssm_state_floats() const {
+        return static_cast<int64_t>(ssm_n_v_heads) * ssm_d_state * ssm_v_head_dim();
+    }
     // Global layers' sizes (every layer's, but for Gemma 4's window layers).
     int q_dim() const { return n_head * head_dim; }
     int kv_dim() const { return n_head_kv * head_dim; }
@@ -61,7 +83,7 @@ struct Hparams {
     int layer_kv_dim(int l) const { return n_head_kv * layer_head_dim(l); }
     int max_head_dim() const { return std::max(head_dim, head_dim_swa); }
     int kv_source(int l) const { return shared_kv_source(l, n_layer, n_kv_shared, is_swa(l)); }
-    bool owns_kv(int l) const { return kv_source(l) == l; }
+    bool owns_kv(int l) const { return kv_source(l) == l && !is_recurrent(l); }
 
     // The layer whose K/V layer l attends with: itself, or for the last
     // n_shared layers (Gemma 4) the last layer before them of the same kind,
@@ -101,12 +123,20 @@ struct LayerWeights {
     gl::Tensor w_inp_gate, w_inp_proj;
     std::vector<float> inp_post_norm;
     float output_scale = 1.0f;
+    // Qwen 3.5's Gated DeltaNet: the q|k|v projection (ssm_conv_dim rows),
+    // the output gate z (d_inner), the conv taps [conv_dim][kernel] in F32,
+    // the per-value-head write strength (beta) and decay inputs (alpha), the
+    // decay's time-step bias and -exp(A), the heads' output norm and the
+    // projection back to the width.
+    gl::Tensor w_ssm_qkv, w_ssm_z, w_ssm_beta, w_ssm_alpha, w_ssm_out;
+    std::vector<float> ssm_conv, ssm_dt_bias, ssm_a, ssm_norm;
 
     // The weight matrices the layer has, in the order a token uses them.
     std::vector<const gl::Tensor*> matrices() const {
         std::vector<const gl::Tensor*> v;
-        for (const gl::Tensor* w :
-             {&wq, &wk, &wv, &wo, &w_gate, &w_up, &w_down, &w_inp_gate, &w_inp_proj})
+        for (const gl::Tensor* w : {&wq, &wk, &wv, &w_ssm_qkv, &w_ssm_z, &w_ssm_beta, &w_ssm_alpha,
+                                    &wo, &w_ssm_out, &w_gate, &w_up, &w_down, &w_inp_gate,
+                                    &w_inp_proj})
             if (*w) v.push_back(w);
         return v;
     }

@@ -105,6 +105,10 @@ void save_prompt_cache(const std::string& path, uint64_t digest, const KvCache& 
         if (c.keep_of(l) > 0)
             append(out, kv.sink_k(l), static_cast<size_t>(c.keep_of(l)) * kv.kv_dim(l));
     }
+    // The recurrent layers' states after the last token (none: nothing).
+    for (int l = 0; l < c.n_layer; l++)
+        if (c.is_recurrent(l))
+            append(out, kv.conv_state(l), static_cast<size_t>(c.conv_floats + c.ssm_floats));
     const uint64_t sum = fnv1a(reinterpret_cast<const uint8_t*>(out.data()), out.size());
     append(out, &sum, 1);
 
@@ -133,6 +137,7 @@ PromptCacheLoad load_prompt_cache(const std::string& path, uint64_t digest, KvCa
         if (c.owns(l))
             most += static_cast<uint64_t>(c.n_ctx) * (kv.row_bytes_k(l) + kv.row_bytes_v(l)) +
                     static_cast<uint64_t>(c.keep_of(l)) * kv.kv_dim(l) * sizeof(float);
+    most += KvCache::state_bytes_for(c);
     // Too large, its header still says why (another model, more tokens).
     const ReadResult file = try_read_regular_file(path, most, sizeof(Header));
     if (!file.ok && !file.too_large) {
@@ -186,6 +191,7 @@ PromptCacheLoad load_prompt_cache(const std::string& path, uint64_t digest, KvCa
         if (c.owns(l))
             want += saved_slots(c, l, h.swa_slots, n) * (kv.row_bytes_k(l) + kv.row_bytes_v(l)) +
                     sink_bytes(l);
+    want += KvCache::state_bytes_for(c);
     if (data.size() != want)
         return r.why = "truncated or padded (size " + std::to_string(data.size()) + ")", r;
     uint64_t sum;
@@ -217,7 +223,21 @@ PromptCacheLoad load_prompt_cache(const std::string& path, uint64_t digest, KvCa
         }
         p = s + sink_bytes(l);
     }
+    for (int l = 0; l < c.n_layer; l++)
+        if (c.is_recurrent(l)) {
+            const size_t floats = static_cast<size_t>(c.conv_floats + c.ssm_floats);
+            std::memcpy(kv.conv_state(l), p, floats * sizeof(float));
+            p += floats * sizeof(float);
+        }
     kv.restore_positions(static_cast<int64_t>(n));
+    if (c.has_recurrent() && m < static_cast<int64_t>(n)) {
+        kv.clear();
+        return r.why = fmt::format("its recurrent layers' state is that after all {} of its "
+                                   "tokens, and this prompt {} at token {}",
+                                   n, m + 1 == static_cast<int64_t>(prompt.size()) ? "ends" : "parts from it",
+                                   m),
+               r;
+    }
     if (!kv.truncate(m)) {
         kv.clear();
         return r.why = fmt::format(

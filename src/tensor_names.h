@@ -49,6 +49,15 @@ inline constexpr std::string_view inp_gate = "inp_gate.weight";
 inline constexpr std::string_view inp_proj = "proj.weight";
 inline constexpr std::string_view inp_post_norm = "post_norm.weight";
 inline constexpr std::string_view layer_output_scale = "layer_output_scale.weight";
+// Qwen 3.5's Gated DeltaNet layers (attn_qkv holds q|k|v there).
+inline constexpr std::string_view attn_gate = "attn_gate.weight";
+inline constexpr std::string_view ssm_conv1d = "ssm_conv1d.weight";
+inline constexpr std::string_view ssm_dt_bias = "ssm_dt.bias";
+inline constexpr std::string_view ssm_a = "ssm_a";
+inline constexpr std::string_view ssm_beta = "ssm_beta.weight";
+inline constexpr std::string_view ssm_alpha = "ssm_alpha.weight";
+inline constexpr std::string_view ssm_norm = "ssm_norm.weight";
+inline constexpr std::string_view ssm_out = "ssm_out.weight";
 
 inline std::string blk(int layer, std::string_view suffix) {
     return "blk." + std::to_string(layer) + "." + std::string(suffix);

@@ -30,6 +30,8 @@ struct Family {
     bool optional_v = false;
     bool v_norm = false;
     bool rope_factors_off = false;
+    // Qwen 3.5: the norm before the FFN is named post_attention_norm.
+    bool ffn_norm_is_post_attention = false;
     // Family-specific metadata, read after the keys every family shares
     // (model.cpp); may throw Error(bad_model). Null: nothing more to read.
     void (*read_hparams)(const GgufFile& f, Hparams& hp) = nullptr;

@@ -333,8 +333,9 @@ Backends make_backends(const CommonOptions& o, int threads, const Hparams& hp) {
     if (o.deterministic && b.n_gpu_layers > 0)
         fail(Exit::usage, "--deterministic runs on the CPU only (not with -ngl or --device cuda)");
     // Gemma 4's window heads of their own size, shared K/V and per-layer
-    // inputs have no CUDA kernels yet.
-    if (b.n_gpu_layers > 0 && (hp.head_dim_swa > 0 || hp.n_kv_shared > 0 || hp.n_embd_per_layer > 0))
+    // inputs, and Qwen 3.5's recurrent layers have no CUDA kernels yet.
+    if (b.n_gpu_layers > 0 && (hp.head_dim_swa > 0 || hp.n_kv_shared > 0 || hp.n_embd_per_layer > 0 ||
+                               !hp.recurrent_layers.empty()))
         fail(Exit::usage, "{} models run on the CPU only for now (not with -ngl or --device cuda)",
              hp.arch);
     if (b.n_gpu_layers > 0) {

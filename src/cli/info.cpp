@@ -165,8 +165,11 @@ int run_info(int argc, char** argv) {
     const KvCacheConfig kv_cfg =
         KvCacheConfig::for_model(hp, static_cast<int>(n_ctx), 0, tk, tv, k_rotate);
     const uint64_t per_token = KvCache::bytes_per_token(kv_cfg);
-    const uint64_t kv_total = KvCache::ring_bytes_for(kv_cfg);
-    const uint64_t kv_uniform = per_token * static_cast<uint64_t>(n_ctx); // every layer n_ctx slots
+    const uint64_t state_bytes = KvCache::state_bytes_for(kv_cfg);
+    const uint64_t kv_total = KvCache::ring_bytes_for(kv_cfg) + state_bytes;
+    int owning_layers = 0;
+    for (int l = 0; l < hp.n_layer; l++) owning_layers += kv_cfg.owns(l);
+    const uint64_t kv_uniform = per_token * static_cast<uint64_t>(n_ctx) + state_bytes; // every layer n_ctx slots
     // Per layer kind: how many layers, their slots and bytes.
     // Layers that read another layer's slots (Gemma 4) are a kind of their
     // own, with no slots: what they would have stored is the saving.
@@ -180,9 +183,10 @@ int run_info(int argc, char** argv) {
     };
     std::vector<KvKind> kinds;
     for (int l = 0; l < hp.n_layer; l++) {
-        const char* kind = !kv_cfg.owns(l)   ? "shared"
-                           : kv_cfg.is_swa(l) ? "sliding_window"
-                                              : "global";
+        const char* kind = kv_cfg.is_recurrent(l) ? "recurrent"
+                           : !kv_cfg.owns(l)       ? "shared"
+                           : kv_cfg.is_swa(l)      ? "sliding_window"
+                                                   : "global";
         auto k = std::find_if(kinds.begin(), kinds.end(),
                               [&](const KvKind& x) { return x.kind == kind; });
         if (k == kinds.end())
@@ -190,6 +194,8 @@ int run_info(int argc, char** argv) {
                                                  kv_cfg.head_dim_of(l), 0, 0});
         k->layers++;
         k->bytes += kv_cfg.slot_bytes(l) * static_cast<uint64_t>(kv_cfg.slots(l));
+        if (kv_cfg.is_recurrent(l))
+            k->bytes += static_cast<uint64_t>(kv_cfg.conv_floats + kv_cfg.ssm_floats) * 4;
         if (!kv_cfg.owns(l))
             k->saved += kv_cfg.slot_bytes(kv_cfg.source(l)) * static_cast<uint64_t>(kv_cfg.slots(l));
     }
@@ -240,6 +246,7 @@ int run_info(int argc, char** argv) {
                               {"k_rotate", k_rotate},
                               {"bytes_per_token", per_token},
                               {"bytes", kv_total},
+                              {"recurrent_state_bytes", state_bytes},
                               {"uniform_bytes", kv_uniform}}},
                             {"total_bytes", weight_bytes + kv_total},
                             {"runnable", unsupported.empty()},
@@ -310,7 +317,8 @@ int run_info(int argc, char** argv) {
     // (q8_0: 34 bytes per 32 elements = 1.0625).
     const double el_k = static_cast<double>(bytes_k) / hp.kv_dim(),
                  el_v = static_cast<double>(bytes_v) / hp.kv_dim();
-    const bool uniform = hp.head_dim_swa == 0 && hp.n_kv_shared == 0;
+    const bool uniform =
+        hp.head_dim_swa == 0 && hp.n_kv_shared == 0 && hp.recurrent_layers.empty();
     if (uniform)
         fmt::print(
             "KV per token: {} = {} layers × {} KV heads × {} dims × ({:g} + {:g} bytes) ({}{})\n",
@@ -320,7 +328,7 @@ int run_info(int argc, char** argv) {
     else
         fmt::print("KV per token: {} over the {} layers that store K/V, {} KV heads of {} "
                    "(global) and {} (window) dims ({}{})\n",
-                   human_bytes(per_token), hp.n_layer - hp.n_kv_shared, hp.n_head_kv,
+                   human_bytes(per_token), owning_layers, hp.n_head_kv,
                    hp.head_dim, hp.head_dim_swa ? hp.head_dim_swa : hp.head_dim,
                    cache_types_text(tk, tv, k_rotate),
                    k_rotate > 0 ? fmt::format(" in Hadamard blocks of {}", k_rotate)
@@ -331,7 +339,10 @@ int run_info(int argc, char** argv) {
             const std::string kind = k.kind == std::string("global")         ? "global"
                                      : k.kind == std::string("sliding_window") ? "sliding-window"
                                                                                : "";
-            if (kind.empty())
+            if (k.kind == std::string("recurrent"))
+                parts += fmt::format("{}{} recurrent with a fixed state = {}",
+                                     parts.empty() ? "" : "; ", k.layers, human_bytes(k.bytes));
+            else if (kind.empty())
                 parts += fmt::format("{}{} sharing an earlier layer's K/V (saves {})",
                                      parts.empty() ? "" : "; ", k.layers, human_bytes(k.saved));
             else

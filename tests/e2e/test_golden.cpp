@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "forward.h"
+#include "ggml-like/cpu/gemm.h"
 #include "ggml-like/hadamard.h"
 #include "ggml-like/kernels.h"
 #include "sampler.h"
@@ -97,15 +98,13 @@ void check_golden(const fs::path& file, gl::Type tk = gl::Type::F16, gl::Type tv
     // (batches of 128 for large vocabularies: every row's logits are kept).
     {
         const int n = static_cast<int>(seq.size());
-        // Batches of max_batch or a few more, none under 16 tokens, so that
-        // every row takes the --precise prompt path (shorter ones take the
-        // single-token dot products, with 8-bit activations).
-        while (max_batch > 0 && max_batch < n && n % max_batch != 0 && n % max_batch < 16)
-            max_batch++;
+        if (max_batch <= 0) max_batch = std::min(n, hp.n_vocab > 100000 ? 128 : 512);
+        // With --precise, batches of max_batch or a few more, none under 16
+        // tokens, so that every row takes the F32 prompt path (shorter ones
+        // take the single-token dot products, with 8-bit activations).
+        while (precise && max_batch < n && n % max_batch != 0 && n % max_batch < 16) max_batch++;
         KvCache kv(KvCacheConfig::for_model(hp, n, 4, tk, tv, rot));
-        Forward fwd(lm.model, kv, *be,
-                    max_batch > 0 ? std::min(n, max_batch)
-                                  : std::min(n, hp.n_vocab > 100000 ? 128 : 512));
+        Forward fwd(lm.model, kv, *be, std::min(n, max_batch));
         double worst = 0;
         int argmax_checked = 0;
         for (int i = 0; i < n;) {
@@ -214,37 +213,47 @@ TEST_CASE("golden: newer families from ../shared/golden-families") {
 // The late-2026 families (../shared/golden-next, models in models/next), as
 // kvrun runs them: gemma4 (window layers with heads of 32, global ones of 64,
 // the last two layers attending with layers 2 and 3's K/V, V = K on layer 1,
-// per-layer inputs, soft-capped logits).
+// per-layer inputs, soft-capped logits) and qwen35 (six Gated DeltaNet layers
+// carrying a state through the 263-token prompt, two gated attention layers).
 TEST_CASE("golden: late-2026 families from ../shared/golden-next") {
-    for (const char* family : {"tiny-gemma4"}) {
+    for (const char* family : {"tiny-gemma4", "tiny-qwen35"}) {
         int n = 0;
         for (const auto& f : goldens("golden-next")) {
             if (f.filename().string().rfind(std::string(family) + "-", 0) != 0) continue;
             n++;
             SUBCASE(f.filename().string().c_str()) {
-                // The goldens' arithmetic at their tolerance (--precise), the
-                // prompt in one batch and in batches of 16 (later ones read
-                // every kind of slot: window rings wrapped, shared ones).
-                check_golden(f, gl::Type::F16, gl::Type::F16, 0, "", false, true);
-                check_golden(f, gl::Type::F16, gl::Type::F16, 0, "", false, true, 16);
-                // 8-bit activations move this model's logits by up to 1.3 in
-                // the reference engine's own CPU path (its distance from
-                // these files: story 0.46, unicode 0.54, long 1.32,
-                // scripts/reference-distance.sh); kvrun's default lands
-                // 0.26 / 0.82 / 1.29 (docs/performance.md, "Prompt
+                // 8-bit activations move these models' logits by up to 1.3
+                // in the reference engine's own CPU path (its distance from
+                // these files, scripts/reference-distance.sh: gemma4 story
+                // 0.46, unicode 0.54, long 1.32; qwen35 0.50 / 0.84 / 0.69);
+                // kvrun's default lands gemma4 0.26 / 0.82 / 1.29, qwen35
+                // 0.37 / 0.58 / 0.69 (docs/performance.md, "Prompt
                 // precision"), held here to 1.6x the reference's.
                 const std::string name = f.filename().string();
-                const double ref = name.find("story") != std::string::npos     ? 0.46
-                                   : name.find("unicode") != std::string::npos ? 0.54
-                                                                               : 1.32;
+                const bool q35 = name.rfind("tiny-qwen35", 0) == 0;
+                const double ref = name.find("story") != std::string::npos ? (q35 ? 0.50 : 0.46)
+                                   : name.find("unicode") != std::string::npos
+                                       ? (q35 ? 0.84 : 0.54)
+                                       : (q35 ? 0.69 : 1.32);
+                // --precise: F32 activations for prompts where the build has
+                // an F32 batch path (OpenBLAS or AMX tiles; not the sanitizer
+                // build), the goldens' arithmetic at their tolerance; the
+                // prompt in one batch and in batches of 16 (later ones read
+                // every kind of slot: window rings wrapped, shared ones, the
+                // recurrent states carried over).
+                const double precise =
+                    gl::gemm::blas_enabled() || gl::gemm::amx_enabled() ? 0 : 1.6 * ref;
+                check_golden(f, gl::Type::F16, gl::Type::F16, precise, "", false, true);
+                check_golden(f, gl::Type::F16, gl::Type::F16, precise, "", false, true, 16);
                 if (gl::cpu::has_gemm(gl::Type::Q4_0))
                     check_golden(f, gl::Type::F16, gl::Type::F16, 1.6 * ref);
-                // An F32 cache at the goldens' tolerance; rows of 32 (window)
-                // and 64 (global) elements in Q8_0 blocks within what 8-bit
-                // keys cost a model attending at scale 1 with normed Q and K
-                // (measured 0.11 / 0.17 / 0.71; keys alone 0.11 / 0.34 / 0.77).
-                check_golden(f, gl::Type::F32, gl::Type::F32, 0, "", false, true);
-                check_golden(f, gl::Type::Q8_0, gl::Type::Q8_0, 1.0, "", false, true);
+                // An F32 cache; rows of 32 (window) and 64 (global) elements
+                // in Q8_0 blocks within what 8-bit keys cost gemma4, which
+                // attends at scale 1 with normed Q and K (measured 0.11 /
+                // 0.17 / 0.71; keys alone 0.11 / 0.34 / 0.77).
+                check_golden(f, gl::Type::F32, gl::Type::F32, precise, "", false, true);
+                check_golden(f, gl::Type::Q8_0, gl::Type::Q8_0, std::max(1.0, 1.6 * ref), "",
+                             false, true);
             }
         }
         CHECK_MESSAGE(n == 3, family);
