@@ -326,10 +326,11 @@ int run_info(int argc, char** argv) {
             cache_types_text(tk, tv, k_rotate),
             k_rotate > 0 ? fmt::format(" in Hadamard blocks of {}", k_rotate) : std::string());
     else
-        fmt::print("KV per token: {} over the {} layers that store K/V, {} KV heads of {} "
-                   "(global) and {} (window) dims ({}{})\n",
-                   human_bytes(per_token), owning_layers, hp.n_head_kv,
-                   hp.head_dim, hp.head_dim_swa ? hp.head_dim_swa : hp.head_dim,
+        fmt::print("KV per token: {} over the {} layers that store K/V, {} KV heads of {}{} "
+                   "dims ({}{})\n",
+                   human_bytes(per_token), owning_layers, hp.n_head_kv, hp.head_dim,
+                   hp.head_dim_swa ? fmt::format(" (global) and {} (window)", hp.head_dim_swa)
+                                   : std::string(),
                    cache_types_text(tk, tv, k_rotate),
                    k_rotate > 0 ? fmt::format(" in Hadamard blocks of {}", k_rotate)
                                 : std::string());
@@ -349,7 +350,8 @@ int run_info(int argc, char** argv) {
                 parts += fmt::format("{}{} {} × {} slots = {}", parts.empty() ? "" : "; ",
                                      k.layers, kind, k.slots, human_bytes(k.bytes));
         }
-        fmt::print("KV layers:    {} (window {})\n", parts, hp.swa_window);
+        fmt::print("KV layers:    {}{}\n", parts,
+                   hp.swa_window > 0 ? fmt::format(" (window {})", hp.swa_window) : std::string());
     }
     if (types_auto)
         fmt::print("cache types:  {} ({} auto: the first that fits {} tokens now)\n",

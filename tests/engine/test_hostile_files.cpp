@@ -683,6 +683,64 @@ TEST_CASE("files: Gemma 4 files with bad shared layers, missing tensors or bad v
     }
 }
 
+// Qwen 3.5's keys and tensors: a NaN or growing decay, missing DeltaNet
+// tensors, state sizes that do not divide, layer patterns and RoPE sections
+// out of range, MTP counts that leave no layer.
+TEST_CASE("files: Qwen 3.5 files with bad state sizes, decays or missing tensors are bad models") {
+    TempDir d;
+    const std::string q35 = kvtest::shared("models/next/tiny-qwen35-Q4_K_M.gguf");
+    REQUIRE(gen(q35).status == 0);
+    auto u32 = [](const std::string& key, uint32_t v) {
+        return with_kv(key, [=](kvrun::GgufWriter& w) { w.set_u32(key, v); });
+    };
+    auto without = [](const std::string& tensor) {
+        Rewrite rw;
+        rw.drop = [=](const std::string& name) { return name == tensor; };
+        return rw;
+    };
+    auto f32_tensor = [](const std::string& tensor, float v) {
+        return with_tensor([=](const std::string& name, std::vector<float>& x) {
+            if (name == tensor) x[0] = v;
+        });
+    };
+    Rewrite no_kernel;
+    no_kernel.kv.emplace_back("qwen35.ssm.conv_kernel", [](kvrun::GgufWriter&) {});
+    struct Case {
+        const char* what;
+        Rewrite rw;
+        const char* says;
+    };
+    const std::vector<Case> cases = {
+        {"NaN decay (ssm_a)", f32_tensor("blk.0.ssm_a", NAN), "blk.0.ssm_a"},
+        {"a growing decay (ssm_a > 0)", f32_tensor("blk.1.ssm_a", 0.5f), "blk.1.ssm_a"},
+        {"NaN conv taps", f32_tensor("blk.2.ssm_conv1d.weight", NAN), "Gated DeltaNet"},
+        {"no ssm_conv1d in layer 0", without("blk.0.ssm_conv1d.weight"),
+         "blk.0.ssm_conv1d.weight"},
+        {"no attn_gate in layer 5", without("blk.5.attn_gate.weight"), "blk.5.attn_gate.weight"},
+        {"no ssm.conv_kernel", no_kernel, "ssm.conv_kernel"},
+        {"inner size over 3 value heads", u32("qwen35.ssm.time_step_rank", 3), "inner_size"},
+        {"full_attention_interval 0", u32("qwen35.full_attention_interval", 0),
+         "full_attention_interval"},
+        {"RoPE sections of 40 dims",
+         with_kv("qwen35.rope.dimension_sections",
+                 [](kvrun::GgufWriter& w) {
+                     w.set_i32_array("qwen35.rope.dimension_sections", {10, 6, 4, 0});
+                 }),
+         "dimension_sections"},
+        {"8 MTP layers of 8", u32("qwen35.nextn_predict_layers", 8), "nextn_predict_layers"},
+    };
+    for (const Case& c : cases) {
+        CAPTURE(std::string(c.what));
+        const std::string m = d.file("bad.gguf");
+        fs::remove(m);
+        rewrite(m, c.rw, q35);
+        const auto r = gen(m);
+        CHECK(r.status == 3);
+        CHECK(contains(r.err, c.says));
+        CHECK(count_lines(r.err) == 1);
+    }
+}
+
 TEST_CASE("files: NaN weights that reach the logits stop generation with exit 3") {
     TempDir d;
     const std::string m = d.file("nan.gguf");

@@ -336,15 +336,15 @@ TEST_CASE("prompt cache: -c auto makes room for a cached document, so a shorter 
     CHECK(nlohmann::json::parse(same_batches_of("tiny-Q8_0.gguf", half, shorter).out)["text"] ==
           js["text"]);
 }
-// Gemma 4: only the layers with K/V of their own are saved (rows of 32 on
-// window layers, 64 on global ones); the two sharing layers read them back.
-// With the batch-invariant arithmetic a reused prefix gives the logits of a
-// run without the file, bit for bit.
-TEST_CASE("prompt cache: Gemma 4's own and shared K/V come back exactly") {
+// With the batch-invariant arithmetic a prefix reused from a file gives the
+// logits of a run without it, bit for bit; a prompt that parts from the file
+// earlier than the file can serve is refused with the reason (`why`).
+static void check_reuse(const std::string& model, const std::string& why) {
     using namespace kvrun;
+    CAPTURE(model);
     TempDir d;
-    const std::string pc = d.file("g4.cache");
-    const auto lm = LoadedModel::load(kvtest::shared("models/next/tiny-gemma4-Q4_K_M.gguf"));
+    const std::string pc = d.file("p.cache");
+    const auto lm = LoadedModel::load(kvtest::shared(model));
     const Model& m = lm->model;
     auto be = gl::make_cpu_backend(2, true);
     const KvCacheConfig cfg = KvCacheConfig::for_model(m.hp, 128, 4, gl::Type::F16, gl::Type::F16);
@@ -380,5 +380,18 @@ TEST_CASE("prompt cache: Gemma 4's own and shared K/V come back exactly") {
     KvCache kv2(cfg);
     const PromptCacheLoad r2 = load_prompt_cache(pc, 1234, kv2, other, m);
     CHECK_FALSE(r2.ok);
-    CHECK(r2.why.find("sliding-window") != std::string::npos);
+    CHECK(r2.why.find(why) != std::string::npos);
+}
+
+// Gemma 4: only the layers with K/V of their own are saved (rows of 32 on
+// window layers, 64 on global ones); the two sharing layers read them back.
+TEST_CASE("prompt cache: Gemma 4's own and shared K/V come back exactly") {
+    check_reuse("models/next/tiny-gemma4-Q4_K_M.gguf", "sliding-window");
+}
+
+// Qwen 3.5: the recurrent layers' states after the file's last token come
+// back with the attention layers' slots; a prompt that parts from the file
+// before its end cannot use them (a state holds every token it saw).
+TEST_CASE("prompt cache: Qwen 3.5's recurrent states come back with the K/V") {
+    check_reuse("models/next/tiny-qwen35-Q4_K_M.gguf", "recurrent layers' state");
 }

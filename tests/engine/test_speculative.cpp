@@ -527,3 +527,18 @@ TEST_CASE("draft length: longer while drafts are kept, paused while rounds lose 
     recheck.after_plain_step(0.010);
     CHECK(recheck.next(99) > 0);
 }
+
+// A recurrent state cannot forget rejected drafts (only go back to its
+// checkpoint): speculation on Qwen 3.5 is refused in one line, not run wrong.
+TEST_CASE("speculative: refused for models with recurrent layers") {
+    for (const char* how : {"--lookup", "--draft-model"}) {
+        CAPTURE(how);
+        const std::string m = kvtest::shared("models/next/tiny-qwen35-Q4_K_M.gguf");
+        std::vector<std::string> args = {"-m", m, "-p", "Once upon a time", "-n", "4", how};
+        args.push_back(std::string(how) == "--lookup" ? "4" : m);
+        const auto r = kvtest::run_kvrun(args);
+        CHECK(r.status == 2);
+        CHECK(r.err.find("recurrent layers") != std::string::npos);
+        CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    }
+}
