@@ -56,6 +56,13 @@ class Backend {
     // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (Gemma's gated FFN).
     virtual void gelu_mul(float* gate, const float* up, int64_t n) = 0;
     virtual void add(float* y, const float* x, int64_t n) = 0;
+    // The gated delta rule over n tokens of one sequence (Gated DeltaNet,
+    // cpu/delta_net.h): host pointers, the state updated in place. Here on
+    // the calling thread; the CPU backend splits the value heads over its
+    // threads.
+    virtual void gated_delta_rule(float* state, const float* qkv, int64_t stride, const float* g,
+                                  const float* beta, int64_t n, int n_v_heads, int n_k_heads,
+                                  int d_k, int d_v, float* out);
     // Convert `rows` rows of n floats to type t (a KV cache type), packed.
     virtual void convert_rows(Type t, const float* x, int64_t n, int64_t rows, void* dst) = 0;
     // Attention scratch is the backend's own (a.scratch is ignored).

@@ -98,6 +98,11 @@ void dot_tile(Type t, int64_t hd, const void* tile, int width, int lo, int hi, c
 float exp_sum(float* x, int64_t n, float mx);
 // Largest of x[0..n) (NaNs ignored), -inf when n == 0 or nothing is larger.
 float max_of(const float* x, int64_t n);
+// One token's gated-delta-rule step for one value head (Gated DeltaNet): the
+// state s (d_v rows of d_k floats) is decayed, then per row j
+//   d = (v[j] - s_j . k) * beta;  s_j += d k;  o[j] = (s_j . q) * scale.
+void delta_rule(float* s, int64_t d_v, int64_t d_k, const float* k, const float* q,
+                const float* v, float decay, float beta, float scale, float* o);
 } // namespace ref
 
 // One ISA's kernels; a null member means "use the reference".
@@ -121,6 +126,8 @@ struct KernelTable {
                                    size_t out_stride);
     float (*exp_sum)(float* x, int64_t n, float mx);
     float (*max_of)(const float* x, int64_t n);
+    void (*delta_rule)(float* s, int64_t d_v, int64_t d_k, const float* k, const float* q,
+                       const float* v, float decay, float beta, float scale, float* o);
     // Several rows at once (see ref::matvec), where sharing the activation
     // between rows pays; null means a vec_dot per row.
     void (*matvec[kTypeIdLimit])(int64_t n, const void* w, size_t row_bytes, int64_t n_rows,
@@ -165,6 +172,8 @@ void dot_tile(Type t, int64_t hd, const void* tile, int width, int lo, int hi, c
 bool has_axpy_heads(Type t);
 float exp_sum(float* x, int64_t n, float mx);
 float max_of(const float* x, int64_t n);
+void delta_rule(float* s, int64_t d_v, int64_t d_k, const float* k, const float* q,
+                const float* v, float decay, float beta, float scale, float* o);
 // Force the scalar table (KVRUN_ISA=scalar in the environment does the same).
 void force_scalar(bool on);
 } // namespace cpu

@@ -558,9 +558,8 @@ void Forward::recurrent_block(int l, int n) {
         // q and k per key head to unit length (they sit first in each row).
         for (size_t i = 0; i < N; i++)
             gl::cpu::l2_normalize(ssm_conv_.data() + i * C, 2 * hp.ssm_n_k_heads, dk, hp.rms_eps);
-        gl::cpu::gated_delta_rule(kv_.ssm_state(l), ssm_conv_.data(), C, ssm_g_.data(),
-                                  ssm_beta_.data(), n, H, hp.ssm_n_k_heads, dk, dv,
-                                  ssm_o_.data());
+        be.gated_delta_rule(kv_.ssm_state(l), ssm_conv_.data(), C, ssm_g_.data(),
+                            ssm_beta_.data(), n, H, hp.ssm_n_k_heads, dk, dv, ssm_o_.data());
     }
     wrote(ssm_o_.data(), sizeof(float) * N * inner);
     // Each head's output RMS-normed, gated by silu(z), projected back.

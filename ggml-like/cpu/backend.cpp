@@ -4,6 +4,7 @@
 
 #include "ggml-like/backend.h"
 #include "ggml-like/cpu/gemm.h"
+#include "ggml-like/cpu/delta_net.h"
 #include "ggml-like/cpu/ops.h"
 #include "ggml-like/hadamard.h"
 #include "ggml-like/kernels.h"
@@ -86,6 +87,19 @@ class CpuBackend final : public Backend {
         args.scratch = att_scratch_.data();
         args.batch_invariant = batch_invariant_;
         gl::attention(pool_, args);
+    }
+
+    void gated_delta_rule(float* state, const float* qkv, int64_t stride, const float* g,
+                          const float* beta, int64_t n, int n_v_heads, int n_k_heads, int d_k,
+                          int d_v, float* out) override {
+        // Each value head on one thread, its tokens in order.
+        pool_.parallel_for(
+            n_v_heads,
+            [&](int64_t b, int64_t e, int) {
+                cpu::gated_delta_rule(state, qkv, stride, g, beta, n, n_v_heads, n_k_heads, d_k,
+                                      d_v, out, static_cast<int>(b), static_cast<int>(e));
+            },
+            n * n_v_heads * static_cast<int64_t>(d_k) * d_v * 4);
     }
 
   private:

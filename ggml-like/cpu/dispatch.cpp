@@ -33,7 +33,7 @@ namespace {
 
 // All members null: every entry falls back to gl::ref.
 constexpr KernelTable kScalarTable = {"scalar", {}, {}, {},      {},      {}, {},
-                                      {},       {}, {}, nullptr, nullptr, {}, {}};
+                                      {},       {}, {}, nullptr, nullptr, nullptr, {}, {}};
 
 #if defined(__x86_64__)
 // AVX-VNNI (the VEX vpdpbusd): cpuid leaf 7, subleaf 1, EAX bit 4. (GCC 12's
@@ -272,6 +272,12 @@ float exp_sum(float* x, int64_t n, float mx) {
 float max_of(const float* x, int64_t n) {
     if (auto f = active().max_of) return f(x, n);
     return ref::max_of(x, n);
+}
+
+void delta_rule(float* s, int64_t d_v, int64_t d_k, const float* k, const float* q,
+                const float* v, float decay, float beta, float scale, float* o) {
+    if (auto f = active().delta_rule) return f(s, d_v, d_k, k, q, v, decay, beta, scale, o);
+    ref::delta_rule(s, d_v, d_k, k, q, v, decay, beta, scale, o);
 }
 
 void force_scalar(bool on) {

@@ -30,6 +30,10 @@ struct Preset {
     // (and n_ff_shared wide), per-layer inputs of ple.
     int head_dim = 0, head_dim_swa = 0, swa_period = 0, window = 0;
     int n_kv_shared = 0, n_ff_shared = 0, ple = 0;
+    // qwen35: every full_attention-th layer gated attention (heads of
+    // head_dim, rope_dims rotated), the others Gated DeltaNet with ssm_k_heads
+    // key and ssm_v_heads value heads of ssm_head (conv of 4 taps).
+    int full_attention = 0, ssm_k_heads = 0, ssm_v_heads = 0, ssm_head = 0;
 };
 
 constexpr Preset kPresets[] = {
@@ -47,6 +51,11 @@ constexpr Preset kPresets[] = {
     // per-layer inputs of 256.
     {"gemma-4-e2b", "gemma4", 1536, 35, 8, 1, 6144, 131072, 1000000.0f, true, 512, 512, 256, 5,
      512, 20, 12288, 256},
+    // Qwen 3.5 0.8B: 24 layers, every fourth gated attention (8 heads / 2 KV
+    // heads of 256, 64 dims rotated), the rest Gated DeltaNet (16 key and 16
+    // value heads of 128).
+    {"qwen3.5-0.8b", "qwen35", 1024, 24, 8, 2, 3584, 262144, 10000000.0f, true, 64, 256, 0, 0, 0,
+     0, 0, 0, 4, 16, 16, 128},
 };
 
 // Uniform in [-scale, scale), from a per-row seed: reproducible and parallel.
@@ -100,7 +109,20 @@ int run_synth(int argc, char** argv) {
     w.set_f32(a + ".attention.layer_norm_rms_epsilon", 1e-5f);
     w.set_f32(a + ".rope.freq_base", p->rope_base);
     if (p->rope_dims) w.set_u32(a + ".rope.dimension_count", p->rope_dims);
-    const bool gemma4 = a == "gemma4";
+    const bool gemma4 = a == "gemma4", qwen35 = a == "qwen35";
+    auto recurrent = [&](int l) { return qwen35 && (l + 1) % p->full_attention != 0; };
+    if (qwen35) {
+        w.set_u32(a + ".attention.key_length", p->head_dim);
+        w.set_u32(a + ".attention.value_length", p->head_dim);
+        w.set_u32(a + ".full_attention_interval", p->full_attention);
+        const int q = p->rope_dims / 2; // MRoPE sections over the rotated pairs
+        w.set_i32_array(a + ".rope.dimension_sections", {q - 2 * (q / 3), q / 3, q / 3, 0});
+        w.set_u32(a + ".ssm.conv_kernel", 4);
+        w.set_u32(a + ".ssm.inner_size", p->ssm_v_heads * p->ssm_head);
+        w.set_u32(a + ".ssm.state_size", p->ssm_head);
+        w.set_u32(a + ".ssm.time_step_rank", p->ssm_v_heads);
+        w.set_u32(a + ".ssm.group_count", p->ssm_k_heads);
+    }
     auto is_swa = [&](int l) { return gemma4 && l % p->swa_period != p->swa_period - 1; };
     auto n_ff_of = [&](int l) {
         return gemma4 && l >= p->n_layer - p->n_kv_shared ? p->n_ff_shared : p->n_ff;
@@ -164,16 +186,45 @@ int run_synth(int argc, char** argv) {
         w.add_tensor(std::string(tn::rope_freqs), gl::Type::F32, {p->head_dim / 2},
                      factors.data(), factors.size() * sizeof(float));
     }
+    auto floats = [&](const std::string& name, std::vector<int64_t> ne, float v) {
+        int64_t n = 1;
+        for (int64_t d : ne) n *= d;
+        std::vector<float> x(static_cast<size_t>(n), v);
+        w.add_tensor(name, gl::Type::F32, std::move(ne), x.data(), x.size() * sizeof(float));
+    };
     for (int l = 0; l < p->n_layer; l++) {
-        const int hd = !gemma4 ? p->n_embd / p->n_head : is_swa(l) ? p->head_dim_swa : p->head_dim;
+        const int hd = gemma4 ? (is_swa(l) ? p->head_dim_swa : p->head_dim)
+                       : qwen35 ? p->head_dim
+                                : p->n_embd / p->n_head;
         const int ff = n_ff_of(l);
         ones(tn::blk(l, tn::attn_norm), p->n_embd);
-        ones(tn::blk(l, tn::ffn_norm), p->n_embd);
+        ones(tn::blk(l, qwen35 ? tn::post_attention_norm : tn::ffn_norm), p->n_embd);
+        if (recurrent(l)) { // Gated DeltaNet
+            const int kd = p->ssm_k_heads * p->ssm_head, inner = p->ssm_v_heads * p->ssm_head;
+            const int conv = 2 * kd + inner;
+            matrix(tn::blk(l, tn::attn_qkv), p->n_embd, conv, wt);
+            matrix(tn::blk(l, tn::attn_gate), p->n_embd, inner, wt);
+            floats(tn::blk(l, tn::ssm_conv1d), {4, conv}, 0.25f);
+            floats(tn::blk(l, tn::ssm_dt_bias), {p->ssm_v_heads}, 0.0f);
+            floats(tn::blk(l, tn::ssm_a), {p->ssm_v_heads}, -0.5f);
+            matrix(tn::blk(l, tn::ssm_beta), p->n_embd, p->ssm_v_heads, wt);
+            matrix(tn::blk(l, tn::ssm_alpha), p->n_embd, p->ssm_v_heads, wt);
+            ones(tn::blk(l, tn::ssm_norm), p->ssm_head);
+            matrix(tn::blk(l, tn::ssm_out), inner, p->n_embd, wt);
+            matrix(tn::blk(l, tn::ffn_gate), p->n_embd, ff, wt);
+            matrix(tn::blk(l, tn::ffn_up), p->n_embd, ff, wt);
+            matrix(tn::blk(l, tn::ffn_down), ff, p->n_embd, wt);
+            continue;
+        }
+        if (qwen35) {
+            ones(tn::blk(l, tn::attn_q_norm), hd);
+            ones(tn::blk(l, tn::attn_k_norm), hd);
+        }
         if (a == "phi3") { // fused: Q|K|V rows, gate|up rows
             matrix(tn::blk(l, tn::attn_qkv), p->n_embd, (p->n_head + 2 * p->n_head_kv) * hd, wt);
             matrix(tn::blk(l, tn::ffn_up), p->n_embd, 2 * ff, wt);
         } else {
-            matrix(tn::blk(l, tn::attn_q), p->n_embd, p->n_head * hd, wt);
+            matrix(tn::blk(l, tn::attn_q), p->n_embd, (qwen35 ? 2 : 1) * p->n_head * hd, wt);
             if (!gemma4 || l < p->n_layer - p->n_kv_shared) {
                 matrix(tn::blk(l, tn::attn_k), p->n_embd, p->n_head_kv * hd, wt);
                 matrix(tn::blk(l, tn::attn_v), p->n_embd, p->n_head_kv * hd, wt);

@@ -17,6 +17,11 @@
 
 #include <cstring>
 
+namespace gl::neon_delta {
+void delta_rule(float* s, int64_t d_v, int64_t d_k, const float* k, const float* q,
+                const float* v, float decay, float beta, float scale, float* o);
+}
+
 namespace gl {
 
 namespace {
@@ -274,7 +279,7 @@ constexpr uint32_t id(Type t) {
 }
 
 constexpr KernelTable make_table() {
-    KernelTable t = {"neon", {}, {}, {}, {}, {}, {}, {}, {}, {}, nullptr, nullptr, {}, {}};
+    KernelTable t = {"neon", {}, {}, {}, {}, {}, {}, {}, {}, {}, nullptr, nullptr, nullptr, {}, {}};
     t.vec_dot[id(Type::F32)] = vec_dot_float<F32>;
     t.vec_dot[id(Type::F16)] = vec_dot_float<F16>;
     t.vec_dot[id(Type::BF16)] = vec_dot_float<BF16>;
@@ -296,6 +301,7 @@ constexpr KernelTable make_table() {
     t.dot_tile[id(Type::F16)] = dot_tile<F16, Type::F16>;
     t.dot_tile[id(Type::BF16)] = dot_tile<BF16, Type::BF16>;
     add_kernels_k(t, kNeonKernelsK); // arm/neon_k.cpp
+    t.delta_rule = neon_delta::delta_rule; // arm/neon_delta.cpp
     return t;
 }
 

@@ -24,6 +24,11 @@
 #include <cstring>
 #include <type_traits>
 
+namespace gl::avx2_delta {
+void delta_rule(float* s, int64_t d_v, int64_t d_k, const float* k, const float* q,
+                const float* v, float decay, float beta, float scale, float* o);
+}
+
 namespace gl {
 
 namespace {
@@ -722,7 +727,7 @@ constexpr uint32_t id(Type t) {
 }
 
 constexpr KernelTable make_table() {
-    KernelTable t = {"avx2", {}, {}, {}, {}, {}, {}, {}, {}, {}, nullptr, nullptr, {}, {}};
+    KernelTable t = {"avx2", {}, {}, {}, {}, {}, {}, {}, {}, {}, nullptr, nullptr, nullptr, {}, {}};
     t.vec_dot[id(Type::F32)] = vec_dot_float<F32>;
     t.vec_dot[id(Type::F16)] = vec_dot_float<F16>;
     t.vec_dot[id(Type::BF16)] = vec_dot_float<BF16>;
@@ -758,6 +763,7 @@ constexpr KernelTable make_table() {
     t.dot_tile[id(Type::BF16)] = dot_tile<BF16, Type::BF16>;
     t.exp_sum = exp_sum;
     t.max_of = max_of;
+    t.delta_rule = avx2_delta::delta_rule; // x86/avx2_delta.cpp
     add_kernels_k(t, kAvx2KernelsK); // x86/avx2_k.cpp
     GL_ADD_MATVEC_K(t, avx2_k);
     return t;

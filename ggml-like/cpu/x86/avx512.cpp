@@ -32,6 +32,11 @@
 #include <cstring>
 #include <type_traits>
 
+namespace gl::avx512_delta {
+void delta_rule(float* s, int64_t d_v, int64_t d_k, const float* k, const float* q,
+                const float* v, float decay, float beta, float scale, float* o);
+}
+
 namespace gl {
 
 namespace {
@@ -752,7 +757,7 @@ constexpr uint32_t id(Type t) {
 }
 
 constexpr KernelTable make_table() {
-    KernelTable t = {"avx512", {}, {}, {}, {}, {}, {}, {}, {}, {}, nullptr, nullptr, {}, {}};
+    KernelTable t = {"avx512", {}, {}, {}, {}, {}, {}, {}, {}, {}, nullptr, nullptr, nullptr, {}, {}};
     t.vec_dot[id(Type::F32)] = vec_dot_float<F32>;
     t.vec_dot[id(Type::F16)] = vec_dot_float<F16>;
     t.vec_dot[id(Type::BF16)] = vec_dot_float<BF16>;
@@ -788,6 +793,7 @@ constexpr KernelTable make_table() {
     t.dot_tile[id(Type::BF16)] = dot_tile<BF16>;
     t.exp_sum = exp_sum;
     t.max_of = max_of;
+    t.delta_rule = avx512_delta::delta_rule; // x86/avx512_delta.cpp
     add_kernels_k(t, kAvx512KernelsK); // x86/avx512_k.cpp
     GL_ADD_MATVEC_K(t, avx512_k);
     return t;
