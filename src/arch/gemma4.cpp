@@ -23,6 +23,11 @@ namespace {
 
 void read_gemma4(const GgufFile& f, Hparams& hp) {
     const std::string p = hp.arch + ".";
+    if (auto experts = f.get_u64(p + "expert_count"); experts && *experts > 0)
+        fail(Exit::bad_model,
+             "{}: Gemma 4 with a mixture of experts ({} experts) is not supported yet; the dense "
+             "Gemma 4 models are",
+             f.path(), *experts);
     const int64_t window = hp.sliding_window;
     hp.sliding_window = 0;
     if (window <= 0)

@@ -340,6 +340,13 @@ int run_generate(int argc, char** argv) {
                    n_ctx, ctx_auto ? "auto" : "fixed", kc.keep, human_bytes(kv.ring_bytes()),
                    human_bytes(KvCache::bytes_per_token(kv.config())), cache_types(kv.config()),
                    o.sampling.seed);
+        if (kv.state_bytes() > 0)
+            fmt::print(stderr, "kvrun: recurrent layers' state {} (fixed, whatever n_ctx)\n",
+                       human_bytes(kv.state_bytes()));
+        if (hp.n_mtp_layers > 0)
+            fmt::print(stderr,
+                       "kvrun: the file's {} multi-token-prediction layer{} not run\n",
+                       hp.n_mtp_layers, hp.n_mtp_layers == 1 ? " is" : "s are");
         fmt::print(stderr, "kvrun: weights {} ({}), prompt {} token{}, loaded in {:.2f} s\n",
                    human_bytes(lm->file.file_size() - lm->file.data_offset()),
                    lm->file.data_moved() ? "moved onto huge pages" : "in the file mapping",

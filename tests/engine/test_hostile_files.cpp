@@ -136,6 +136,46 @@ void rewrite(const std::string& out, const Rewrite& rw = Rewrite(),
     w.write(out);
 }
 
+Rewrite with_u32(const std::string& key, uint32_t v) {
+    return with_kv(key, [=](kvrun::GgufWriter& w) { w.set_u32(key, v); });
+}
+Rewrite without_tensor(const std::string& tensor) {
+    Rewrite rw;
+    rw.drop = [=](const std::string& name) { return name == tensor; };
+    return rw;
+}
+Rewrite without_key(const std::string& key) {
+    Rewrite rw;
+    rw.kv.emplace_back(key, [](kvrun::GgufWriter&) {});
+    return rw;
+}
+// An F32 tensor's first value replaced.
+Rewrite with_first_float(const std::string& tensor, float v) {
+    return with_tensor([=](const std::string& name, std::vector<float>& x) {
+        if (name == tensor) x[0] = v;
+    });
+}
+
+struct BadCase {
+    const char* what;
+    Rewrite rw;
+    const char* says; // in the one-line error
+};
+// Each rewrite of `from` is a bad model (status 3) named in one line.
+void check_bad_models(const std::string& from, const std::vector<BadCase>& cases) {
+    TempDir d;
+    for (const BadCase& c : cases) {
+        CAPTURE(std::string(c.what));
+        const std::string m = d.file("bad.gguf");
+        fs::remove(m);
+        rewrite(m, c.rw, from);
+        const auto r = gen(m);
+        CHECK(r.status == 3);
+        CHECK(contains(r.err, c.says));
+        CHECK(count_lines(r.err) == 1);
+    }
+}
+
 } // namespace
 
 // ---- F1, F7, F8: writers ------------------------------------------------------
@@ -624,121 +664,72 @@ TEST_CASE("files: rope bases, scales, window flags, vocab sizes and LongRoPE fac
 // a missing window head size, non-finite scales and RoPE factors.
 TEST_CASE("files: Gemma 4 files with bad shared layers, missing tensors or bad values are bad "
           "models") {
-    TempDir d;
     const std::string g4 = kvtest::shared("models/next/tiny-gemma4-Q4_K_M.gguf");
     REQUIRE(gen(g4).status == 0);
-    auto u32 = [](const std::string& key, uint32_t v) {
-        return with_kv(key, [=](kvrun::GgufWriter& w) { w.set_u32(key, v); });
-    };
-    auto without = [](const std::string& tensor) {
-        Rewrite rw;
-        rw.drop = [=](const std::string& name) { return name == tensor; };
-        return rw;
-    };
-    auto f32_tensor = [](const std::string& tensor, float v) {
-        return with_tensor([=](const std::string& name, std::vector<float>& x) {
-            if (name == tensor) x[0] = v;
-        });
-    };
-    Rewrite no_swa_key;
-    no_swa_key.kv.emplace_back("gemma4.attention.key_length_swa", [](kvrun::GgufWriter&) {});
-    struct Case {
-        const char* what;
-        Rewrite rw;
-        const char* says;
-    };
-    const std::vector<Case> cases = {
-        {"shared_kv_layers 5 of 6", u32("gemma4.attention.shared_kv_layers", 5),
-         "shared_kv_layers"},
-        {"shared_kv_layers 1000", u32("gemma4.attention.shared_kv_layers", 1000),
-         "shared_kv_layers"},
-        // Layer 4 (window) would read layer 2, made global here.
-        {"a shared layer's source of the other kind",
-         with_kv("gemma4.attention.sliding_window_pattern",
-                 [](kvrun::GgufWriter& w) {
-                     w.set_i32_array("gemma4.attention.sliding_window_pattern",
-                                     {1, 1, 0, 0, 1, 0});
-                 }),
-         "of the other kind"},
-        {"no key_length_swa", no_swa_key, "key_length_swa"},
-        {"no inp_gate in layer 2", without("blk.2.inp_gate.weight"), "blk.2.inp_gate.weight"},
-        {"no per_layer_token_embd", without("per_layer_token_embd.weight"),
-         "per_layer_token_embd"},
-        {"no attn_k in layer 3", without("blk.3.attn_k.weight"), "blk.3.attn_k.weight"},
-        {"layer_output_scale NaN", f32_tensor("blk.1.layer_output_scale.weight", NAN),
-         "layer_output_scale"},
-        {"rope_freqs NaN", f32_tensor("rope_freqs.weight", NAN), "rope_freqs"},
-        {"embedding_length_per_layer_input 0",
-         u32("gemma4.embedding_length_per_layer_input", 0), "embedding_length_per_layer_input"},
-    };
-    for (const Case& c : cases) {
-        CAPTURE(std::string(c.what));
-        const std::string m = d.file("bad.gguf");
-        fs::remove(m);
-        rewrite(m, c.rw, g4);
-        const auto r = gen(m);
-        CHECK(r.status == 3);
-        CHECK(contains(r.err, c.says));
-        CHECK(count_lines(r.err) == 1);
-    }
+    check_bad_models(
+        g4, {
+                {"shared_kv_layers 5 of 6", with_u32("gemma4.attention.shared_kv_layers", 5),
+                 "shared_kv_layers"},
+                {"shared_kv_layers 1000", with_u32("gemma4.attention.shared_kv_layers", 1000),
+                 "shared_kv_layers"},
+                // Layer 4 (window) would read layer 2, made global here.
+                {"a shared layer's source of the other kind",
+                 with_kv("gemma4.attention.sliding_window_pattern",
+                         [](kvrun::GgufWriter& w) {
+                             w.set_i32_array("gemma4.attention.sliding_window_pattern",
+                                             {1, 1, 0, 0, 1, 0});
+                         }),
+                 "of the other kind"},
+                {"no key_length_swa", without_key("gemma4.attention.key_length_swa"),
+                 "key_length_swa"},
+                {"no inp_gate in layer 2", without_tensor("blk.2.inp_gate.weight"),
+                 "blk.2.inp_gate.weight"},
+                {"no per_layer_token_embd", without_tensor("per_layer_token_embd.weight"),
+                 "per_layer_token_embd"},
+                {"no attn_k in layer 3", without_tensor("blk.3.attn_k.weight"),
+                 "blk.3.attn_k.weight"},
+                {"layer_output_scale NaN", with_first_float("blk.1.layer_output_scale.weight", NAN),
+                 "layer_output_scale"},
+                {"rope_freqs NaN", with_first_float("rope_freqs.weight", NAN), "rope_freqs"},
+                {"embedding_length_per_layer_input 0",
+                 with_u32("gemma4.embedding_length_per_layer_input", 0),
+                 "embedding_length_per_layer_input"},
+                {"a mixture of experts (26B-A4B)", with_u32("gemma4.expert_count", 128),
+                 "mixture of experts"},
+            });
 }
 
 // Qwen 3.5's keys and tensors: a NaN or growing decay, missing DeltaNet
 // tensors, state sizes that do not divide, layer patterns and RoPE sections
 // out of range, MTP counts that leave no layer.
 TEST_CASE("files: Qwen 3.5 files with bad state sizes, decays or missing tensors are bad models") {
-    TempDir d;
     const std::string q35 = kvtest::shared("models/next/tiny-qwen35-Q4_K_M.gguf");
     REQUIRE(gen(q35).status == 0);
-    auto u32 = [](const std::string& key, uint32_t v) {
-        return with_kv(key, [=](kvrun::GgufWriter& w) { w.set_u32(key, v); });
-    };
-    auto without = [](const std::string& tensor) {
-        Rewrite rw;
-        rw.drop = [=](const std::string& name) { return name == tensor; };
-        return rw;
-    };
-    auto f32_tensor = [](const std::string& tensor, float v) {
-        return with_tensor([=](const std::string& name, std::vector<float>& x) {
-            if (name == tensor) x[0] = v;
-        });
-    };
-    Rewrite no_kernel;
-    no_kernel.kv.emplace_back("qwen35.ssm.conv_kernel", [](kvrun::GgufWriter&) {});
-    struct Case {
-        const char* what;
-        Rewrite rw;
-        const char* says;
-    };
-    const std::vector<Case> cases = {
-        {"NaN decay (ssm_a)", f32_tensor("blk.0.ssm_a", NAN), "blk.0.ssm_a"},
-        {"a growing decay (ssm_a > 0)", f32_tensor("blk.1.ssm_a", 0.5f), "blk.1.ssm_a"},
-        {"NaN conv taps", f32_tensor("blk.2.ssm_conv1d.weight", NAN), "Gated DeltaNet"},
-        {"no ssm_conv1d in layer 0", without("blk.0.ssm_conv1d.weight"),
-         "blk.0.ssm_conv1d.weight"},
-        {"no attn_gate in layer 5", without("blk.5.attn_gate.weight"), "blk.5.attn_gate.weight"},
-        {"no ssm.conv_kernel", no_kernel, "ssm.conv_kernel"},
-        {"inner size over 3 value heads", u32("qwen35.ssm.time_step_rank", 3), "inner_size"},
-        {"full_attention_interval 0", u32("qwen35.full_attention_interval", 0),
-         "full_attention_interval"},
-        {"RoPE sections of 40 dims",
-         with_kv("qwen35.rope.dimension_sections",
-                 [](kvrun::GgufWriter& w) {
-                     w.set_i32_array("qwen35.rope.dimension_sections", {10, 6, 4, 0});
-                 }),
-         "dimension_sections"},
-        {"8 MTP layers of 8", u32("qwen35.nextn_predict_layers", 8), "nextn_predict_layers"},
-    };
-    for (const Case& c : cases) {
-        CAPTURE(std::string(c.what));
-        const std::string m = d.file("bad.gguf");
-        fs::remove(m);
-        rewrite(m, c.rw, q35);
-        const auto r = gen(m);
-        CHECK(r.status == 3);
-        CHECK(contains(r.err, c.says));
-        CHECK(count_lines(r.err) == 1);
-    }
+    check_bad_models(
+        q35, {
+                 {"NaN decay (ssm_a)", with_first_float("blk.0.ssm_a", NAN), "blk.0.ssm_a"},
+                 {"a growing decay (ssm_a > 0)", with_first_float("blk.1.ssm_a", 0.5f),
+                  "blk.1.ssm_a"},
+                 {"NaN conv taps", with_first_float("blk.2.ssm_conv1d.weight", NAN),
+                  "Gated DeltaNet"},
+                 {"no ssm_conv1d in layer 0", without_tensor("blk.0.ssm_conv1d.weight"),
+                  "blk.0.ssm_conv1d.weight"},
+                 {"no attn_gate in layer 5", without_tensor("blk.5.attn_gate.weight"),
+                  "blk.5.attn_gate.weight"},
+                 {"no ssm.conv_kernel", without_key("qwen35.ssm.conv_kernel"), "ssm.conv_kernel"},
+                 {"inner size over 3 value heads", with_u32("qwen35.ssm.time_step_rank", 3),
+                  "inner_size"},
+                 {"full_attention_interval 0", with_u32("qwen35.full_attention_interval", 0),
+                  "full_attention_interval"},
+                 {"RoPE sections of 40 dims",
+                  with_kv("qwen35.rope.dimension_sections",
+                          [](kvrun::GgufWriter& w) {
+                              w.set_i32_array("qwen35.rope.dimension_sections", {10, 6, 4, 0});
+                          }),
+                  "dimension_sections"},
+                 {"8 MTP layers of 8", with_u32("qwen35.nextn_predict_layers", 8),
+                  "nextn_predict_layers"},
+             });
 }
 
 TEST_CASE("files: NaN weights that reach the logits stop generation with exit 3") {
