@@ -7,7 +7,6 @@
 #include <stdexcept>
 
 #include "error.h"
-#include "ggml-like/cpu/delta_net.h"
 #include "ggml-like/cpu/gemm.h"
 #include "ggml-like/cpu/ops.h"
 #include "ggml-like/kernels.h"
@@ -71,8 +70,9 @@ Forward::Forward(const Model& m, KvCache& kv, Placement placement, int max_batch
     cos_.resize(B * hp.rope_dims / 2);
     sin_.resize(B * hp.rope_dims / 2);
     if (!m.rope_inv_freq_swa.empty()) {
-        cos_swa_.resize(B * m.rope(1, true).dims / 2);
-        sin_swa_.resize(B * m.rope(1, true).dims / 2);
+        const int half_swa = m.rope(1, true).dims / 2;
+        cos_swa_.resize(B * half_swa);
+        sin_swa_.resize(B * half_swa);
     }
     if (const int P = hp.n_embd_per_layer; P > 0) {
         pli_.resize(static_cast<size_t>(hp.n_layer) * B * P);
@@ -309,52 +309,6 @@ Forward::SharedKv* Forward::shared_of(int source) {
     return nullptr;
 }
 
-// PLI[l][t] = (rmsnorm(proj(x_t) / sqrt(n_embd), per layer) + embd_l(t) * sqrt(P)) / sqrt(2),
-// for each layer l's slice of P of a token's per-layer row (x_t: the scaled
-// token embedding).
-void Forward::per_layer_inputs(gl::Backend& be, const int32_t* tokens, int n) {
-    const Hparams& hp = m_.hp;
-    const int P = hp.n_embd_per_layer, W = hp.n_layer * P;
-    matmul(be, Op::other, m_.per_layer_model_proj, x_.data(), n, pl_proj_.data());
-    be.host_read(pl_proj_.data(), sizeof(float) * static_cast<size_t>(n) * W);
-    OpTimer t(profile_, Op::other);
-    const float proj_scale = 1.0f / std::sqrt(static_cast<float>(hp.n_embd));
-    for (size_t j = 0; j < static_cast<size_t>(n) * W; j++) pl_proj_[j] *= proj_scale;
-    be.host_wrote(pl_proj_.data(), sizeof(float) * static_cast<size_t>(n) * W);
-    be.rmsnorm(pl_proj_.data(), m_.per_layer_proj_norm.data(), P,
-               static_cast<int64_t>(n) * hp.n_layer, hp.rms_eps, pl_normed_.data());
-    be.host_read(pl_normed_.data(), sizeof(float) * static_cast<size_t>(n) * W);
-    const float embd_scale = std::sqrt(static_cast<float>(P));
-    const float half_scale = 1.0f / std::sqrt(2.0f);
-    float* row = pl_proj_.data(); // free again: one token's embedding row
-    for (int i = 0; i < n; i++) {
-        gl::cpu::dequantize_row(m_.per_layer_token_embd.type, m_.per_layer_token_embd.row(tokens[i]),
-                                row, W);
-        for (int l = 0; l < hp.n_layer; l++) {
-            float* out = pli_.data() + (static_cast<size_t>(l) * max_batch_ + i) * P;
-            const float* normed = pl_normed_.data() + static_cast<size_t>(i) * W + l * P;
-            for (int j = 0; j < P; j++)
-                out[j] = (normed[j] + row[l * P + j] * embd_scale) * half_scale;
-        }
-    }
-    wrote(pli_.data(), sizeof(float) * pli_.size());
-}
-
-void Forward::per_layer_input_block(int l, int n) {
-    const Hparams& hp = m_.hp;
-    const LayerWeights& L = m_.layers[l];
-    gl::Backend& be = *place_.layers[l];
-    const int P = hp.n_embd_per_layer;
-    matmul(be, Op::other, L.w_inp_gate, x_.data(), n, pl_gate_.data());
-    {
-        OpTimer t(profile_, Op::other);
-        be.gelu_mul(pl_gate_.data(), pli_.data() + static_cast<size_t>(l) * max_batch_ * P,
-                    static_cast<int64_t>(n) * P);
-    }
-    matmul(be, Op::other, L.w_inp_proj, pl_gate_.data(), n, xb_.data());
-    add_residual(be, n, L.inp_post_norm);
-}
-
 void Forward::layer(int l, int n, int64_t pos0, Pass pass) {
     if (m_.hp.is_recurrent(l))
         recurrent_block(l, n);
@@ -525,48 +479,6 @@ void Forward::attention_block(int l, int n, int64_t pos0, Pass pass) {
         be.host_wrote(att_.data(), sizeof(float) * count);
     }
     matmul(be, Op::attn_output, L.wo, att_.data(), n, xb_.data());
-    add_residual(be, n, L.post_attn_norm);
-}
-
-void Forward::recurrent_block(int l, int n) {
-    const Hparams& hp = m_.hp;
-    const LayerWeights& L = m_.layers[l];
-    gl::Backend& be = *place_.layers[l];
-    const int C = hp.ssm_conv_dim(), H = hp.ssm_n_v_heads, dk = hp.ssm_d_state,
-              dv = hp.ssm_v_head_dim(), inner = hp.ssm_d_inner;
-    const size_t N = static_cast<size_t>(n);
-    rmsnorm(be, x_.data(), L.attn_norm, n, xb_.data());
-    matmul(be, Op::attn_q, L.w_ssm_qkv, xb_.data(), n, ssm_qkv_.data());
-    matmul(be, Op::attn_v, L.w_ssm_z, xb_.data(), n, ssm_z_.data());
-    matmul(be, Op::other, L.w_ssm_beta, xb_.data(), n, ssm_beta_.data());
-    matmul(be, Op::other, L.w_ssm_alpha, xb_.data(), n, ssm_g_.data());
-    be.host_read(ssm_qkv_.data(), sizeof(float) * N * C);
-    be.host_read(ssm_beta_.data(), sizeof(float) * N * H);
-    be.host_read(ssm_g_.data(), sizeof(float) * N * H);
-    {
-        OpTimer t(profile_, Op::attention);
-        // Write strength sigmoid(beta); decay exp(g), g = softplus(alpha + dt) * a <= 0.
-        for (size_t i = 0; i < N; i++)
-            for (int h = 0; h < H; h++) {
-                float& b = ssm_beta_[i * H + h];
-                b = 1.0f / (1.0f + std::exp(-b));
-                const float x = ssm_g_[i * H + h] + L.ssm_dt_bias[h];
-                ssm_g_[i * H + h] = (x > 20.0f ? x : std::log1p(std::exp(x))) * L.ssm_a[h];
-            }
-        gl::cpu::causal_conv1d_silu(kv_.conv_state(l), ssm_qkv_.data(), L.ssm_conv.data(), n, C,
-                                    hp.ssm_conv_kernel, ssm_conv_.data());
-        // q and k per key head to unit length (they sit first in each row).
-        for (size_t i = 0; i < N; i++)
-            gl::cpu::l2_normalize(ssm_conv_.data() + i * C, 2 * hp.ssm_n_k_heads, dk, hp.rms_eps);
-        be.gated_delta_rule(kv_.ssm_state(l), ssm_conv_.data(), C, ssm_g_.data(),
-                            ssm_beta_.data(), n, H, hp.ssm_n_k_heads, dk, dv, ssm_o_.data());
-    }
-    wrote(ssm_o_.data(), sizeof(float) * N * inner);
-    // Each head's output RMS-normed, gated by silu(z), projected back.
-    be.rmsnorm(ssm_o_.data(), L.ssm_norm.data(), dv, static_cast<int64_t>(n) * H, hp.rms_eps,
-               ssm_o2_.data());
-    be.silu_mul(ssm_z_.data(), ssm_o2_.data(), static_cast<int64_t>(n) * inner);
-    matmul(be, Op::attn_output, L.w_ssm_out, ssm_z_.data(), n, xb_.data());
     add_residual(be, n, L.post_attn_norm);
 }
 

@@ -8,6 +8,8 @@
 // families.cpp and, only for a new kind of difference, the forward pass.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -36,6 +38,12 @@ struct Family {
     // (model.cpp); may throw Error(bad_model). Null: nothing more to read.
     void (*read_hparams)(const GgufFile& f, Hparams& hp) = nullptr;
 };
+
+// Sliding-window layers (Gemma 3 and 4, src/arch/gemma3.cpp): the file's
+// window moves to Hparams::swa_window, and swa_layers comes from
+// attention.sliding_window_pattern, per-layer flags or, where default_period
+// is given, a period (or that default).
+void read_window_layers(const GgufFile& f, Hparams& hp, std::optional<uint64_t> default_period);
 
 // The family of `arch`, or null when kvrun does not run it.
 const Family* find_family(std::string_view arch);

@@ -14,35 +14,40 @@
 
 namespace kvrun {
 
-namespace {
-
-void read_gemma3(const GgufFile& f, Hparams& hp) {
+// Every layer of a uniform window would be the context plan's business;
+// here the window is per layer, so it moves out of sliding_window. Which
+// layers slide: an explicit per-layer array where the file has one, else a
+// period (one global layer every `period`, the last of each group).
+void read_window_layers(const GgufFile& f, Hparams& hp, std::optional<uint64_t> default_period) {
     const std::string p = hp.arch + ".";
-    // Every layer of a uniform window would be the context plan's business;
-    // here the window is per layer, so it moves out of sliding_window.
     const int64_t window = hp.sliding_window;
     hp.sliding_window = 0;
     if (window <= 0 || window > (int64_t{1} << 30))
         fail(Exit::bad_model,
-             "{}: {}attention.sliding_window must be set (Gemma 3 has sliding-window layers)",
-             f.path(), p);
+             "{}: {}attention.sliding_window must be set ({} has sliding-window layers)",
+             f.path(), p, hp.arch);
     hp.swa_window = static_cast<int>(window);
-    // Which layers slide: an explicit per-layer array where the file has one,
-    // else a period (one global layer every `pattern`, the last of each
-    // group); Gemma 3's published files rely on the period of 6.
     hp.swa_layers.assign(hp.n_layer, 0);
     const std::string pattern_key = p + "attention.sliding_window_pattern";
     const GgufValue* pat = f.find(pattern_key);
-    if (pat && pat->type == GgufType::array) {
+    if ((pat && pat->type == GgufType::array) || !default_period) {
         const std::vector<bool> flags = f.need_flags(pattern_key, hp.n_layer);
         for (int l = 0; l < hp.n_layer; l++) hp.swa_layers[l] = flags[l];
     } else {
-        const uint64_t period = pat ? f.need_u64(pattern_key) : 6;
+        const uint64_t period = pat ? f.need_u64(pattern_key) : *default_period;
         if (period > 4096)
             fail(Exit::bad_model, "{}: '{}' = {} is out of range", f.path(), pattern_key, period);
         for (int l = 0; l < hp.n_layer; l++)
             hp.swa_layers[l] = period == 0 || l % period != period - 1;
     }
+}
+
+namespace {
+
+void read_gemma3(const GgufFile& f, Hparams& hp) {
+    const std::string p = hp.arch + ".";
+    // Gemma 3's published files rely on the period of 6.
+    read_window_layers(f, hp, 6);
     hp.rope_base_swa = f.get_positive(p + "rope.freq_base_swa").value_or(10000.0);
     // The query scale is 1/sqrt(query_pre_attn_scalar): the head size, but
     // for the 27B model, whose scalar is width / heads (5376 / 32 = 168

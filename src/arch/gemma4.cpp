@@ -28,14 +28,7 @@ void read_gemma4(const GgufFile& f, Hparams& hp) {
              "{}: Gemma 4 with a mixture of experts ({} experts) is not supported yet; the dense "
              "Gemma 4 models are",
              f.path(), *experts);
-    const int64_t window = hp.sliding_window;
-    hp.sliding_window = 0;
-    if (window <= 0)
-        fail(Exit::bad_model, "{}: {}attention.sliding_window must be set", f.path(), p);
-    hp.swa_window = static_cast<int>(window);
-    const std::vector<bool> flags = f.need_flags(p + "attention.sliding_window_pattern", hp.n_layer);
-    hp.swa_layers.assign(hp.n_layer, 0);
-    for (int l = 0; l < hp.n_layer; l++) hp.swa_layers[l] = flags[l];
+    read_window_layers(f, hp, std::nullopt); // the per-layer flags are required
 
     auto dim = [&](const std::string& key, uint64_t def) -> int {
         const uint64_t v = f.get_u64(p + key).value_or(def);

@@ -2,18 +2,10 @@
 // scalar tail.
 #include <immintrin.h>
 
+#include "ggml-like/cpu/x86/hsum.h"
 #include "ggml-like/kernels.h"
 
 namespace gl::avx2_delta {
-
-namespace {
-float hsum(__m256 x) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-} // namespace
 
 void delta_rule(float* s, int64_t d_v, int64_t d_k, const float* k, const float* q,
                 const float* v, float decay, float beta, float scale, float* o) {

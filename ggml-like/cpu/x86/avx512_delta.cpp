@@ -3,20 +3,10 @@
 // masked.
 #include <immintrin.h>
 
+#include "ggml-like/cpu/x86/hsum.h"
 #include "ggml-like/kernels.h"
 
 namespace gl::avx512_delta {
-
-namespace {
-// Lane sum (GCC 12's _mm512_reduce_add_ps warns of an uninitialized temporary).
-float hsum(__m512 x) {
-    const __m256 h = _mm256_add_ps(_mm512_extractf32x8_ps(x, 0), _mm512_extractf32x8_ps(x, 1));
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-} // namespace
 
 void delta_rule(float* s, int64_t d_v, int64_t d_k, const float* k, const float* q,
                 const float* v, float decay, float beta, float scale, float* o) {
