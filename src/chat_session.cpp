@@ -107,7 +107,9 @@ ChatSession::ChatSession(const LoadedModel& lm, ChatTemplate tmpl, int n_ctx, gl
       s_(lm, KvCacheConfig::for_model(lm.model.hp, n_ctx, 0, type_k, type_v, cfg.k_rotate),
          std::move(placement), std::min(cfg.batch, n_ctx)),
       sampler_(cfg.sampling, lm.model.hp.n_vocab), cfg_(std::move(cfg)),
-      end_(reply_end(tmpl_, lm.tokenizer)) {}
+      end_(reply_end(tmpl_, lm.tokenizer)) {
+    s_.keep_states(true); // /retry and /undo on recurrent layers (Session::keep_states)
+}
 
 void ChatSession::set_sampling(const SamplerParams& p, bool reseed) {
     const Sampler::State before = sampler_.state();
@@ -176,17 +178,20 @@ size_t ChatSession::first_live_within(size_t max_tokens) const {
 
 void ChatSession::rewind_to_common_prefix(const std::vector<int32_t>& want) {
     // Always possible for a global ring (the session never wraps it); a
-    // sliding-window layer's ring that moved past the prefix starts again.
-    if (!s_.rewind(static_cast<int64_t>(common_prefix(s_.tokens(), want)))) s_.clear();
+    // sliding-window layer's ring that moved past the prefix starts again,
+    // recurrent states from the last kept copy before it.
+    s_.rewind_within(static_cast<int64_t>(common_prefix(s_.tokens(), want)));
 }
 
-bool ChatSession::sync(const std::vector<int32_t>& want, const ChatHooks& hooks, TurnStats& st) {
+bool ChatSession::sync(const std::vector<int32_t>& want, const ChatHooks& hooks, TurnStats& st,
+                       bool opens_turn) {
     const auto t0 = std::chrono::steady_clock::now();
     EvalHooks eh;
     eh.should_stop = hooks.should_stop;
     eh.on_progress = hooks.on_progress;
     const Session::Synced r = s_.sync(want, eh);
     const size_t m = static_cast<size_t>(r.kept);
+    if (opens_turn) st.reused = r.kept;
     // The repetition penalty remembers what was evaluated, as it was evaluated.
     for (size_t i = m; i < s_.tokens().size(); i++) sampler_.accept(s_.tokens()[i]);
     st.evaluated += static_cast<int64_t>(s_.tokens().size() - m);
@@ -234,6 +239,11 @@ void ChatSession::drop_evicted(const std::vector<int32_t>& before,
         detail("eviction: the cache held no kept turn: nothing to move");
         return;
     }
+    if (s_.cache().config().has_recurrent()) {
+        detail("eviction: recurrent layers' states cannot forget the evicted turns: the kept "
+               "turns are evaluated again");
+        return;
+    }
     size_t k = a; // the kept tokens the cache holds, at their new places
     while (k + d < held && k < after.size() && before[k + d] == after[k]) k++;
     if (!cfg_.evict_in_place) {
@@ -273,8 +283,7 @@ TurnStats ChatSession::respond(const std::string& message, const ChatHooks& hook
              "the system prompt and this message take {} tokens but the context (-c) holds {}",
              want.size(), n_ctx);
     }
-    st.reused = static_cast<int64_t>(std::min(common_prefix(s_.tokens(), want), want.size() - 1));
-    if (!sync(want, hooks, st)) {
+    if (!sync(want, hooks, st, true)) {
         turns_.pop_back(); // not answered: as if never asked
         st.stop = "interrupted";
         return st;
@@ -291,8 +300,7 @@ bool ChatSession::retry(const ChatHooks& hooks, TurnStats* stats) {
     t.reply_tokens.clear();
     t.open = true;
     const std::vector<int32_t> want = target();
-    st.reused = static_cast<int64_t>(std::min(common_prefix(s_.tokens(), want), want.size() - 1));
-    if (sync(want, hooks, st))
+    if (sync(want, hooks, st, true))
         generate(hooks, st);
     else
         st.stop = "interrupted", t.open = false;

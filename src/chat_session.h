@@ -139,6 +139,7 @@ class ChatSession {
     const KvCacheConfig& cache_config() const { return s_.cache().config(); }
     size_t kv_bytes() const { return s_.cache().ring_bytes(); } // the host ring
     const std::vector<int32_t>& cached() const { return s_.tokens(); }
+    const KvCache& cache() const { return s_.cache(); }
 
   private:
     std::vector<int32_t> prefix_tokens() const;
@@ -152,7 +153,9 @@ class ChatSession {
     void rewind_to_common_prefix(const std::vector<int32_t>& want);
     // Make the cache hold `want`, evaluating only what differs; the session
     // keeps the last token's logits. False when stopped by the hook.
-    bool sync(const std::vector<int32_t>& want, const ChatHooks& hooks, TurnStats& st);
+    // `opens_turn`: st.reused is what the cache held of it.
+    bool sync(const std::vector<int32_t>& want, const ChatHooks& hooks, TurnStats& st,
+              bool opens_turn = false);
     // The window is full: evict the oldest turns until the conversation
     // (`want`, target()) takes at most half the window or only the current
     // turn is left, say so, and move what the cache holds of the kept turns

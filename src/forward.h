@@ -64,6 +64,16 @@ class Forward {
     // batched kernels.
     const float* eval_verify(const int32_t* tokens, int n);
     static constexpr int kMaxVerify = 15;
+    // Taking back tokens through recurrent layers (Qwen 3.5): a state cannot
+    // be rewound, so while a KV checkpoint is open each recurrent layer logs
+    // the inputs of its recurrence (the q|k|v rows before the conv, the write
+    // strengths and decays) for the positions after it; once
+    // KvCache::rollback has put the states back to the checkpoint,
+    // replay_recurrent(k) steps them through its first k positions again:
+    // the conv and the delta rule, not the projections. The same per-token
+    // arithmetic as the pass that logged them, so the states are bit for bit
+    // those of a cache that evaluated only the kept tokens.
+    void replay_recurrent(int k);
     // Time every op of the following evals into `p` (null: stop). Only
     // meaningful where every backend is the CPU one (see op_profile.h).
     void set_profile(OpProfile* p) { profile_ = p; }
@@ -135,6 +145,13 @@ class Forward {
     // [B][conv_dim], z and the heads' outputs [B][d_inner], beta and decay [B][n_v].
     std::vector<float> qg_, gate_;
     std::vector<float> ssm_qkv_, ssm_conv_, ssm_z_, ssm_o_, ssm_o2_, ssm_beta_, ssm_g_;
+    // replay_recurrent's log, per recurrent layer: [checkpointed positions]
+    // rows of q|k|v, beta, decay (grown to the largest checkpoint once).
+    struct RecurrentLog {
+        std::vector<float> qkv, beta, g;
+    };
+    std::vector<RecurrentLog> recurrent_log_; // [n_layer]
+    void log_recurrent_inputs(int l, int64_t at, int n);
     // Layers that read another layer's slots (Gemma 4's shared KV) see them as
     // the source saw them: the source keeps the batch's K/V rows and what its
     // write overwrote, and puts the overwritten rows back for each reader but

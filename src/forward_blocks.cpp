@@ -1,8 +1,10 @@
 // Forward's blocks of the late-2026 families: Gemma 4's per-layer token
 // inputs and Qwen 3.5's Gated DeltaNet layers (the rest of the pass is
 // forward.cpp's).
+#include <algorithm>
 #include <cmath>
 
+#include "error.h"
 #include "forward.h"
 #include "ggml-like/cpu/delta_net.h"
 #include "ggml-like/kernels.h"
@@ -80,6 +82,7 @@ void Forward::recurrent_block(int l, int n) {
                 const float x = ssm_g_[i * H + h] + L.ssm_dt_bias[h];
                 ssm_g_[i * H + h] = (x > 20.0f ? x : std::log1p(std::exp(x))) * L.ssm_a[h];
             }
+        if (const int64_t at = kv_.checkpoint_offset(n); at >= 0) log_recurrent_inputs(l, at, n);
         gl::cpu::causal_conv1d_silu(kv_.conv_state(l), ssm_qkv_.data(), L.ssm_conv.data(), n, C,
                                     hp.ssm_conv_kernel, ssm_conv_.data());
         // q and k per key head to unit length (they sit first in each row).
@@ -95,6 +98,42 @@ void Forward::recurrent_block(int l, int n) {
     be.silu_mul(ssm_z_.data(), ssm_o2_.data(), static_cast<int64_t>(n) * inner);
     matmul(be, Op::attn_output, L.w_ssm_out, ssm_z_.data(), n, xb_.data());
     add_residual(be, n, L.post_attn_norm);
+}
+
+void Forward::log_recurrent_inputs(int l, int64_t at, int n) {
+    const Hparams& hp = m_.hp;
+    const size_t C = static_cast<size_t>(hp.ssm_conv_dim()), H = hp.ssm_n_v_heads;
+    if (recurrent_log_.empty()) recurrent_log_.resize(hp.n_layer);
+    RecurrentLog& g = recurrent_log_[l];
+    const size_t end = static_cast<size_t>(at + n);
+    if (g.beta.size() < end * H) {
+        g.qkv.resize(end * C);
+        g.beta.resize(end * H);
+        g.g.resize(end * H);
+    }
+    std::copy_n(ssm_qkv_.data(), n * C, g.qkv.data() + at * C);
+    std::copy_n(ssm_beta_.data(), n * H, g.beta.data() + at * H);
+    std::copy_n(ssm_g_.data(), n * H, g.g.data() + at * H);
+}
+
+void Forward::replay_recurrent(int k) {
+    const Hparams& hp = m_.hp;
+    const int C = hp.ssm_conv_dim(), dk = hp.ssm_d_state;
+    KV_ASSERT(k >= 0 && k <= max_batch_);
+    if (k == 0) return;
+    for (int l = 0; l < hp.n_layer; l++) {
+        if (!hp.is_recurrent(l)) continue;
+        const RecurrentLog& g = recurrent_log_.at(l);
+        KV_ASSERT(g.beta.size() >= static_cast<size_t>(k) * hp.ssm_n_v_heads);
+        gl::cpu::causal_conv1d_silu(kv_.conv_state(l), g.qkv.data(), m_.layers[l].ssm_conv.data(),
+                                    k, C, hp.ssm_conv_kernel, ssm_conv_.data());
+        for (int i = 0; i < k; i++)
+            gl::cpu::l2_normalize(ssm_conv_.data() + static_cast<size_t>(i) * C,
+                                  2 * hp.ssm_n_k_heads, dk, hp.rms_eps);
+        place_.layers[l]->gated_delta_rule(kv_.ssm_state(l), ssm_conv_.data(), C, g.g.data(),
+                                           g.beta.data(), k, hp.ssm_n_v_heads, hp.ssm_n_k_heads,
+                                           dk, hp.ssm_v_head_dim(), ssm_o_.data());
+    }
 }
 
 } // namespace kvrun

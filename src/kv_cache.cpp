@@ -310,6 +310,18 @@ void KvCache::clear() {
 bool KvCache::truncate(int64_t n) {
     if (n >= n_past_) return n == n_past_;
     if (!state_.empty()) return false; // a recurrent state holds every position it saw
+    return truncate_rings(n);
+}
+
+bool KvCache::truncate_with_states(int64_t n, std::span<const float> states) {
+    KV_ASSERT(states.size() == state_.size());
+    if (n > n_past_ || (n < n_past_ && !truncate_rings(n))) return false;
+    std::copy(states.begin(), states.end(), state_.begin());
+    checkpoint_.pos0 = -1;
+    return true;
+}
+
+bool KvCache::truncate_rings(int64_t n) {
     // A query at n attends the sinks and positions lowest_seen(n) .. n - 1:
     // each must still be in its slot (a wrapped ring has overwritten the
     // oldest of them with later tokens).

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "ggml-like/attention.h"
@@ -159,6 +160,11 @@ class KvCache {
     const float* ssm_state(int layer) const { return conv_state(layer) + cfg_.conv_floats; }
     static size_t state_bytes_for(const KvCacheConfig& cfg);
     size_t state_bytes() const { return state_.size() * sizeof(float); }
+    // Every recurrent layer's state, and truncate() with them put back as
+    // they were at n (`states`: what states() held then, kept by the caller:
+    // Session's snapshots). False, nothing changed, where a ring cannot.
+    std::span<const float> states() const { return state_; }
+    bool truncate_with_states(int64_t n, std::span<const float> states);
     size_t row_bytes_k(int layer) const { return row_k_[cfg_.source(layer)]; }
     size_t row_bytes_v(int layer) const { return row_v_[cfg_.source(layer)]; }
     // The largest rows of any layer (a batch's staging buffers).
@@ -261,13 +267,26 @@ class KvCache {
     // holding exactly the first m tokens, the ring invariant intact (no slot
     // a query at m attends was lost). One checkpoint at a time; a new one
     // replaces it, and clear(), truncate() or a drop() ends it.
+    //
+    // A recurrent state cannot be rewound: checkpoint() keeps the states at
+    // pos0, rollback(m < n_past()) puts them back, and the caller steps them
+    // through positions pos0 .. m - 1 again (Forward::replay_recurrent, from
+    // the inputs it logged while the checkpoint was open); Session::take_back
+    // does both.
     void checkpoint(int64_t pos0, int n);
     bool can_rollback(int64_t m) const {
         return checkpoint_.pos0 >= 0 && m >= checkpoint_.pos0 && m <= n_past_ &&
-               n_past_ <= checkpoint_.pos0 + checkpoint_.n &&
-               (!cfg_.has_recurrent() || m == checkpoint_.pos0 || m == n_past_);
+               n_past_ <= checkpoint_.pos0 + checkpoint_.n;
     }
     void rollback(int64_t m);
+    int64_t checkpoint_pos0() const { return checkpoint_.pos0; }
+    // Where a batch of n tokens at n_past() starts among the open
+    // checkpoint's positions (-1: not all inside them).
+    int64_t checkpoint_offset(int n) const {
+        const Checkpoint& c = checkpoint_;
+        return c.pos0 >= 0 && n_past_ >= c.pos0 && n_past_ + n <= c.pos0 + c.n ? n_past_ - c.pos0
+                                                                                 : -1;
+    }
 
     // A saved state back (prompt-cache files): slots [0, n) of a layer from
     // rows, then restore_positions(n) once every layer is written: the cache
@@ -303,6 +322,8 @@ class KvCache {
     // RoPE by (cs, sn) of one stored key row of kv_dim floats (a window key
     // being moved by drop, a sink copy being reseated), through the Hadamard
     // basis when keys are rotated.
+    // truncate's rings part: n < n_past_; false where a ring lost a slot.
+    bool truncate_rings(int64_t n);
     void rope_stored(int layer, float* k, const Rope& rope, const float* cs, const float* sn) const;
     // The position a ring's slots should hold after a drop of d positions at
     // `from`: p itself before the span, p + d after it.

@@ -65,7 +65,7 @@ void KvCache::rollback(int64_t m) {
     Checkpoint& c = checkpoint_;
     KV_ASSERT(can_rollback(m));
     if (m == n_past_) return;
-    if (!state_.empty()) state_ = c.state; // m == pos0 (can_rollback)
+    if (!state_.empty()) state_ = c.state; // at pos0: the caller replays pos0 .. m - 1
     const int n = c.n;
     bool any_held = false;
     for (size_t ri = 0; ri < rings_.size(); ri++) {

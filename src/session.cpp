@@ -59,26 +59,80 @@ Session::Synced Session::sync(std::span<const int32_t> want, const EvalHooks& ho
     KV_ASSERT(!want.empty() && want.size() <= static_cast<size_t>(kv_.n_ctx()));
     size_t m = 0;
     while (m < tokens_.size() && m < want.size() && tokens_[m] == want[m]) m++;
-    if (m == want.size()) m--; // evaluate the last token again: its logits start what follows
-    // A sliding-window layer's ring keeps only its last positions: rewinding
-    // past them means starting again.
-    if (!rewind(static_cast<int64_t>(m))) {
-        clear();
-        m = 0;
+    const int64_t n = static_cast<int64_t>(want.size());
+    // All of want is held: the logits after it start what follows. States
+    // kept at its end have them; otherwise its last token is evaluated again.
+    if (m == want.size()) {
+        if (ended_.pos == n && !ended_.logits.empty() && restore_states(ended_))
+            return Synced{n, true};
+        m--;
     }
-    return Synced{static_cast<int64_t>(m), eval(want.subspan(m), hooks)};
+    // A sliding-window layer's ring keeps only its last positions, a
+    // recurrent state only its kept copies: rewinding past them means
+    // starting again from there.
+    const int64_t kept = rewind_within(static_cast<int64_t>(m));
+    if (kept > 0) keep_states_at(began_, false);
+    const bool done = eval(want.subspan(static_cast<size_t>(kept)), hooks);
+    if (done) keep_states_at(ended_, true);
+    return Synced{kept, done};
 }
 
 bool Session::rewind(int64_t n) {
-    if (!kv_.truncate(n)) return false;
-    tokens_.resize(static_cast<size_t>(n));
+    if (kv_.truncate(n)) {
+        tokens_.resize(static_cast<size_t>(n));
+        forget_states_after(n);
+        return true;
+    }
+    for (const KeptStates* k : {&ended_, &began_})
+        if (k->pos == n && restore_states(*k)) return true;
+    return false;
+}
+
+int64_t Session::rewind_within(int64_t n) {
+    if (rewind(n)) return n;
+    const KeptStates* best = nullptr;
+    for (const KeptStates* k : {&ended_, &began_})
+        if (k->pos >= 0 && k->pos <= n && (!best || k->pos > best->pos)) best = k;
+    if (best && restore_states(*best)) return best->pos;
+    clear();
+    return 0;
+}
+
+void Session::keep_states(bool on) {
+    keep_states_ = on && kv_.config().has_recurrent();
+    if (!keep_states_) began_ = {}, ended_ = {};
+}
+
+void Session::keep_states_at(KeptStates& k, bool with_logits) {
+    if (!keep_states_) return;
+    const std::span<const float> s = kv_.states();
+    k.pos = kv_.n_past();
+    k.states.assign(s.begin(), s.end());
+    if (with_logits && last_)
+        k.logits.assign(last_, last_ + lm_.model.hp.n_vocab);
+    else
+        k.logits.clear();
+}
+
+bool Session::restore_states(const KeptStates& k) {
+    if (!kv_.truncate_with_states(k.pos, k.states)) return false;
+    tokens_.resize(static_cast<size_t>(k.pos));
+    forget_states_after(k.pos);
+    restored_logits_ = k.logits;
+    last_ = restored_logits_.empty() ? nullptr : restored_logits_.data();
     return true;
+}
+
+void Session::forget_states_after(int64_t n) {
+    for (KeptStates* k : {&began_, &ended_})
+        if (k->pos > n) k->pos = -1;
 }
 
 bool Session::drop(int64_t from, int64_t to) {
     KV_ASSERT(from >= 0 && from <= to && to <= static_cast<int64_t>(tokens_.size()));
     if (!kv_.drop(from, to, lm_.model)) return false;
     tokens_.erase(tokens_.begin() + from, tokens_.begin() + to);
+    forget_states_after(from);
     return true;
 }
 
@@ -97,12 +151,19 @@ void Session::checkpoint(int n) {
 }
 
 void Session::take_back(int64_t n, float* logits) {
-    if (n < kv_.n_past()) kv_.rollback(n);
+    if (n < kv_.n_past()) {
+        forget_states_after(n);
+        const int64_t pos0 = kv_.checkpoint_pos0();
+        kv_.rollback(n);
+        // The recurrent states went back to the checkpoint: on to n again.
+        if (kv_.config().has_recurrent()) fwd_.replay_recurrent(static_cast<int>(n - pos0));
+    }
     tokens_.resize(static_cast<size_t>(n));
     last_ = logits;
 }
 
 void Session::clear() {
+    forget_states_after(0);
     kv_.clear();
     tokens_.clear();
     last_ = nullptr;

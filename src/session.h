@@ -104,8 +104,19 @@ class Session {
     };
     Synced sync(std::span<const int32_t> want, const EvalHooks& hooks = {});
     // Keep only the first n tokens; false when the ring has overwritten a slot
-    // of those (the caller must clear()).
+    // of those, or a recurrent state holds later ones and no kept state is at
+    // n (the caller must clear(), or take rewind_within).
     bool rewind(int64_t n);
+    // Keep the longest prefix of at most n tokens the cache can go back to
+    // (n itself, a kept recurrent state before it, or nothing): its length.
+    int64_t rewind_within(int64_t n);
+    // Recurrent models: a state cannot give positions back (KvCache::truncate),
+    // so with this on, sync() keeps the states where it began evaluating and
+    // where it ended (with the logits there), and rewinding goes back to the
+    // latest of them at or before the point asked: the chat's /retry
+    // evaluates nothing again and /undo only the end-of-turn glue, not the
+    // conversation. Two copies of the states (KvCache::state_bytes) each.
+    void keep_states(bool on);
     // Forget tokens [from, to) and move the later ones down without
     // evaluating them (KvCache::drop); false when the cache cannot (the
     // caller re-evaluates). The last token's logits stay as they were.
@@ -140,9 +151,24 @@ class Session {
     // The most tokens a speculative round may draft now (speculative.h).
     int draft_limit(const GenerateParams& p, int64_t generated, bool bounded) const;
 
+    // keep_states: the recurrent states at a position, and the logits after
+    // it where they were kept (the sampler modifies the row it is given, so
+    // a restored row is copied to restored_logits_ first).
+    struct KeptStates {
+        int64_t pos = -1; // -1: none
+        std::vector<float> states, logits;
+    };
+    void keep_states_at(KeptStates& k, bool with_logits);
+    bool restore_states(const KeptStates& k);
+    // Kept states past n no longer match what the cache holds.
+    void forget_states_after(int64_t n);
+
     const LoadedModel& lm_;
     KvCache kv_;
     Forward fwd_;
+    bool keep_states_ = false;
+    KeptStates began_, ended_; // where the last sync began and ended
+    std::vector<float> restored_logits_;
     std::vector<int32_t> tokens_;
     float* last_ = nullptr;
     int64_t forward_tokens_ = 0;

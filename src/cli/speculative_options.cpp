@@ -40,12 +40,6 @@ Speculation make_speculation(const SpeculativeOptions& o, const LoadedModel& tar
     if (!o.any()) return s;
     if (!o.draft_model.empty() && o.lookup > 0)
         fail(Exit::usage, "--lookup and --draft-model are two ways to draft: give one");
-    // A rejected draft must be taken back, and a recurrent state cannot
-    // forget tokens (only return to a checkpoint): not yet.
-    if (!target.model.hp.recurrent_layers.empty())
-        fail(Exit::usage, "--lookup and --draft-model do not support {} models yet (recurrent "
-                          "layers cannot take back rejected drafts)",
-             target.model.hp.arch);
     SpeculativeParams sp;
     sp.draft_max = o.lookup > 0 ? o.lookup : o.draft_max;
     sp.draft_min = o.draft_min;
