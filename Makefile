@@ -103,7 +103,7 @@ fuzz:
 	scripts/fuzz.sh 300
 
 format:
-	clang-format -i main.cpp src/*.cpp src/*.h src/arch/*.cpp src/arch/*.h src/cli/*.cpp src/cli/*.h ggml-like/*.h ggml-like/ref/*.cpp \
+	clang-format -i main.cpp src/support/*.cpp src/support/*.h src/model/*.cpp src/model/*.h src/model/arch/*.cpp src/model/arch/*.h src/engine/*.cpp src/engine/*.h src/cli/*.cpp src/cli/*.h ggml-like/*.h ggml-like/ref/*.cpp \
 	  ggml-like/cpu/*.cpp ggml-like/cpu/*.h ggml-like/cpu/x86/*.cpp ggml-like/cpu/x86/*.h ggml-like/cpu/arm/*.cpp ggml-like/cuda/*.cpp ggml-like/cuda/*.h tools/*.cpp tools/*.h tests/*/*.cpp tests/*/*.h
 
 clean:

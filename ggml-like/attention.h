@@ -4,7 +4,7 @@
 //   (b) the batch's own new key/value rows,
 // with grouped-query heads (n_head a multiple of n_head_kv).
 //
-// The slot set is a ring (see src/kv_cache.h), but this operation only needs
+// The slot set is a ring (see src/engine/kv_cache.h), but this operation only needs
 // the rules, which are about positions:
 //   - a query at position p sees keys at positions in [lo(p), p], where
 //     lo(p) = p - window + 1 once p >= n_ctx (the window has slid), else 0;

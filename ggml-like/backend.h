@@ -1,5 +1,5 @@
 // The seam between model code and where the arithmetic runs. Model code
-// (src/forward.cpp) calls only these operations; a backend is picked once at
+// (src/engine/forward.cpp) calls only these operations; a backend is picked once at
 // start-up. The CPU backend is the reference; a CUDA backend implements the
 // same interface (see ggml-like/cuda/).
 #pragma once

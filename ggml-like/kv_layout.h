@@ -1,5 +1,5 @@
 // How the KV cache lays out keys for the attention kernels: the cache writes
-// this layout (src/kv_cache.cpp), the kernels read it (cpu/attention.cpp,
+// this layout (src/engine/kv_cache.cpp), the kernels read it (cpu/attention.cpp,
 // ref::dot_tile and each ISA's dot_tile).
 #pragma once
 

@@ -27,7 +27,7 @@ const std::string kTiny =
     "models/synthetic/tiny-f16.gguf"; // 2 KiB of f16 KV per token, 38 MiB of weights
 
 // The plan counts weights not yet in the page cache as memory the run still
-// needs (src/memory_plan.cpp), so tests that compare two plans keep the file
+// needs (src/engine/memory_plan.cpp), so tests that compare two plans keep the file
 // resident: otherwise a file evicted by a build or a sanitizer run beside the
 // tests makes one plan differ from the other (seen: 2 failures in 6 runs
 // beside a build, and once in CI). The mapping is mlock()ed where the limit

@@ -1,4 +1,4 @@
-// Speculative decoding (src/speculative.h): exact by construction. Greedy
+// Speculative decoding (src/engine/speculative.h): exact by construction. Greedy
 // answers, and sampled ones with lookup drafts, are the tokens plain
 // decoding gives; rejected drafts leave the ring exactly as a cache that
 // never saw them (rows and positions, across the wrap, sinks and sliding

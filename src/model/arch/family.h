@@ -2,9 +2,9 @@
 //
 // Every family kvrun runs is a pre-norm decoder (embedding -> n_layer x
 // [attention block, FFN block] -> norm -> output matrix) and the forward pass
-// is written once for all of them (src/forward.cpp). What differs between
+// is written once for all of them (src/engine/forward.cpp). What differs between
 // families is described here, as data, one small file per family
-// (src/arch/<name>.cpp), so that adding one touches that file, the list in
+// (src/model/arch/<name>.cpp), so that adding one touches that file, the list in
 // families.cpp and, only for a new kind of difference, the forward pass.
 #pragma once
 
@@ -39,7 +39,7 @@ struct Family {
     void (*read_hparams)(const GgufFile& f, Hparams& hp) = nullptr;
 };
 
-// Sliding-window layers (Gemma 3 and 4, src/arch/gemma3.cpp): the file's
+// Sliding-window layers (Gemma 3 and 4, src/model/arch/gemma3.cpp): the file's
 // window moves to Hparams::swa_window, and swa_layers comes from
 // attention.sliding_window_pattern, per-layer flags or, where default_period
 // is given, a period (or that default).

@@ -1,4 +1,4 @@
-// A draft model for speculative decoding (src/speculative.h): a smaller
+// A draft model for speculative decoding (src/engine/speculative.h): a smaller
 // model with the target's vocabulary proposes the next tokens one at a
 // time. It keeps its own cache, holding the same positions as the target's:
 // each round it catches up with the tokens the target accepted and takes

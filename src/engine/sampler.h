@@ -42,7 +42,7 @@ class Sampler {
     void reset();
 
     // sample() in parts, for speculative decoding's acceptance test
-    // (src/speculative.h): the distribution it would draw from (penalties,
+    // (src/engine/speculative.h): the distribution it would draw from (penalties,
     // temperature, top-k, min-p, top-p; greedy: the argmax alone), a draw
     // from candidates, and the generator's next uniform number in [0, 1).
     // sample(l) is accept(draw(candidates(l))), or the argmax when greedy.

@@ -257,7 +257,7 @@ class KvCache {
     // changed.
     bool drop(int64_t from, int64_t to, const Model& m);
 
-    // Speculative decoding (src/speculative.h) evaluates tokens that may be
+    // Speculative decoding (src/engine/speculative.h) evaluates tokens that may be
     // taken back. A batch that crosses the ring's wrap overwrites slots whose
     // keys are still in view of the positions before it, so truncate() alone
     // could not undo it: checkpoint(pos0, n), before positions pos0 .. pos0 +

@@ -1,5 +1,5 @@
 // KvCache::checkpoint and rollback: taking back the tokens of a speculative
-// verification batch (src/speculative.h) without losing what they overwrote.
+// verification batch (src/engine/speculative.h) without losing what they overwrote.
 #include <algorithm>
 #include <cstring>
 
