@@ -39,7 +39,7 @@ Forward::Forward(const Model& m, KvCache& kv, gl::Backend& be, int max_batch)
     : Forward(m, kv, Placement::all(be, m.hp.n_layer), max_batch) {}
 
 Forward::Forward(const Model& m, KvCache& kv, Placement placement, int max_batch)
-    : m_(m), kv_(kv), place_(std::move(placement)), max_batch_(max_batch) {
+    : m_(m), kv_(&kv), home_(&kv), place_(std::move(placement)), max_batch_(max_batch) {
     const Hparams& hp = m.hp;
     KV_ASSERT(max_batch >= 1);
     KV_ASSERT(place_.layers.size() == static_cast<size_t>(hp.n_layer) && place_.head);
@@ -196,28 +196,67 @@ const float* Forward::eval_generated(int32_t token) {
 static_assert(Forward::kMaxVerify < gl::gemm::kMinTokens);
 static_assert(Forward::kMaxVerify < gl::ops::kRowsExactMinTokens);
 
+// Rows exact for one pass only, also when it throws.
+struct Forward::RowsExact {
+    const std::vector<gl::Backend*>& backends;
+    explicit RowsExact(const std::vector<gl::Backend*>& b) : backends(b) {
+        for (gl::Backend* be : backends) be->set_rows_exact(true);
+    }
+    ~RowsExact() {
+        for (gl::Backend* be : backends) be->set_rows_exact(false);
+    }
+};
+
 const float* Forward::eval_verify(const int32_t* tokens, int n) {
     KV_ASSERT(n <= kMaxVerify);
-    // Rows exact for this pass only, also when it throws.
-    struct RowsExact {
-        const std::vector<gl::Backend*>& backends;
-        explicit RowsExact(const std::vector<gl::Backend*>& b) : backends(b) {
-            for (gl::Backend* be : backends) be->set_rows_exact(true);
-        }
-        ~RowsExact() {
-            for (gl::Backend* be : backends) be->set_rows_exact(false);
-        }
-    } exact(backends_);
+    RowsExact exact(backends_);
     return run(tokens, n, true, Pass::verify);
 }
 
+const float* Forward::eval(KvCache& kv, const int32_t* tokens, int n, bool all_logits) {
+    KV_ASSERT(kv.config().n_layer == m_.hp.n_layer && kv.head_major() == home_->head_major());
+    segs_.assign(1, Segment{&kv, 0, n, kv.n_past()});
+    return run_segments(tokens, n, all_logits, Pass::prompt);
+}
+
+void Forward::adopt(KvCache& kv) const {
+    const KvCacheConfig& a = kv.config();
+    const KvCacheConfig& b = home_->config();
+    KV_ASSERT(a.n_layer == b.n_layer && a.n_ctx == b.n_ctx && a.type_k == b.type_k &&
+              a.type_v == b.type_v && a.k_rotate == b.k_rotate && a.v_rotate == b.v_rotate);
+    kv.set_head_major(home_->head_major());
+}
+
+const float* Forward::eval_generated(std::span<const SeqToken> seqs) {
+    const int n = static_cast<int>(seqs.size());
+    KV_ASSERT(n >= 1 && n <= std::min(kMaxVerify, max_batch_));
+    segs_.clear();
+    seq_tokens_.clear();
+    for (int i = 0; i < n; i++) {
+        KV_ASSERT(seqs[i].kv->head_major() == home_->head_major());
+        for (int j = 0; j < i; j++) KV_ASSERT(seqs[j].kv != seqs[i].kv);
+        segs_.push_back(Segment{seqs[i].kv, i, 1, seqs[i].kv->n_past()});
+        seq_tokens_.push_back(seqs[i].token);
+    }
+    RowsExact exact(backends_);
+    return run_segments(seq_tokens_.data(), n, true, Pass::generated);
+}
+
 const float* Forward::run(const int32_t* tokens, int n, bool all_logits, Pass pass) {
+    segs_.assign(1, Segment{home_, 0, n, home_->n_past()});
+    return run_segments(tokens, n, all_logits, pass);
+}
+
+const float* Forward::run_segments(const int32_t* tokens, int n, bool all_logits, Pass pass) {
     const Hparams& hp = m_.hp;
     KV_ASSERT(n >= 1 && n <= max_batch_);
-    const int64_t pos0 = kv_.n_past();
-    // A batch holding sink positions must end before the window slides, so
-    // that no query in it needs the sinks' shifted form (attention.h).
-    KV_ASSERT(pos0 >= kv_.keep() || pos0 + n <= kv_.n_ctx());
+    for (const Segment& g : segs_) {
+        // A batch holding sink positions must end before the window slides, so
+        // that no query in it needs the sinks' shifted form (attention.h).
+        KV_ASSERT(g.pos0 >= g.kv->keep() || g.pos0 + g.n <= g.kv->n_ctx());
+    }
+    // Several sequences: one generated token each (their logits, every row).
+    KV_ASSERT(segs_.size() == 1 || (pass == Pass::generated && all_logits));
     for (int i = 0; i < n; i++) KV_ASSERT(tokens[i] >= 0 && tokens[i] < hp.n_vocab);
     const int first = all_logits ? 0 : n - 1;
     const int rows = n - first;
@@ -232,21 +271,24 @@ const float* Forward::run(const int32_t* tokens, int n, bool all_logits, Pass pa
     // land in the same slots), and the positions are committed only after.
     for (int attempt = 0;; attempt++) {
         for (gl::Backend* be : backends_) be->begin_step(n);
-        step(tokens, n, first, pos0, pass);
+        step(tokens, n, first, pass);
         bool ok = true;
         for (gl::Backend* be : backends_) ok = be->end_step() && ok;
         if (ok) break;
         if (attempt > 0) throw std::runtime_error("backend: a step was lost twice");
     }
-    kv_.commit(pos0, n);
+    for (const Segment& g : segs_) g.kv->commit(g.pos0, g.n);
+    kv_ = home_;
     return logits_.data();
 }
 
-void Forward::step(const int32_t* tokens, int n, int first, int64_t pos0, Pass pass) {
+void Forward::step(const int32_t* tokens, int n, int first, Pass pass) {
     const Hparams& hp = m_.hp;
     const int half = hp.rope_dims / 2;
-    const Rope rope = m_.rope(kv_.n_ctx());
-    const int half_swa = cos_swa_.empty() ? 0 : m_.rope(kv_.n_ctx(), true).dims / 2;
+    const Rope rope = m_.rope(home_->n_ctx()); // every cache has its n_ctx (adopt)
+    const int half_swa = cos_swa_.empty() ? 0 : m_.rope(home_->n_ctx(), true).dims / 2;
+    for (const Segment& g : segs_)
+        for (int i = 0; i < g.n; i++) pos_[g.row0 + i] = g.pos0 + i;
     {
         OpTimer t(profile_, Op::other);
         for (int i = 0; i < n; i++) {
@@ -254,12 +296,11 @@ void Forward::step(const int32_t* tokens, int n, int first, int64_t pos0, Pass p
             gl::cpu::dequantize_row(m_.token_embd.type, m_.token_embd.row(tokens[i]), x, hp.n_embd);
             if (m_.embed_scale != 1.0f)
                 for (int j = 0; j < hp.n_embd; j++) x[j] *= m_.embed_scale;
-            pos_[i] = pos0 + i;
             const size_t at = static_cast<size_t>(i) * half;
-            gl::ops::rope_angles(static_cast<double>(pos0 + i), half, rope.inv_freq,
+            gl::ops::rope_angles(static_cast<double>(pos_[i]), half, rope.inv_freq,
                                  cos_.data() + at, sin_.data() + at);
             if (!cos_swa_.empty())
-                gl::ops::rope_angles(static_cast<double>(pos0 + i), half_swa,
+                gl::ops::rope_angles(static_cast<double>(pos_[i]), half_swa,
                                      m_.rope_inv_freq_swa.data(),
                                      cos_swa_.data() + static_cast<size_t>(i) * half_swa,
                                      sin_swa_.data() + static_cast<size_t>(i) * half_swa);
@@ -286,7 +327,7 @@ void Forward::step(const int32_t* tokens, int n, int first, int64_t pos0, Pass p
             cross(cur, place_.layers[l], n);
             cur = place_.layers[l];
         }
-        layer(l, n, pos0, pass);
+        layer(l, n, pass);
     }
     if (place_.head != cur) cross(cur, place_.head, n);
 
@@ -309,11 +350,11 @@ Forward::SharedKv* Forward::shared_of(int source) {
     return nullptr;
 }
 
-void Forward::layer(int l, int n, int64_t pos0, Pass pass) {
+void Forward::layer(int l, int n, Pass pass) {
     if (m_.hp.is_recurrent(l))
         recurrent_block(l, n);
     else
-        attention_block(l, n, pos0, pass);
+        attention_block(l, n, pass);
     ffn_block(l, n);
     if (m_.hp.n_embd_per_layer > 0) per_layer_input_block(l, n);
     if (const float s = m_.layers[l].output_scale; s != 1.0f) {
@@ -327,7 +368,7 @@ void Forward::layer(int l, int n, int64_t pos0, Pass pass) {
 }
 
 // x += Wo · attention(RoPE(Wq · norm(x)), the ring with RoPE(Wk · norm(x)), Wv · norm(x))
-void Forward::attention_block(int l, int n, int64_t pos0, Pass pass) {
+void Forward::attention_block(int l, int n, Pass pass) {
     const Hparams& hp = m_.hp;
     const LayerWeights& L = m_.layers[l];
     gl::Backend& be = *place_.layers[l];
@@ -387,12 +428,16 @@ void Forward::attention_block(int l, int n, int64_t pos0, Pass pass) {
     }
     // Sinks keep their unrotated keys, re-rotated for queries past the window
     // (sliding-window layers have none: their ring is what they see).
-    const bool sinks = kv_.config().keep_of(l) > 0;
-    if (own_kv && sinks && pos0 < kv_.keep()) {
-        be.host_read(k_.data(), sizeof(float) * static_cast<size_t>(n) * kvd);
-        kv_.store_sinks(l, pos0, n, k_.data(), m_.layer_rope(l, kv_.n_ctx()));
+    const bool sinks = home_->config().keep_of(l) > 0;
+    bool any_slid = false;
+    for (const Segment& g : segs_) {
+        if (own_kv && sinks && g.pos0 < g.kv->keep()) {
+            be.host_read(k_.data(), sizeof(float) * static_cast<size_t>(n) * kvd);
+            g.kv->store_sinks(l, g.pos0, g.n, k_.data() + static_cast<size_t>(g.row0) * kvd,
+                              m_.layer_rope(l, g.kv->n_ctx()));
+        }
+        any_slid = any_slid || (sinks && g.pos0 + g.n - 1 >= g.kv->slots(l));
     }
-    const bool any_slid = sinks && pos0 + n - 1 >= kv_.slots(l);
     // A copy (F32 "conversion"), so that it stays on the backend's device.
     if (any_slid) be.convert_rows(gl::Type::F32, q_.data(), qd, n, q_unrot_.data());
 
@@ -404,23 +449,24 @@ void Forward::attention_block(int l, int n, int64_t pos0, Pass pass) {
     // Rotated keys: keys (after RoPE, before their cache type) and queries
     // through the same orthonormal Hadamard blocks, so every q·k is as it
     // was (the sinks' copies are rotated in store_sinks; V is untouched).
-    if (const int rot = kv_.config().k_rotate; rot > 0) {
+    const KvCacheConfig& kc = home_->config(); // every cache's (adopt)
+    if (const int rot = kc.k_rotate; rot > 0) {
         be.hadamard_rows(q_.data(), n, qd, rot);
         if (own_kv) be.hadamard_rows(k_.data(), n, kvd, rot);
         if (any_slid) be.hadamard_rows(q_unrot_.data(), n, qd, rot);
     }
     // Rotated values (4-bit V): stored rotated; the output, a weighted sum of
     // them, is turned back below.
-    const int v_rot = kv_.config().v_rotate;
+    const int v_rot = kc.v_rotate;
     if (own_kv) {
         if (v_rot > 0) be.hadamard_rows(v_.data(), n, kvd, v_rot);
-        be.convert_rows(kv_.config().type_k, k_.data(), kvd, n, kc_.data());
-        be.convert_rows(kv_.config().type_v, v_.data(), kvd, n, vc_.data());
+        be.convert_rows(kc.type_k, k_.data(), kvd, n, kc_.data());
+        be.convert_rows(kc.type_v, v_.data(), kvd, n, vc_.data());
     }
     other.reset();
 
     // Shared slots: this layer is a source others read, or a reader.
-    const size_t rk = kv_.row_bytes_k(l), rv = kv_.row_bytes_v(l);
+    const size_t rk = home_->row_bytes_k(l), rv = home_->row_bytes_v(l);
     SharedKv* source = own_kv ? shared_of(l) : nullptr;
     SharedKv* reader = own_kv ? nullptr : shared_of(hp.kv_source(l));
     if (source) {
@@ -428,42 +474,54 @@ void Forward::attention_block(int l, int n, int64_t pos0, Pass pass) {
         be.host_read(vc_.data(), static_cast<size_t>(n) * rv);
         std::memcpy(source->k_new.data(), kc_.data(), static_cast<size_t>(n) * rk);
         std::memcpy(source->v_new.data(), vc_.data(), static_cast<size_t>(n) * rv);
-        kv_.save_slots(l, pos0, n, source->overwritten);
+        source->overwritten.resize(segs_.size());
     }
-    uint8_t* k_rows = reader ? reader->k_new.data() : kc_.data();
-    uint8_t* v_rows = reader ? reader->v_new.data() : vc_.data();
+    const uint8_t* k_rows = reader ? reader->k_new.data() : kc_.data();
+    const uint8_t* v_rows = reader ? reader->v_new.data() : vc_.data();
 
-    gl::AttentionArgs a;
-    a.n_tok = n;
-    a.n_head = hp.n_head;
-    a.n_head_kv = hp.n_head_kv;
-    a.head_dim = hd;
-    a.scale = m_.attn_scale();
-    a.q = q_.data();
-    a.q_unrot = any_slid ? q_unrot_.data() : nullptr;
-    a.pos = pos_.data();
-    kv_.attention_slots(l, a);
-    a.k_new = k_rows;
-    a.v_new = v_rows;
-    a.out = att_.data();
-    a.half_ok = pass == Pass::generated;
-    if (pass == Pass::verify && be.reads_host_kv()) {
-        attend_each(a, l, n, pos0, any_slid);
-    } else {
-        // The slots in view (the batch's own keys included), K and V.
-        const double kv_bytes = static_cast<double>(std::min<int64_t>(pos0 + n, kv_.slots(l))) *
-                                static_cast<double>(rk + rv);
-        OpTimer t(profile_, Op::attention, kv_bytes);
-        be.attention(a);
-        kv_.write(
-            l, pos0, n, k_rows, v_rows,
-            [&be](void* dst, const void* src, size_t bytes) { be.copy_to_host(src, dst, bytes); });
+    // Each sequence attends its own cache and writes its rows there.
+    for (size_t si = 0; si < segs_.size(); si++) {
+        const Segment& g = segs_[si];
+        KvCache& kv = *g.kv;
+        kv_ = g.kv;
+        const size_t r0 = static_cast<size_t>(g.row0);
+        if (source) kv.save_slots(l, g.pos0, g.n, source->overwritten[si]);
+        const bool slid = sinks && g.pos0 + g.n - 1 >= kv.slots(l);
+        gl::AttentionArgs a;
+        a.n_tok = g.n;
+        a.n_head = hp.n_head;
+        a.n_head_kv = hp.n_head_kv;
+        a.head_dim = hd;
+        a.scale = m_.attn_scale();
+        a.q = q_.data() + r0 * qd;
+        a.q_unrot = slid ? q_unrot_.data() + r0 * qd : nullptr;
+        a.pos = pos_.data() + r0;
+        kv.attention_slots(l, a);
+        a.k_new = k_rows + r0 * rk;
+        a.v_new = v_rows + r0 * rv;
+        a.out = att_.data() + r0 * qd;
+        a.half_ok = pass == Pass::generated;
+        if (pass == Pass::verify && be.reads_host_kv()) {
+            attend_each(a, l, g.n, g.pos0, slid);
+        } else {
+            // The slots in view (the batch's own keys included), K and V.
+            const double kv_bytes =
+                static_cast<double>(std::min<int64_t>(g.pos0 + g.n, kv.slots(l))) *
+                static_cast<double>(rk + rv);
+            OpTimer t(profile_, Op::attention, kv_bytes);
+            be.attention(a);
+            kv.write(l, g.pos0, g.n, a.k_new, a.v_new,
+                     [&be](void* dst, const void* src, size_t bytes) {
+                         be.copy_to_host(src, dst, bytes);
+                     });
+        }
+        // The ring as the source found it for the next reader; the last
+        // leaves the batch written.
+        if (source) kv.restore_slots(l, g.pos0, g.n, source->overwritten[si]);
+        if (reader && reader->last_reader != l)
+            kv.restore_slots(reader->source, g.pos0, g.n, reader->overwritten[si]);
     }
-    // The ring as the source found it for the next reader; the last leaves
-    // the batch written.
-    if (source) kv_.restore_slots(l, pos0, n, source->overwritten);
-    if (reader && reader->last_reader != l)
-        kv_.restore_slots(reader->source, pos0, n, reader->overwritten);
+    kv_ = home_;
 
     if (v_rot > 0) {
         // Each query head's output is a sum of its KV head's rotated values:
@@ -486,10 +544,10 @@ void Forward::attend_each(gl::AttentionArgs a, int l, int n, int64_t pos0, bool 
     gl::Backend& be = *place_.layers[l];
     const Hparams& hp = m_.hp;
     const int qd = hp.layer_q_dim(l);
-    const int n_slots = kv_.slots(l);
-    const int64_t* held = kv_.slot_pos(l);
+    const int n_slots = kv_->slots(l);
+    const int64_t* held = kv_->slot_pos(l);
     staged_pos_.assign(held, held + n_slots);
-    const size_t rk = kv_.row_bytes_k(l), rv = kv_.row_bytes_v(l);
+    const size_t rk = kv_->row_bytes_k(l), rv = kv_->row_bytes_v(l);
     const double kv_bytes = static_cast<double>(std::min<int64_t>(pos0 + n, n_slots)) *
                             static_cast<double>(rk + rv);
     const auto* k_rows = static_cast<const uint8_t*>(a.k_new);
@@ -508,8 +566,8 @@ void Forward::attend_each(gl::AttentionArgs a, int l, int n, int64_t pos0, bool 
         a.v_new = v_rows + i * rv;
         a.out = att_.data() + static_cast<size_t>(i) * qd;
         be.attention(a);
-        kv_.write_row(l, p, a.k_new, a.v_new);
-        staged_pos_[kv_.slot_of(l, p)] = p;
+        kv_->write_row(l, p, a.k_new, a.v_new);
+        staged_pos_[kv_->slot_of(l, p)] = p;
     }
 }
 

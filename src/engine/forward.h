@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -64,6 +65,24 @@ class Forward {
     // batched kernels.
     const float* eval_verify(const int32_t* tokens, int n);
     static constexpr int kMaxVerify = 15;
+    // Prompt tokens on another cache than the one this Forward was made with
+    // (kvrun batch: one Forward, a cache per sequence), set up by adopt().
+    const float* eval(KvCache& kv, const int32_t* tokens, int n, bool all_logits);
+    // A cache for eval(kv, ...) and eval_generated(seqs): this Forward's
+    // config (types, rotations, n_ctx), laid out as its backends read it.
+    void adopt(KvCache& kv) const;
+    // Several sequences in one pass (kvrun batch): one generated token each,
+    // at its own cache's n_past(), every row's logits in order. The
+    // matrices read their weights once for all rows and take each row's
+    // one-token dot products (rows exact, as eval_verify), and each sequence
+    // attends its own cache, so a row's logits are bit for bit those
+    // eval_generated gives the sequence alone, whatever else is in the pass.
+    // At most kMaxVerify sequences; their caches distinct.
+    struct SeqToken {
+        KvCache* kv;
+        int32_t token;
+    };
+    const float* eval_generated(std::span<const SeqToken> seqs);
     // Taking back tokens through recurrent layers (Qwen 3.5): a state cannot
     // be rewound, so while a KV checkpoint is open each recurrent layer logs
     // the inputs of its recurrence (the q|k|v rows before the conv, the write
@@ -83,11 +102,13 @@ class Forward {
     // take the half-precision products), or a verification batch.
     enum class Pass { prompt, generated, verify };
     const float* run(const int32_t* tokens, int n, bool all_logits, Pass pass);
+    // run() over segs_ (set by the caller).
+    const float* run_segments(const int32_t* tokens, int n, bool all_logits, Pass pass);
     // Embedding, layers and head of one batch (no commit): may run twice
     // when a backend lost a recorded step (Backend::end_step).
-    void step(const int32_t* tokens, int n, int first, int64_t pos0, Pass pass);
-    void layer(int l, int n, int64_t pos0, Pass pass);
-    void attention_block(int l, int n, int64_t pos0, Pass pass);
+    void step(const int32_t* tokens, int n, int first, Pass pass);
+    void layer(int l, int n, Pass pass);
+    void attention_block(int l, int n, Pass pass);
     // Pass::verify on a host-ring backend: token by token, each as
     // eval_generated attends it, the slots it writes staged in view of the next.
     void attend_each(gl::AttentionArgs a, int l, int n, int64_t pos0, bool any_slid);
@@ -118,7 +139,20 @@ class Forward {
     void wrote(const void* p, size_t bytes);
 
     const Model& m_;
-    KvCache& kv_;
+    // The cache being read and written: home_ (the one this Forward was
+    // made with) or, within a pass over several sequences, the sequence's.
+    KvCache* kv_;
+    KvCache* home_;
+    // A pass's sequences: rows row0 .. row0 + n - 1 of the batch are
+    // positions pos0 .. of kv's sequence. One for every single-sequence pass.
+    struct Segment {
+        KvCache* kv;
+        int row0, n;
+        int64_t pos0;
+    };
+    std::vector<Segment> segs_;
+    std::vector<int32_t> seq_tokens_;
+    struct RowsExact;
     Placement place_;
     std::vector<gl::Backend*> backends_; // place_.distinct()
     int max_batch_;
@@ -159,7 +193,7 @@ class Forward {
     struct SharedKv {
         int source = -1, last_reader = -1;
         std::vector<uint8_t> k_new, v_new;     // [B] the batch's rows in the cache types
-        std::vector<uint8_t> overwritten;      // KvCache::save_slots
+        std::vector<std::vector<uint8_t>> overwritten; // per segment: KvCache::save_slots
     };
     std::vector<SharedKv> shared_kv_;
     SharedKv* shared_of(int source);

@@ -82,14 +82,25 @@ void Forward::recurrent_block(int l, int n) {
                 const float x = ssm_g_[i * H + h] + L.ssm_dt_bias[h];
                 ssm_g_[i * H + h] = (x > 20.0f ? x : std::log1p(std::exp(x))) * L.ssm_a[h];
             }
-        if (const int64_t at = kv_.checkpoint_offset(n); at >= 0) log_recurrent_inputs(l, at, n);
-        gl::cpu::causal_conv1d_silu(kv_.conv_state(l), ssm_qkv_.data(), L.ssm_conv.data(), n, C,
-                                    hp.ssm_conv_kernel, ssm_conv_.data());
+        // Each sequence's rows through its own states (one, but for kvrun batch).
+        for (const Segment& s : segs_) {
+            const size_t r0 = static_cast<size_t>(s.row0);
+            if (s.kv == home_)
+                if (const int64_t at = s.kv->checkpoint_offset(s.n); at >= 0)
+                    log_recurrent_inputs(l, at, s.n);
+            gl::cpu::causal_conv1d_silu(s.kv->conv_state(l), ssm_qkv_.data() + r0 * C,
+                                        L.ssm_conv.data(), s.n, C, hp.ssm_conv_kernel,
+                                        ssm_conv_.data() + r0 * C);
+        }
         // q and k per key head to unit length (they sit first in each row).
         for (size_t i = 0; i < N; i++)
             gl::cpu::l2_normalize(ssm_conv_.data() + i * C, 2 * hp.ssm_n_k_heads, dk, hp.rms_eps);
-        be.gated_delta_rule(kv_.ssm_state(l), ssm_conv_.data(), C, ssm_g_.data(),
-                            ssm_beta_.data(), n, H, hp.ssm_n_k_heads, dk, dv, ssm_o_.data());
+        for (const Segment& s : segs_) {
+            const size_t r0 = static_cast<size_t>(s.row0);
+            be.gated_delta_rule(s.kv->ssm_state(l), ssm_conv_.data() + r0 * C, C,
+                                ssm_g_.data() + r0 * H, ssm_beta_.data() + r0 * H, s.n, H,
+                                hp.ssm_n_k_heads, dk, dv, ssm_o_.data() + r0 * inner);
+        }
     }
     wrote(ssm_o_.data(), sizeof(float) * N * inner);
     // Each head's output RMS-normed, gated by silu(z), projected back.
@@ -125,12 +136,12 @@ void Forward::replay_recurrent(int k) {
         if (!hp.is_recurrent(l)) continue;
         const RecurrentLog& g = recurrent_log_.at(l);
         KV_ASSERT(g.beta.size() >= static_cast<size_t>(k) * hp.ssm_n_v_heads);
-        gl::cpu::causal_conv1d_silu(kv_.conv_state(l), g.qkv.data(), m_.layers[l].ssm_conv.data(),
+        gl::cpu::causal_conv1d_silu(home_->conv_state(l), g.qkv.data(), m_.layers[l].ssm_conv.data(),
                                     k, C, hp.ssm_conv_kernel, ssm_conv_.data());
         for (int i = 0; i < k; i++)
             gl::cpu::l2_normalize(ssm_conv_.data() + static_cast<size_t>(i) * C,
                                   2 * hp.ssm_n_k_heads, dk, hp.rms_eps);
-        place_.layers[l]->gated_delta_rule(kv_.ssm_state(l), ssm_conv_.data(), C, g.g.data(),
+        place_.layers[l]->gated_delta_rule(home_->ssm_state(l), ssm_conv_.data(), C, g.g.data(),
                                            g.beta.data(), k, hp.ssm_n_v_heads, hp.ssm_n_k_heads,
                                            dk, hp.ssm_v_head_dim(), ssm_o_.data());
     }

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <cmath>
 
+#include "answer.h"
 #include "error.h"
 #include "stop_sequences.h"
 
@@ -219,12 +220,8 @@ void Session::save_prompt_cache(const std::string& path, uint64_t digest) const 
 
 GenerateResult Session::generate(const GenerateParams& p, Sampler& sampler,
                                  const GenerateHooks& hooks) {
-    const Tokenizer& tok = lm_.tokenizer;
-    GenerateResult r;
-    Tokenizer::Decoder dec(tok);
-    StopMatcher matcher(p.stop);
-    std::vector<size_t> starts; // byte offset in the decoded answer where each token begins
-    size_t decoded = 0;
+    Answer answer(lm_.tokenizer, p);
+    GenerateResult& r = answer.result();
     auto release = [&](const std::string& text) {
         if (hooks.on_text && !text.empty()) hooks.on_text(text);
     };
@@ -272,30 +269,15 @@ GenerateResult Session::generate(const GenerateParams& p, Sampler& sampler,
             fail(Exit::bad_model, "the model produced non-finite logits (NaN or Inf weights?)");
         if (!cur) id = sampler.sample(last_);
         if (!r.sampled_any) r.first_token = std::chrono::steady_clock::now(), r.sampled_any = true;
-        const bool ends =
-            tok.is_eog(id) || std::find(p.end_ids.begin(), p.end_ids.end(), id) != p.end_ids.end();
-        if (ends && !p.ignore_eos) {
-            r.stop = "eos";
+        std::string text;
+        const Answer::Took took = answer.take(id, text);
+        if (took == Answer::Took::end_token) {
             ends_at_cur();
             break;
         }
-        r.tokens.push_back(id);
         if (hooks.on_token) hooks.on_token(id);
-        starts.push_back(decoded);
-        std::string text = dec.push(id);
-        if (p.strip_leading_space && r.generated == 0 && !text.empty() && text[0] == ' ')
-            text.erase(0, 1);
-        decoded += text.size();
-        r.generated++;
-        release(matcher.push(text));
-        if (matcher.stopped()) {
-            // Forget the tokens that spell the stop string: what follows
-            // continues from the text the user saw.
-            while (!starts.empty() && starts.back() >= matcher.released()) {
-                starts.pop_back();
-                r.tokens.pop_back();
-            }
-            r.stop = "stop string";
+        release(text);
+        if (took == Answer::Took::stop_string) {
             ends_at_cur();
             break;
         }
@@ -344,12 +326,7 @@ GenerateResult Session::generate(const GenerateParams& p, Sampler& sampler,
         last_ = unused->logits;
         if (redraw < ahead.size()) sampler.restore(ahead[redraw].sampler_state);
     }
-    if (!matcher.stopped()) {
-        release(matcher.push(dec.flush()));
-        release(matcher.flush());
-    } else {
-        r.matched = matcher.matched();
-    }
+    release(answer.finish());
     return r;
 }
 
