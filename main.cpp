@@ -23,7 +23,7 @@ int main(int argc, char** argv) {
         {"info", cli::run_info},         {"synth", cli::run_synth},
         {"quantize", cli::run_quantize}, {"perplexity", cli::run_perplexity},
         {"bench", cli::run_bench},       {"run", cli::run_generate},
-        {"chat", cli::run_chat},
+        {"chat", cli::run_chat},         {"batch", cli::run_batch},
     };
     cli::guard_standard_streams();
     cli::install_interrupt_handler();

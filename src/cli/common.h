@@ -146,5 +146,6 @@ int run_quantize(int argc, char** argv);
 int run_perplexity(int argc, char** argv);
 int run_chat(int argc, char** argv);
 int run_bench(int argc, char** argv);
+int run_batch(int argc, char** argv);
 
 } // namespace kvrun::cli

@@ -1,8 +1,25 @@
 #include "answer.h"
 
 #include <algorithm>
+#include <cstring>
+
+#include "error.h"
 
 namespace kvrun {
+
+void check_finite_logits(const float* logits, int n_vocab) {
+    // Every exponent field short of all ones. Integer ops without an early
+    // exit, so the compiler vectorizes it: this runs on every generated
+    // token over the whole vocabulary (262k logits for Gemma 3).
+    uint32_t bad = 0;
+    for (int i = 0; i < n_vocab; i++) {
+        uint32_t b;
+        std::memcpy(&b, logits + i, sizeof b);
+        bad |= static_cast<uint32_t>((b & 0x7f800000u) == 0x7f800000u);
+    }
+    if (bad != 0)
+        fail(Exit::bad_model, "the model produced non-finite logits (NaN or Inf weights?)");
+}
 
 Answer::Answer(const Tokenizer& tok, const GenerateParams& p)
     : tok_(tok), p_(p), dec_(tok), matcher_(p.stop) {}

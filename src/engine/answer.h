@@ -15,6 +15,10 @@
 
 namespace kvrun {
 
+// NaN or Inf weights reach the logits; sampled, they would print garbage
+// (or nothing) and end "successfully": Error(bad_model) instead.
+void check_finite_logits(const float* logits, int n_vocab);
+
 class Answer {
   public:
     // Keeps references to tok and p.

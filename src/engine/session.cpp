@@ -10,20 +10,6 @@
 
 namespace kvrun {
 
-namespace {
-// No NaN or Inf among x[0..n): every exponent field short of all ones. Integer
-// ops without an early exit, so the compiler vectorizes it: this runs on every
-// generated token over the whole vocabulary (262k logits for Gemma 3).
-bool all_finite(const float* x, int n) {
-    uint32_t bad = 0;
-    for (int i = 0; i < n; i++) {
-        uint32_t b;
-        std::memcpy(&b, x + i, sizeof b);
-        bad |= static_cast<uint32_t>((b & 0x7f800000u) == 0x7f800000u);
-    }
-    return bad == 0;
-}
-} // namespace
 
 Session::Session(const LoadedModel& lm, const KvCacheConfig& cfg, Placement placement,
                  int max_batch)
@@ -263,10 +249,7 @@ GenerateResult Session::generate(const GenerateParams& p, Sampler& sampler,
             id = cur->token;
         }
         KV_ASSERT(last_);
-        // NaN or Inf weights reach the logits; sampled, they would print
-        // garbage (or nothing) and end "successfully".
-        if (!all_finite(last_, lm_.model.hp.n_vocab))
-            fail(Exit::bad_model, "the model produced non-finite logits (NaN or Inf weights?)");
+        check_finite_logits(last_, lm_.model.hp.n_vocab);
         if (!cur) id = sampler.sample(last_);
         if (!r.sampled_any) r.first_token = std::chrono::steady_clock::now(), r.sampled_any = true;
         std::string text;

@@ -31,23 +31,8 @@ using kvtest::Shape;
 
 namespace {
 
-// A random-weight model in a file (Session takes a LoadedModel), removed at the end.
-struct ModelFile {
-    std::string path;
-    std::unique_ptr<LoadedModel> lm;
-    explicit ModelFile(const Shape& s, uint32_t seed = 4321, int swa_window = 8) {
-        char name[] = "/tmp/kvrun-spec-XXXXXX";
-        const int fd = ::mkstemp(name);
-        REQUIRE(fd >= 0);
-        ::close(fd);
-        path = name;
-        const std::vector<uint8_t> bytes = random_model(s, seed, 0, swa_window);
-        std::ofstream(path, std::ios::binary)
-            .write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-        lm = LoadedModel::load(path);
-    }
-    ~ModelFile() { std::remove(path.c_str()); }
-};
+using ModelFile = kvtest::RandomModelFile;
+
 
 // Proposes the true continuation (known from a plain run), with each token
 // wrong with probability p_wrong: rounds accept and reject at every offset.

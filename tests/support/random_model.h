@@ -3,15 +3,23 @@
 // do not cover.
 #pragma once
 
+#include <doctest/doctest.h>
+
+#include <cstdio>
+
 #include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>
 #include <vector>
+#include <unistd.h>
+#include <memory>
+#include <fstream>
 
 #include "ggml-like/kernels.h"
 #include "gguf.h"
 #include "gguf_writer.h"
+#include "loader.h"
 #include "test_util.h"
 
 namespace kvtest {
@@ -124,5 +132,23 @@ inline std::vector<uint8_t> random_model(const Shape& s, uint32_t seed,
     }
     return w.bytes();
 }
+
+// A random-weight model in a file (Session takes a LoadedModel), removed at the end.
+struct RandomModelFile {
+    std::string path;
+    std::unique_ptr<kvrun::LoadedModel> lm;
+    explicit RandomModelFile(const Shape& s, uint32_t seed = 4321, int swa_window = 8) {
+        char name[] = "/tmp/kvrun-model-XXXXXX";
+        const int fd = ::mkstemp(name);
+        REQUIRE(fd >= 0);
+        ::close(fd);
+        path = name;
+        const std::vector<uint8_t> bytes = random_model(s, seed, 0, swa_window);
+        std::ofstream(path, std::ios::binary)
+            .write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+        lm = kvrun::LoadedModel::load(path);
+    }
+    ~RandomModelFile() { std::remove(path.c_str()); }
+};
 
 } // namespace kvtest

@@ -1,0 +1,390 @@
+// `kvrun batch -m M -f requests.jsonl`: many requests through one model at
+// once (src/engine/scheduler.h), one JSON object per line in and out. For
+// pipelines: results on stdout (completion order, or input order with
+// --ordered), a malformed line an error object of its own while the rest
+// goes on, progress and the summary on stderr.
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "chat_session.h"
+#include "chat_template.h"
+#include "cli/common.h"
+#include "context.h"
+#include "error.h"
+#include "file_io.h"
+#include "format.h"
+#include "loader.h"
+#include "scheduler.h"
+#include "system_memory.h"
+#include "unicode.h"
+
+namespace kvrun::cli {
+
+namespace {
+
+using json = nlohmann::json;
+
+struct BatchOptions {
+    CommonOptions common;
+    std::string file, ctx = "auto", system;
+    int64_t n_predict = -1;
+    int keep = 4, batch = 512, parallel = 0;
+    bool ordered = false, lines = false, ignore_eos = false, quiet = false;
+    SamplerParams sampling;
+    std::vector<std::string> stop;
+};
+
+// One input line, read: a request for the scheduler, or why it is none.
+struct Parsed {
+    json id;
+    std::optional<SeqRequest> req;
+    std::string error;
+};
+
+const char* finish_reason(const std::string& stop) {
+    if (stop == "eos" || stop == "stop string") return "stop";
+    if (stop == "length" || stop == "context full") return "length";
+    return "interrupted";
+}
+
+std::vector<std::string> stop_list(const json& v) {
+    if (v.is_string()) return {v.get<std::string>()};
+    if (!v.is_array()) throw std::invalid_argument("\"stop\" must be a string or an array of them");
+    std::vector<std::string> out;
+    for (const json& s : v) {
+        if (!s.is_string()) throw std::invalid_argument("\"stop\" must hold strings");
+        out.push_back(s.get<std::string>());
+    }
+    return out;
+}
+
+template <class T>
+T number(const json& v, const char* key, double lo, double hi) {
+    if (!v.is_number()) throw std::invalid_argument(fmt::format("\"{}\" must be a number", key));
+    const double d = v.get<double>();
+    if (!(d >= lo && d <= hi))
+        throw std::invalid_argument(fmt::format("\"{}\" must be in [{}, {}]", key, lo, hi));
+    if (std::is_integral_v<T> && d != static_cast<double>(static_cast<int64_t>(d)))
+        throw std::invalid_argument(fmt::format("\"{}\" must be a whole number", key));
+    return static_cast<T>(d);
+}
+
+class RequestReader {
+  public:
+    RequestReader(const LoadedModel& lm, const BatchOptions& o)
+        : lm_(lm), o_(o), tmpl_(ChatTemplate::for_model(lm.file, lm.tokenizer, "")),
+          end_(reply_end(tmpl_, lm.tokenizer)) {}
+
+    Parsed parse(const std::string& line, size_t number_in_input) {
+        Parsed p;
+        p.id = static_cast<int64_t>(number_in_input);
+        try {
+            if (o_.lines) {
+                std::string msg = line;
+                if (!msg.empty() && msg.back() == '\r') msg.pop_back();
+                check_text(msg);
+                std::vector<ChatMessage> m;
+                if (!o_.system.empty()) m.push_back({"system", o_.system});
+                m.push_back({"user", msg});
+                p.req = chat_request(m);
+                return p;
+            }
+            const json j = json::parse(line);
+            if (!j.is_object()) throw std::invalid_argument("a request is a JSON object");
+            if (j.contains("id")) p.id = j.at("id");
+            p.req = request(j);
+        } catch (const json::exception& e) {
+            p.error = std::string("not JSON: ") + e.what();
+            p.req.reset();
+        } catch (const std::exception& e) {
+            p.error = e.what();
+            p.req.reset();
+        }
+        return p;
+    }
+
+  private:
+    void check_text(const std::string& s) const {
+        if (!unicode::valid_utf8(s)) throw std::invalid_argument("the text is not valid UTF-8");
+    }
+    SeqRequest base() const {
+        SeqRequest r;
+        r.sampling = o_.sampling;
+        r.gen.n_predict = o_.n_predict;
+        r.gen.ignore_eos = o_.ignore_eos;
+        r.gen.stop = o_.stop;
+        return r;
+    }
+    SeqRequest chat_request(const std::vector<ChatMessage>& m) const {
+        SeqRequest r = base();
+        r.prompt = chat_tokens(lm_.tokenizer, tmpl_.format_text(m, true), true);
+        r.gen.end_ids = end_.ids;
+        r.gen.stop.insert(r.gen.stop.end(), end_.strings.begin(), end_.strings.end());
+        return r;
+    }
+    SeqRequest request(const json& j) const {
+        static const char* known[] = {"id",          "prompt", "messages", "max_tokens",
+                                      "temperature", "top_k",  "top_p",    "min_p",
+                                      "seed",        "stop",   "ignore_eos", "repeat_penalty",
+                                      "model"};
+        for (const auto& [k, v] : j.items())
+            if (std::find_if(std::begin(known), std::end(known),
+                             [&](const char* s) { return k == s; }) == std::end(known))
+                throw std::invalid_argument(fmt::format("unknown field \"{}\"", k));
+        if (j.contains("prompt") == j.contains("messages"))
+            throw std::invalid_argument("give \"prompt\" or \"messages\" (one of them)");
+        SeqRequest r;
+        if (j.contains("prompt")) {
+            if (!j["prompt"].is_string()) throw std::invalid_argument("\"prompt\" must be a string");
+            const std::string text = j["prompt"].get<std::string>();
+            check_text(text);
+            r = base();
+            r.prompt = lm_.tokenizer.encode(text, true, true);
+            r.gen.strip_leading_space = r.prompt.size() == 1 &&
+                                        r.prompt[0] == lm_.tokenizer.bos() &&
+                                        lm_.tokenizer.vocab().add_space_prefix;
+        } else {
+            const json& ms = j["messages"];
+            if (!ms.is_array() || ms.empty())
+                throw std::invalid_argument("\"messages\" must be a non-empty array");
+            std::vector<ChatMessage> m;
+            for (const json& e : ms) {
+                if (!e.is_object() || !e.contains("role") || !e.contains("content") ||
+                    !e["role"].is_string() || !e["content"].is_string())
+                    throw std::invalid_argument(
+                        "each message must be an object with string \"role\" and \"content\"");
+                m.push_back({e["role"].get<std::string>(), e["content"].get<std::string>()});
+                check_text(m.back().content);
+            }
+            try {
+                r = chat_request(m);
+            } catch (const Error& e) {
+                throw std::invalid_argument(e.what());
+            }
+        }
+        if (j.contains("max_tokens"))
+            r.gen.n_predict = number<int64_t>(j["max_tokens"], "max_tokens", -1, 1e9);
+        if (j.contains("temperature"))
+            r.sampling.temp = number<float>(j["temperature"], "temperature", 0, 100);
+        if (j.contains("top_k")) r.sampling.top_k = number<int>(j["top_k"], "top_k", 0, 1 << 30);
+        if (j.contains("top_p")) r.sampling.top_p = number<float>(j["top_p"], "top_p", 0, 1);
+        if (j.contains("min_p")) r.sampling.min_p = number<float>(j["min_p"], "min_p", 0, 1);
+        if (j.contains("repeat_penalty"))
+            r.sampling.repeat_penalty =
+                number<float>(j["repeat_penalty"], "repeat_penalty", 1e-6, 100);
+        if (j.contains("seed"))
+            r.sampling.seed = number<uint64_t>(j["seed"], "seed", 0, 9007199254740992.0);
+        if (j.contains("stop")) {
+            const std::vector<std::string> s = stop_list(j["stop"]);
+            r.gen.stop.insert(r.gen.stop.end(), s.begin(), s.end());
+        }
+        if (j.contains("ignore_eos")) {
+            if (!j["ignore_eos"].is_boolean())
+                throw std::invalid_argument("\"ignore_eos\" must be true or false");
+            r.gen.ignore_eos = j["ignore_eos"].get<bool>();
+        }
+        if (r.prompt.empty())
+            throw std::invalid_argument("the prompt is empty and the model adds no BOS token");
+        return r;
+    }
+
+    const LoadedModel& lm_;
+    const BatchOptions& o_;
+    ChatTemplate tmpl_;
+    ReplyEnd end_;
+};
+
+// What stdout gets: each line as it is ready, or in input order (--ordered).
+class Output {
+  public:
+    explicit Output(bool ordered) : ordered_(ordered) {}
+    void put(size_t line_index, const json& j) {
+        if (!ordered_) {
+            write_stdout(j.dump() + "\n");
+            return;
+        }
+        hold(line_index, j.dump() + "\n");
+    }
+    // A line that never comes (Ctrl-C): let what waits behind it out.
+    void skip(size_t line_index) {
+        if (ordered_) hold(line_index, "");
+    }
+
+  private:
+    void hold(size_t line_index, std::string text) {
+        held_[line_index] = std::move(text);
+        while (!held_.empty() && held_.begin()->first == next_) {
+            write_stdout(held_.begin()->second);
+            held_.erase(held_.begin());
+            next_++;
+        }
+    }
+    bool ordered_;
+    size_t next_ = 0;
+    std::map<size_t, std::string> held_;
+};
+
+} // namespace
+
+int run_batch(int argc, char** argv) {
+    BatchOptions o;
+    CLI::App app{"kvrun batch: many requests through one model at once, JSON lines in and out",
+                 "kvrun batch"};
+    add_model_option(app, o.common);
+    add_runtime_options(app, o.common);
+    app.add_option("-f,--file", o.file,
+                   "requests, one JSON object per line (- or no -f: stdin): {\"id\", \"prompt\" "
+                   "or \"messages\", \"max_tokens\", \"temperature\", \"top_k\", \"top_p\", "
+                   "\"min_p\", \"seed\", \"stop\", \"ignore_eos\", \"repeat_penalty\"}");
+    app.add_flag("--lines", o.lines,
+                 "each input line is one user message (the model's chat template, --system)");
+    app.add_option("--system", o.system, "--lines: the system prompt");
+    app.add_flag("--ordered", o.ordered, "print results in input order (default: as they finish)");
+    app.add_option("--parallel", o.parallel,
+                   "sequences at once (default: what memory holds, at most 16)")
+        ->check(int_in(1, 1024));
+    app.add_option("-n,--n-predict", o.n_predict,
+                   "tokens per answer unless a request says (max_tokens; -1 = until the end of "
+                   "the answer or a full context)")
+        ->check(int_in(-1, int64_t{1} << 40));
+    app.add_option("-c,--ctx-size", o.ctx,
+                   "each sequence's context, or auto (the longest prompt and -n)")
+        ->capture_default_str();
+    app.add_option("--keep", o.keep, "tokens kept when a window slides (attention sinks)")
+        ->capture_default_str()
+        ->check(int_in(0, 1 << 20));
+    app.add_option("-b,--batch-size", o.batch, "prompt tokens per pass")
+        ->capture_default_str()
+        ->check(int_in(1, 1 << 16));
+    add_sampling_options(app, o.sampling);
+    app.add_option("--stop", o.stop, "stop each answer at STRING (repeatable)");
+    app.add_flag("--ignore-eos", o.ignore_eos, "keep generating past the end-of-text token");
+    app.add_flag("--quiet", o.quiet, "no summary on stderr");
+    if (const auto done = parse_command_line(app, argc, argv)) return *done;
+    if (!o.system.empty() && !o.lines) fail(Exit::usage, "--system needs --lines");
+    if (o.file.empty() && !stdin_has_data())
+        fail(Exit::usage, "give the requests with -f FILE or on stdin (a pipe)");
+    ContextRequest req;
+    set_cache_types(o.common, req, false);
+    const std::string input = o.file.empty() || o.file == "-"
+                                  ? read_prompt("", "-", false)
+                                  : read_regular_file(o.file, "requests file", Exit::usage);
+
+    const StopPoint stop_point;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto lm = LoadedModel::load(o.common.model, !offloads_every_layer(o.common));
+    const Hparams& hp = lm->model.hp;
+
+    // Read every line first: -c auto and --parallel are sized from them.
+    RequestReader reader(*lm, o);
+    std::vector<Parsed> parsed;
+    for (size_t at = 0; at < input.size();) {
+        size_t end = input.find('\n', at);
+        if (end == std::string::npos) end = input.size();
+        const std::string line = input.substr(at, end - at);
+        at = end + 1;
+        if (line.find_first_not_of(" \t\r") == std::string::npos) continue; // blank lines
+        parsed.push_back(reader.parse(line, parsed.size() + 1));
+    }
+    int64_t longest = 1, most = 0;
+    bool unlimited = false;
+    for (const Parsed& p : parsed)
+        if (p.req) {
+            longest = std::max<int64_t>(longest, static_cast<int64_t>(p.req->prompt.size()));
+            most = std::max(most, p.req->gen.n_predict);
+            unlimited = unlimited || p.req->gen.n_predict < 0;
+        }
+    req.use = ContextRequest::Use::generate;
+    req.ctx = o.ctx;
+    req.n_prompt = is_auto(o.ctx) ? longest : 1; // a fixed -c: each prompt is checked below
+    req.n_predict = unlimited ? -1 : most;
+    req.keep = o.keep;
+    req.batch = o.batch;
+    const int threads = resolve_threads(o.common.threads);
+    req.threads = threads;
+    const ContextPlan plan = plan_and_tell(*lm, req, o.common.verbose);
+    const KvCacheConfig& kc = plan.cache;
+    size_t n_ok = 0;
+    for (Parsed& p : parsed) {
+        if (p.req && static_cast<int64_t>(p.req->prompt.size()) >= kc.n_ctx) {
+            p.error = fmt::format("the prompt takes {} tokens but the context (-c) holds {}",
+                                  p.req->prompt.size(), kc.n_ctx);
+            p.req.reset();
+        }
+        n_ok += p.req ? 1 : 0;
+    }
+
+    // Sequences at once: what memory holds (a cache each), at most 16.
+    const size_t per_seq = KvCache::ring_bytes_for(kc) + KvCache::state_bytes_for(kc);
+    int parallel = o.parallel;
+    if (parallel == 0) {
+        const uint64_t budget = mem_available_bytes() / 2;
+        parallel = static_cast<int>(std::clamp<uint64_t>(budget / std::max<size_t>(per_seq, 1), 1,
+                                                         std::max<size_t>(1, std::min<size_t>(16, n_ok))));
+    }
+    const Backends backends = make_backends(o.common, threads, hp);
+    if (backends.gpu && parallel > 1)
+        fail(Exit::usage, "kvrun batch runs more than one sequence on the CPU only for now: with "
+                          "-ngl give --parallel 1");
+    if (o.common.verbose)
+        fmt::print(stderr, "kvrun: batch: {} requests ({} malformed), {} at once, n_ctx {}, {} "
+                           "per sequence's cache, {} threads\n",
+                   parsed.size(), parsed.size() - n_ok, parallel, kc.n_ctx, human_bytes(per_seq),
+                   threads);
+
+    Output out(o.ordered);
+    std::vector<SeqRequest> requests;
+    std::vector<size_t> line_of; // request -> its index in `parsed`
+    for (size_t i = 0; i < parsed.size(); i++) {
+        if (!parsed[i].req) {
+            out.put(i, json{{"id", parsed[i].id}, {"error", parsed[i].error}});
+            continue;
+        }
+        line_of.push_back(i);
+        requests.push_back(std::move(*parsed[i].req));
+    }
+    Scheduler sched(*lm, kc, backends.placement(), plan.batch, parallel);
+    size_t finished = 0;
+    std::vector<bool> reported(requests.size());
+    const bool progress = ::isatty(2) != 0;
+    sched.run(
+        std::move(requests),
+        [&](SeqResult r) {
+            const Parsed& p = parsed[line_of[r.index]];
+            json j = {{"id", p.id},
+                      {"text", r.text},
+                      {"finish_reason", finish_reason(r.gen.stop)},
+                      {"prompt_tokens", r.n_prompt},
+                      {"completion_tokens", r.gen.generated},
+                      {"cached_tokens", 0}};
+            if (!r.gen.matched.empty()) j["stop_string"] = r.gen.matched;
+            out.put(line_of[r.index], j);
+            reported[r.index] = true;
+            finished++;
+            if (progress) show_progress(static_cast<int64_t>(finished), static_cast<int64_t>(n_ok));
+        },
+        [] { return interrupted() || stdout_failed(); });
+    clear_progress();
+    for (size_t i = 0; i < reported.size(); i++)
+        if (!reported[i]) out.skip(line_of[i]);
+    if (stdout_failed()) return static_cast<int>(Exit::error);
+
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const SchedulerStats& st = sched.stats();
+    if (!o.quiet)
+        fmt::print(stderr,
+                   "[kvrun batch] {} requests ({} done, {} malformed) | {} at once | prompt {} "
+                   "tok, generated {} tok | {:.1f} s, {:.1f} generated tok/s | {} decode steps "
+                   "in {} passes | KV peak {} ({} sequences × {})\n",
+                   parsed.size(), finished, parsed.size() - n_ok, parallel, st.prompt_tokens,
+                   st.generated, wall, wall > 0 ? st.generated / wall : 0.0, st.steps, st.passes,
+                   human_bytes(st.peak_cache_bytes()), st.peak_running, human_bytes(per_seq));
+    return interrupted() ? interrupted_status() : 0;
+}
+
+} // namespace kvrun::cli

@@ -1,0 +1,126 @@
+#include "scheduler.h"
+
+#include <algorithm>
+
+#include "error.h"
+
+namespace kvrun {
+
+Scheduler::Sequence::Sequence(size_t i, SeqRequest r, KvCache* c, const LoadedModel& lm)
+    : index(i), req(std::move(r)), kv(c), sampler(req.sampling, lm.model.hp.n_vocab),
+      answer(std::make_unique<Answer>(lm.tokenizer, req.gen)) {}
+
+Scheduler::Scheduler(const LoadedModel& lm, const KvCacheConfig& cfg, Placement placement,
+                     int max_batch, int parallel)
+    : lm_(lm), cfg_(cfg), home_(cfg), fwd_(lm.model, home_, std::move(placement), max_batch),
+      max_batch_(max_batch), parallel_(std::max(1, parallel)) {
+    free_.push_back(&home_);
+    stats_.cache_bytes = KvCache::ring_bytes_for(cfg) + KvCache::state_bytes_for(cfg);
+}
+
+void Scheduler::end(Sequence& s, const char* why) {
+    if (why) s.answer->result().stop = why;
+    s.text += s.answer->finish();
+    s.done = true;
+}
+
+void Scheduler::sample(Sequence& s, float* logits) {
+    const GenerateParams& p = s.req.gen;
+    GenerateResult& r = s.answer->result();
+    if (p.n_predict >= 0 && r.generated >= p.n_predict) return end(s, "length");
+    check_finite_logits(logits, lm_.model.hp.n_vocab);
+    const int32_t id = s.sampler.sample(logits);
+    std::string text;
+    const Answer::Took took = s.answer->take(id, text);
+    s.text += text;
+    stats_.generated += took == Answer::Took::end_token ? 0 : 1;
+    if (took != Answer::Took::token) return end(s, nullptr); // its stop reason is set
+    if (p.n_predict >= 0 && r.generated >= p.n_predict) return end(s, "length");
+    // -n -1 asks for the whole answer: it ends at a full context rather
+    // than sliding on (Session::generate's on_full in kvrun -p).
+    if (p.n_predict < 0 && s.kv->n_past() >= s.kv->n_ctx()) return end(s, "context full");
+    s.pending = id;
+}
+
+void Scheduler::prompt_chunk(Sequence& s) {
+    const std::vector<int32_t>& prompt = s.req.prompt;
+    if (s.prompt_done == 0)
+        for (int32_t t : prompt) s.sampler.accept(t);
+    const int n = static_cast<int>(std::min<size_t>(max_batch_, prompt.size() - s.prompt_done));
+    const float* logits = fwd_.eval(*s.kv, prompt.data() + s.prompt_done, n, false);
+    s.prompt_done += static_cast<size_t>(n);
+    stats_.prompt_tokens += n;
+    // Forward's logits are overwritten by the next pass: the first token now.
+    if (s.prompt_done == prompt.size()) sample(s, const_cast<float*>(logits));
+}
+
+void Scheduler::run(std::vector<SeqRequest> requests, const std::function<void(SeqResult)>& on_done,
+                    const std::function<bool()>& should_stop) {
+    for (const SeqRequest& r : requests)
+        KV_ASSERT(!r.prompt.empty() && static_cast<int64_t>(r.prompt.size()) < cfg_.n_ctx);
+    auto stopping = [&] { return should_stop && should_stop(); };
+    const size_t n_vocab = static_cast<size_t>(lm_.model.hp.n_vocab);
+    const int per_pass = std::min(Forward::kMaxVerify, max_batch_);
+    std::vector<std::unique_ptr<Sequence>> live; // in the order they joined
+    std::vector<Sequence*> gen;
+    std::vector<Forward::SeqToken> rows;
+    size_t next = 0;
+    while (true) {
+        // Join: as many as there are caches for.
+        while (!stopping() && next < requests.size() &&
+               live.size() < static_cast<size_t>(parallel_)) {
+            if (free_.empty()) {
+                caches_.push_back(std::make_unique<KvCache>(cfg_));
+                fwd_.adopt(*caches_.back());
+                free_.push_back(caches_.back().get());
+            }
+            KvCache* c = free_.back();
+            free_.pop_back();
+            c->clear();
+            live.push_back(std::make_unique<Sequence>(next, std::move(requests[next]), c, lm_));
+            next++;
+        }
+        if (live.empty()) break;
+        stats_.peak_running = std::max(stats_.peak_running, static_cast<int>(live.size()));
+
+        // Every running sequence's next token, per_pass rows a pass.
+        gen.clear();
+        for (auto& s : live)
+            if (!s->done && s->pending >= 0) gen.push_back(s.get());
+        if (!gen.empty()) stats_.steps++;
+        for (size_t i = 0; i < gen.size(); i += per_pass) {
+            const size_t m = std::min<size_t>(per_pass, gen.size() - i);
+            rows.clear();
+            for (size_t j = 0; j < m; j++) rows.push_back({gen[i + j]->kv, gen[i + j]->pending});
+            auto* logits = const_cast<float*>(fwd_.eval_generated(rows));
+            stats_.passes++;
+            for (size_t j = 0; j < m; j++) {
+                gen[i + j]->pending = -1;
+                sample(*gen[i + j], logits + j * n_vocab);
+            }
+        }
+        // One prompt chunk: the oldest sequence still reading its prompt.
+        for (auto& s : live)
+            if (!s->done && s->prompt_done < s->req.prompt.size()) {
+                prompt_chunk(*s);
+                break;
+            }
+        if (stopping())
+            for (auto& s : live)
+                if (!s->done) end(*s, "interrupted");
+        // Leave: report, and give the cache to the next.
+        for (auto it = live.begin(); it != live.end();) {
+            Sequence& s = **it;
+            if (!s.done) {
+                ++it;
+                continue;
+            }
+            free_.push_back(s.kv);
+            on_done(SeqResult{s.index, std::move(s.answer->result()), std::move(s.text),
+                              static_cast<int64_t>(s.req.prompt.size())});
+            it = live.erase(it);
+        }
+    }
+}
+
+} // namespace kvrun

@@ -1,0 +1,132 @@
+// The scheduler (src/engine/scheduler.h, kvrun batch): many sequences at
+// once, each answer byte-identical to the one a lone session gives with the
+// same settings, whatever else is in the pass, when it joined and how its
+// prompt was chunked. Mixed requests: prompts longer than a batch, greedy
+// and seeded sampling, stop strings, lengths from 1 token to past -c (the
+// window slides), -n -1 (ends at a full context); families with sliding
+// windows (Gemma 3), shared KV layers (Gemma 4) and recurrent states (Qwen
+// 3.5), and the real SmolLM2 and Gemma 3.
+#include <doctest/doctest.h>
+
+#include <random>
+#include <string>
+
+#include "loader.h"
+#include "random_model.h"
+#include "scheduler.h"
+#include "session.h"
+#include "test_util.h"
+
+using namespace kvrun;
+
+namespace {
+
+struct Lone {
+    GenerateResult gen;
+    std::string text;
+};
+
+// What one session alone answers (kvrun -p's loop: the prompt in batches of
+// max_batch, then Session::generate; -n -1 ends at a full context).
+Lone lone(const LoadedModel& lm, const KvCacheConfig& cfg, gl::Backend& be, int max_batch,
+          const SeqRequest& r) {
+    Session s(lm, cfg, Placement::all(be, lm.model.hp.n_layer), max_batch);
+    Sampler sampler(r.sampling, lm.model.hp.n_vocab);
+    for (int32_t t : r.prompt) sampler.accept(t);
+    s.eval(r.prompt);
+    GenerateHooks h;
+    Lone out;
+    h.on_text = [&](const std::string& t) { out.text += t; };
+    if (r.gen.n_predict < 0) h.on_full = [] { return "context full"; };
+    out.gen = s.generate(r.gen, sampler, h);
+    return out;
+}
+
+std::vector<SeqRequest> mixed_requests(const LoadedModel& lm, int count, int n_ctx, uint32_t seed) {
+    std::mt19937 rng(seed);
+    const char* texts[] = {"Once upon a time", "The little dog", "Lily wanted to", "One day, a",
+                           "Tom and Sue went", "The sun was"};
+    std::vector<SeqRequest> out;
+    for (int i = 0; i < count; i++) {
+        SeqRequest r;
+        r.prompt = lm.tokenizer.encode(texts[rng() % 6], true, true);
+        // Some prompts longer than a batch: random tokens after the text.
+        const int extra = rng() % 3 == 0 ? static_cast<int>(rng() % (n_ctx / 2)) : 0;
+        for (int j = 0; j < extra; j++)
+            r.prompt.push_back(static_cast<int32_t>(rng() % lm.model.hp.n_vocab));
+        const int kind = static_cast<int>(rng() % 6);
+        r.gen.n_predict = kind == 0 ? 1 : kind == 1 ? -1 : static_cast<int64_t>(rng() % 60 + 2);
+        if (kind == 2) r.gen.n_predict = n_ctx; // past -c: the window slides
+        r.gen.ignore_eos = rng() % 2 == 0;
+        if (rng() % 4 == 0) r.gen.stop = {"."};
+        if (rng() % 2 == 0) {
+            r.sampling.temp = 0.8f;
+            r.sampling.top_k = 40;
+            r.sampling.seed = rng();
+        } else {
+            r.sampling.temp = 0;
+        }
+        out.push_back(std::move(r));
+    }
+    return out;
+}
+
+void check_against_lone(const LoadedModel& lm, int count, int n_ctx, int max_batch, int parallel,
+                        const std::string& what) {
+    CAPTURE(what);
+    auto be = gl::make_cpu_backend(2);
+    const KvCacheConfig cfg =
+        KvCacheConfig::for_model(lm.model.hp, n_ctx, 4, gl::Type::F16, gl::Type::F16);
+    const std::vector<SeqRequest> reqs = mixed_requests(lm, count, n_ctx, 11);
+    Scheduler sched(lm, cfg, Placement::all(*be, lm.model.hp.n_layer), max_batch, parallel);
+    std::vector<SeqResult> got(reqs.size());
+    std::vector<size_t> order;
+    sched.run(reqs, [&](SeqResult r) {
+        order.push_back(r.index);
+        got[r.index] = std::move(r);
+    });
+    REQUIRE(order.size() == reqs.size());
+    for (size_t i = 0; i < reqs.size(); i++) {
+        CAPTURE(i);
+        const Lone want = lone(lm, cfg, *be, max_batch, reqs[i]);
+        CHECK(got[i].gen.tokens == want.gen.tokens);
+        CHECK(got[i].gen.stop == want.gen.stop);
+        CHECK(got[i].gen.generated == want.gen.generated);
+        CHECK(got[i].text == want.text);
+    }
+    const SchedulerStats& st = sched.stats();
+    CHECK(st.peak_running == std::min(parallel, count));
+    // Sequences shared passes: fewer passes than tokens generated.
+    CHECK(st.passes < st.generated);
+    // They finished out of order (joined and left between steps).
+    CHECK(!std::is_sorted(order.begin(), order.end()));
+}
+
+} // namespace
+
+TEST_CASE("scheduler: 32 mixed requests, 5 at a time, answer as lone sessions do (stories260K)") {
+    auto lm = LoadedModel::load(kvtest::shared("models/stories260K.gguf"));
+    check_against_lone(*lm, 32, 96, 16, 5, "stories260K");
+    // More at once than a pass takes (Forward::kMaxVerify): two passes a step.
+    check_against_lone(*lm, 24, 96, 16, 20, "stories260K, 20 at once");
+}
+
+// 10 at once: passes of 8 or more rows, which would take the integer GEMM
+// (other bits than a lone token's dot products) were they not kept exact.
+TEST_CASE("scheduler: sliding windows, shared KV layers and recurrent states answer as lone "
+          "sessions do") {
+    kvtest::RandomModelFile gemma3({"gemma3", 128, 4, 1, 96, 6, gl::Type::Q8_0});
+    check_against_lone(*gemma3.lm, 16, 64, 8, 10, "gemma3, windows of 8");
+    auto gemma4 = LoadedModel::load(kvtest::shared("models/next/tiny-gemma4-Q4_K_M.gguf"));
+    check_against_lone(*gemma4, 14, 64, 8, 10, "gemma4");
+    auto qwen35 = LoadedModel::load(kvtest::shared("models/next/tiny-qwen35-Q4_K_M.gguf"));
+    check_against_lone(*qwen35, 14, 64, 8, 10, "qwen35");
+}
+
+TEST_CASE("scheduler: real models answer as lone sessions do (SmolLM2, Gemma 3)") {
+    for (const char* name : {"smollm2-135m-Q4_1.gguf", "gemma3-270m-Q4_K_M.gguf"}) {
+        if (!kvtest::have_real_model(name)) continue;
+        auto lm = LoadedModel::load(kvtest::real_model(name));
+        check_against_lone(*lm, 12, 96, 32, 10, name);
+    }
+}
