@@ -44,6 +44,7 @@ struct Parsed {
     json id;
     std::optional<SeqRequest> req;
     std::string error;
+    bool chat = false; // through the chat template: the reply's leading space is left out
 };
 
 const char* finish_reason(const std::string& stop) {
@@ -92,12 +93,14 @@ class RequestReader {
                 if (!o_.system.empty()) m.push_back({"system", o_.system});
                 m.push_back({"user", msg});
                 p.req = chat_request(m);
+                p.chat = true;
                 return p;
             }
             const json j = json::parse(line);
             if (!j.is_object()) throw std::invalid_argument("a request is a JSON object");
             if (j.contains("id")) p.id = j.at("id");
             p.req = request(j);
+            p.chat = j.contains("messages");
         } catch (const json::exception& e) {
             p.error = std::string("not JSON: ") + e.what();
             p.req.reset();
@@ -356,6 +359,9 @@ int run_batch(int argc, char** argv) {
         std::move(requests),
         [&](SeqResult r) {
             const Parsed& p = parsed[line_of[r.index]];
+            // As kvrun -p --chat prints a reply: without the space the
+            // model writes after the template's "Assistant:" (the tokens keep it).
+            if (p.chat) r.text.erase(0, std::min(r.text.size(), r.text.find_first_not_of(" \t\n")));
             json j = {{"id", p.id},
                       {"text", r.text},
                       {"finish_reason", finish_reason(r.gen.stop)},
@@ -379,10 +385,11 @@ int run_batch(int argc, char** argv) {
     if (!o.quiet)
         fmt::print(stderr,
                    "[kvrun batch] {} requests ({} done, {} malformed) | {} at once | prompt {} "
-                   "tok, generated {} tok | {:.1f} s, {:.1f} generated tok/s | {} decode steps "
-                   "in {} passes | KV peak {} ({} sequences × {})\n",
+                   "tok, {:.1f} tok/s | generated {} tok, decode passes {:.1f} tok/s | {:.1f} s "
+                   "in all | {} decode steps in {} passes | KV peak {} ({} sequences × {})\n",
                    parsed.size(), finished, parsed.size() - n_ok, parallel, st.prompt_tokens,
-                   st.generated, wall, wall > 0 ? st.generated / wall : 0.0, st.steps, st.passes,
+                   st.prompt_s > 0 ? st.prompt_tokens / st.prompt_s : 0.0, st.generated,
+                   st.decode_s > 0 ? st.decoded / st.decode_s : 0.0, wall, st.steps, st.passes,
                    human_bytes(st.peak_cache_bytes()), st.peak_running, human_bytes(per_seq));
     return interrupted() ? interrupted_status() : 0;
 }

@@ -1,10 +1,17 @@
 #include "scheduler.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "error.h"
 
 namespace kvrun {
+
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+} // namespace
 
 Scheduler::Sequence::Sequence(size_t i, SeqRequest r, KvCache* c, const LoadedModel& lm)
     : index(i), req(std::move(r)), kv(c), sampler(req.sampling, lm.model.hp.n_vocab),
@@ -47,7 +54,9 @@ void Scheduler::prompt_chunk(Sequence& s) {
     if (s.prompt_done == 0)
         for (int32_t t : prompt) s.sampler.accept(t);
     const int n = static_cast<int>(std::min<size_t>(max_batch_, prompt.size() - s.prompt_done));
+    const auto t0 = std::chrono::steady_clock::now();
     const float* logits = fwd_.eval(*s.kv, prompt.data() + s.prompt_done, n, false);
+    stats_.prompt_s += seconds_since(t0);
     s.prompt_done += static_cast<size_t>(n);
     stats_.prompt_tokens += n;
     // Forward's logits are overwritten by the next pass: the first token now.
@@ -92,8 +101,11 @@ void Scheduler::run(std::vector<SeqRequest> requests, const std::function<void(S
             const size_t m = std::min<size_t>(per_pass, gen.size() - i);
             rows.clear();
             for (size_t j = 0; j < m; j++) rows.push_back({gen[i + j]->kv, gen[i + j]->pending});
+            const auto t0 = std::chrono::steady_clock::now();
             auto* logits = const_cast<float*>(fwd_.eval_generated(rows));
+            stats_.decode_s += seconds_since(t0);
             stats_.passes++;
+            stats_.decoded += static_cast<int64_t>(m);
             for (size_t j = 0; j < m; j++) {
                 gen[i + j]->pending = -1;
                 sample(*gen[i + j], logits + j * n_vocab);

@@ -51,6 +51,8 @@ struct SeqResult {
 struct SchedulerStats {
     int64_t steps = 0, passes = 0;        // decode steps, and the Forward passes they took
     int64_t prompt_tokens = 0, generated = 0;
+    int64_t decoded = 0;                  // tokens evaluated in decode passes
+    double decode_s = 0, prompt_s = 0;    // seconds in decode passes, in prompt chunks
     int peak_running = 0;                 // sequences holding a cache at once, at most
     size_t cache_bytes = 0;               // one sequence's cache (ring and states)
     size_t peak_cache_bytes() const { return cache_bytes * static_cast<size_t>(peak_running); }

@@ -1,0 +1,120 @@
+// kvrun batch as a pipeline meets it: JSON lines in (a file or stdin), one
+// result per line out with the request's id, a malformed line an error
+// object of its own while the rest go on, --ordered keeping input order,
+// --lines for plain text, and every answer the one `kvrun -p` gives alone.
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace {
+
+using json = nlohmann::json;
+const std::string kStories = kvtest::shared("models/stories260K.gguf");
+
+struct TempFile {
+    std::string path;
+    explicit TempFile(const std::string& text) {
+        char name[] = "/tmp/kvrun-batch-XXXXXX";
+        const int fd = ::mkstemp(name);
+        REQUIRE(fd >= 0);
+        ::close(fd);
+        path = name;
+        std::ofstream(path) << text;
+    }
+    ~TempFile() { std::remove(path.c_str()); }
+};
+
+std::vector<json> json_lines(const std::string& out) {
+    std::vector<json> v;
+    for (const std::string& l : kvtest::lines(out)) v.push_back(json::parse(l));
+    return v;
+}
+
+// kvrun -p alone, same settings: its stdout is the answer.
+std::string lone(const std::string& prompt, int n, const std::vector<std::string>& more = {}) {
+    std::vector<std::string> args = {"-m", kStories, "-p", prompt, "-n", std::to_string(n),
+                                     "-c", "128",    "--quiet"};
+    args.insert(args.end(), more.begin(), more.end());
+    const auto r = kvtest::run_kvrun(args);
+    REQUIRE(r.status == 0);
+    return r.out;
+}
+
+} // namespace
+
+TEST_CASE("batch: JSON lines in and out; malformed lines answered with errors, the rest as "
+          "kvrun -p answers them") {
+    const std::string input =
+        R"({"id": "a", "prompt": "Once upon a time", "max_tokens": 40, "temperature": 0})" "\n"
+        "not json\n"
+        R"({"id": 7, "prompt": "Lily wanted", "max_tokens": 30, "temperature": 0.8, "seed": 5})" "\n"
+        "\n"
+        R"({"id": "c", "prmpt": "typo"})" "\n"
+        R"({"id": "d", "prompt": "One day", "max_tokens": 50, "temperature": 0, "stop": "."})" "\n"
+        R"({"id": "e", "prompt": "The dog", "max_tokens": "many"})" "\n"
+        R"({"id": "f", "prompt": "The cat", "max_tokens": 3, "temperature": 0})" "\n";
+    TempFile f(input);
+    const auto r = kvtest::run_kvrun(
+        {"batch", "-m", kStories, "-f", f.path, "-c", "128", "--ordered", "--parallel", "3"});
+    REQUIRE(r.status == 0);
+    const std::vector<json> out = json_lines(r.out);
+    REQUIRE(out.size() == 7); // the blank line is no request
+    // --ordered: input order, ids as given (a line without one: its number).
+    CHECK(out[0]["id"] == "a");
+    CHECK(out[1]["id"] == 2);
+    CHECK(out[1]["error"].get<std::string>().find("not JSON") != std::string::npos);
+    CHECK(out[2]["id"] == 7);
+    CHECK(out[3]["error"] == "unknown field \"prmpt\"");
+    CHECK(out[4]["id"] == "d");
+    CHECK(out[5]["error"] == "\"max_tokens\" must be a number");
+    CHECK(out[6]["id"] == "f");
+    // The answers are kvrun -p's.
+    CHECK(out[0]["text"] == lone("Once upon a time", 40, {"--temp", "0"}));
+    CHECK(out[0]["finish_reason"] == "length");
+    CHECK(out[0]["completion_tokens"] == 40);
+    CHECK(out[2]["text"] == lone("Lily wanted", 30, {"--temp", "0.8", "-s", "5"}));
+    CHECK(out[4]["text"] == lone("One day", 50, {"--temp", "0", "--stop", "."}));
+    CHECK(out[4]["finish_reason"] == "stop");
+    CHECK(out[4]["stop_string"] == ".");
+    CHECK(out[6]["text"] == lone("The cat", 3, {"--temp", "0"}));
+    CHECK(out[0]["prompt_tokens"] == 5);
+    // The summary on stderr, one line.
+    CHECK(r.err.find("[kvrun batch] 7 requests (4 done, 3 malformed)") != std::string::npos);
+}
+
+TEST_CASE("batch: stdin, --lines with --system, and a prompt too long for -c") {
+    const std::string in = "Hello there\nTell me a story\n";
+    const auto r = kvtest::run_kvrun({"batch", "-m", kStories, "--lines", "--system", "Be brief",
+                                      "-n", "8", "--temp", "0", "-c", "64"},
+                                     &in);
+    REQUIRE(r.status == 0);
+    std::vector<json> out = json_lines(r.out);
+    REQUIRE(out.size() == 2);
+    for (const json& j : out) {
+        CHECK(j["completion_tokens"].get<int>() <= 8);
+        CHECK(j["prompt_tokens"].get<int>() > 4); // the template's glue and the system prompt
+    }
+    // kvrun -p --chat renders the same single turn.
+    const auto one = kvtest::run_kvrun({"-m", kStories, "--chat", "--system", "Be brief", "-p",
+                                        "Hello there", "-n", "8", "--temp", "0", "-c", "64",
+                                        "--quiet"});
+    REQUIRE(one.status == 0);
+    CHECK((out[0]["id"] == 1 ? out[0] : out[1])["text"] == one.out);
+
+    std::string longer = R"({"prompt": ")";
+    for (int i = 0; i < 100; i++) longer += "once upon a time ";
+    longer += "\"}\n";
+    const std::string two = longer + R"({"prompt": "short", "max_tokens": 2})" "\n";
+    const auto t = kvtest::run_kvrun({"batch", "-m", kStories, "-c", "64", "--ordered"}, &two);
+    REQUIRE(t.status == 0);
+    out = json_lines(t.out);
+    REQUIRE(out.size() == 2);
+    CHECK(out[0]["error"].get<std::string>().find("context (-c) holds 64") != std::string::npos);
+    CHECK(out[1]["completion_tokens"] == 2);
+}
