@@ -34,7 +34,7 @@ struct BatchOptions {
     std::string file, ctx = "auto", system;
     int64_t n_predict = -1;
     int keep = 4, batch = 512, parallel = 0;
-    bool ordered = false, lines = false, ignore_eos = false, quiet = false;
+    bool ordered = false, lines = false, ignore_eos = false, quiet = false, no_prefix = false;
     SamplerParams sampling;
     std::vector<std::string> stop;
 };
@@ -268,6 +268,9 @@ int run_batch(int argc, char** argv) {
     app.add_option("--stop", o.stop, "stop each answer at STRING (repeatable)");
     app.add_flag("--ignore-eos", o.ignore_eos, "keep generating past the end-of-text token");
     app.add_flag("--quiet", o.quiet, "no summary on stderr");
+    app.add_flag("--no-prefix-cache", o.no_prefix,
+                 "evaluate every prompt whole (by default a prompt starts from the longest "
+                 "prefix, 16 tokens or more, that a sequence's cache holds)");
     if (const auto done = parse_command_line(app, argc, argv)) return *done;
     if (!o.system.empty() && !o.lines) fail(Exit::usage, "--system needs --lines");
     if (o.file.empty() && !stdin_has_data())
@@ -351,7 +354,7 @@ int run_batch(int argc, char** argv) {
         line_of.push_back(i);
         requests.push_back(std::move(*parsed[i].req));
     }
-    Scheduler sched(*lm, kc, backends.placement(), plan.batch, parallel);
+    Scheduler sched(*lm, kc, backends.placement(), plan.batch, parallel, !o.no_prefix);
     size_t finished = 0;
     std::vector<bool> reported(requests.size());
     const bool progress = ::isatty(2) != 0;
@@ -367,7 +370,7 @@ int run_batch(int argc, char** argv) {
                       {"finish_reason", finish_reason(r.gen.stop)},
                       {"prompt_tokens", r.n_prompt},
                       {"completion_tokens", r.gen.generated},
-                      {"cached_tokens", 0}};
+                      {"cached_tokens", r.cached}};
             if (!r.gen.matched.empty()) j["stop_string"] = r.gen.matched;
             out.put(line_of[r.index], j);
             reported[r.index] = true;
@@ -386,10 +389,15 @@ int run_batch(int argc, char** argv) {
         fmt::print(stderr,
                    "[kvrun batch] {} requests ({} done, {} malformed) | {} at once | prompt {} "
                    "tok, {:.1f} tok/s | generated {} tok, decode passes {:.1f} tok/s | {:.1f} s "
-                   "in all | {} decode steps in {} passes | KV peak {} ({} sequences × {})\n",
+                   "in all | {} decode steps in {} passes | prefix cache {} of {} prompt tokens "
+                   "({:.0f}%) | KV peak {} ({} sequences × {})\n",
                    parsed.size(), finished, parsed.size() - n_ok, parallel, st.prompt_tokens,
                    st.prompt_s > 0 ? st.prompt_tokens / st.prompt_s : 0.0, st.generated,
                    st.decode_s > 0 ? st.decoded / st.decode_s : 0.0, wall, st.steps, st.passes,
+                   st.reused, st.reused + st.prompt_tokens,
+                   st.reused + st.prompt_tokens > 0
+                       ? 100.0 * st.reused / static_cast<double>(st.reused + st.prompt_tokens)
+                       : 0.0,
                    human_bytes(st.peak_cache_bytes()), st.peak_running, human_bytes(per_seq));
     return interrupted() ? interrupted_status() : 0;
 }

@@ -117,6 +117,7 @@ KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg) {
         k_bytes_.push_back(aligned(row_k_[l] * slots(l)));
         used += k_bytes_.back() + aligned(row_v_[l] * slots(l));
     }
+    block_bytes_ = used;
     block_ = allocate_huge(used);
     if (!block_) fail(Exit::out_of_memory, "cannot allocate {} bytes for the KV cache", used);
     std::memset(block_.get(), 0, used);
@@ -305,6 +306,21 @@ void KvCache::clear() {
     std::fill(state_.begin(), state_.end(), 0.0f);
     for (Ring& r : rings_) std::fill(r.pos.begin(), r.pos.end(), -1);
     n_past_ = 0;
+}
+
+void KvCache::copy_from(const KvCache& src) {
+    const KvCacheConfig& a = cfg_;
+    const KvCacheConfig& b = src.cfg_;
+    KV_ASSERT(a.n_layer == b.n_layer && a.n_ctx == b.n_ctx && a.keep == b.keep &&
+              a.type_k == b.type_k && a.type_v == b.type_v && a.k_rotate == b.k_rotate &&
+              a.v_rotate == b.v_rotate && block_bytes_ == src.block_bytes_ &&
+              head_major_ == src.head_major_ && state_.size() == src.state_.size());
+    std::memcpy(block_.get(), src.block_.get(), block_bytes_);
+    rings_ = src.rings_;
+    sink_k_ = src.sink_k_;
+    state_ = src.state_;
+    n_past_ = src.n_past_;
+    checkpoint_.pos0 = -1;
 }
 
 bool KvCache::truncate(int64_t n) {

@@ -239,6 +239,10 @@ class KvCache {
 
     // Forget everything.
     void clear();
+    // Hold what `src` holds (a cache of the same config and layout): its
+    // slots, positions, sinks and states, copied (kvrun batch: a sequence
+    // starts from another's prefix, then truncate()s to it).
+    void copy_from(const KvCache& src);
     // Keep only the first n tokens; possible while every slot a query at
     // position n would attend still holds its position (returns false
     // otherwise, and the caller must clear).
@@ -342,6 +346,7 @@ class KvCache {
     // All layers' slots (allocate_huge): layer l's K slots at layer_at_[l],
     // its V slots k_bytes_[l] further.
     HugeBytes block_;
+    size_t block_bytes_ = 0;
     std::vector<size_t> layer_at_, k_bytes_;
     uint8_t* k_at(int layer) const { return block_.get() + layer_at_[cfg_.source(layer)]; }
     std::vector<Ring> rings_;   // [0]: global layers; [1]: sliding-window layers, if any

@@ -13,16 +13,85 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 }
 } // namespace
 
-Scheduler::Sequence::Sequence(size_t i, SeqRequest r, KvCache* c, const LoadedModel& lm)
-    : index(i), req(std::move(r)), kv(c), sampler(req.sampling, lm.model.hp.n_vocab),
+Scheduler::Sequence::Sequence(size_t i, SeqRequest r, Slot* s, const LoadedModel& lm)
+    : index(i), req(std::move(r)), slot(s), sampler(req.sampling, lm.model.hp.n_vocab),
       answer(std::make_unique<Answer>(lm.tokenizer, req.gen)) {}
 
 Scheduler::Scheduler(const LoadedModel& lm, const KvCacheConfig& cfg, Placement placement,
-                     int max_batch, int parallel)
+                     int max_batch, int parallel, bool share_prefixes)
     : lm_(lm), cfg_(cfg), home_(cfg), fwd_(lm.model, home_, std::move(placement), max_batch),
-      max_batch_(max_batch), parallel_(std::max(1, parallel)) {
-    free_.push_back(&home_);
+      max_batch_(max_batch), parallel_(std::max(1, parallel)), share_prefixes_(share_prefixes) {
+    slots_.reserve(static_cast<size_t>(parallel_));
+    slots_.push_back(Slot{&home_, {}, false, 0});
     stats_.cache_bytes = KvCache::ring_bytes_for(cfg) + KvCache::state_bytes_for(cfg);
+}
+
+namespace {
+size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+    size_t m = 0;
+    while (m < a.size() && m < b.size() && a[m] == b[m]) m++;
+    return m;
+}
+} // namespace
+
+Scheduler::Slot* Scheduler::take_slot(const std::vector<int32_t>& prompt) {
+    Slot* best = nullptr;
+    size_t best_prefix = 0;
+    for (Slot& s : slots_) {
+        if (s.busy) continue;
+        const size_t m = share_prefixes_ ? common_prefix(s.tokens, prompt) : 0;
+        if (!best || m > best_prefix || (m == best_prefix && s.last_used < best->last_used))
+            best = &s, best_prefix = m;
+    }
+    if ((!best || best_prefix == 0) && slots_.size() < static_cast<size_t>(parallel_)) {
+        caches_.push_back(std::make_unique<KvCache>(cfg_));
+        fwd_.adopt(*caches_.back());
+        slots_.push_back(Slot{caches_.back().get(), {}, false, 0});
+        best = &slots_.back();
+    }
+    KV_ASSERT(best);
+    best->busy = true;
+    best->last_used = ++clock_;
+    return best;
+}
+
+void Scheduler::start_from_prefix(Sequence& s) {
+    const std::vector<int32_t>& prompt = s.req.prompt;
+    Slot& own = *s.slot;
+    // At least the prompt's last token is evaluated: its logits start the answer.
+    const size_t cap = prompt.size() - 1;
+    size_t m_own = std::min(cap, common_prefix(own.tokens, prompt));
+    const Slot* donor = nullptr;
+    size_t m_donor = 0;
+    if (share_prefixes_)
+        for (const Slot& o : slots_) {
+            if (&o == &own) continue;
+            const size_t m = std::min(cap, common_prefix(o.tokens, prompt));
+            if (m > m_donor) donor = &o, m_donor = m;
+        }
+    if (!share_prefixes_) m_own = 0;
+    // A few tokens cost less to evaluate than to copy a cache for.
+    if (m_donor < kMinShared) donor = nullptr;
+    if (m_own < kMinShared) m_own = 0;
+    // Another cache's longer prefix, copied over (where its rings still
+    // hold it); else this cache's own.
+    if (donor && m_donor > m_own) {
+        own.kv->copy_from(*donor->kv);
+        if (own.kv->truncate(static_cast<int64_t>(m_donor))) {
+            own.tokens.assign(prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(m_donor));
+            s.prompt_done = s.cached = m_donor;
+            return;
+        }
+        own.tokens = donor->tokens; // what it holds now (copied)
+        m_own = std::min(cap, common_prefix(own.tokens, prompt));
+    }
+    if (m_own > 0 && own.kv->truncate(static_cast<int64_t>(m_own))) {
+        own.tokens.resize(m_own);
+        s.prompt_done = s.cached = m_own;
+        return;
+    }
+    own.kv->clear();
+    own.tokens.clear();
 }
 
 void Scheduler::end(Sequence& s, const char* why) {
@@ -45,18 +114,24 @@ void Scheduler::sample(Sequence& s, float* logits) {
     if (p.n_predict >= 0 && r.generated >= p.n_predict) return end(s, "length");
     // -n -1 asks for the whole answer: it ends at a full context rather
     // than sliding on (Session::generate's on_full in kvrun -p).
-    if (p.n_predict < 0 && s.kv->n_past() >= s.kv->n_ctx()) return end(s, "context full");
+    if (p.n_predict < 0 && s.kv().n_past() >= s.kv().n_ctx()) return end(s, "context full");
     s.pending = id;
 }
 
 void Scheduler::prompt_chunk(Sequence& s) {
     const std::vector<int32_t>& prompt = s.req.prompt;
-    if (s.prompt_done == 0)
+    if (!s.started) {
+        s.started = true;
         for (int32_t t : prompt) s.sampler.accept(t);
+        start_from_prefix(s);
+        stats_.reused += s.cached;
+    }
     const int n = static_cast<int>(std::min<size_t>(max_batch_, prompt.size() - s.prompt_done));
     const auto t0 = std::chrono::steady_clock::now();
-    const float* logits = fwd_.eval(*s.kv, prompt.data() + s.prompt_done, n, false);
+    const float* logits = fwd_.eval(s.kv(), prompt.data() + s.prompt_done, n, false);
     stats_.prompt_s += seconds_since(t0);
+    s.slot->tokens.insert(s.slot->tokens.end(), prompt.begin() + static_cast<std::ptrdiff_t>(s.prompt_done),
+                          prompt.begin() + static_cast<std::ptrdiff_t>(s.prompt_done) + n);
     s.prompt_done += static_cast<size_t>(n);
     stats_.prompt_tokens += n;
     // Forward's logits are overwritten by the next pass: the first token now.
@@ -78,15 +153,8 @@ void Scheduler::run(std::vector<SeqRequest> requests, const std::function<void(S
         // Join: as many as there are caches for.
         while (!stopping() && next < requests.size() &&
                live.size() < static_cast<size_t>(parallel_)) {
-            if (free_.empty()) {
-                caches_.push_back(std::make_unique<KvCache>(cfg_));
-                fwd_.adopt(*caches_.back());
-                free_.push_back(caches_.back().get());
-            }
-            KvCache* c = free_.back();
-            free_.pop_back();
-            c->clear();
-            live.push_back(std::make_unique<Sequence>(next, std::move(requests[next]), c, lm_));
+            Slot* slot = take_slot(requests[next].prompt);
+            live.push_back(std::make_unique<Sequence>(next, std::move(requests[next]), slot, lm_));
             next++;
         }
         if (live.empty()) break;
@@ -100,7 +168,11 @@ void Scheduler::run(std::vector<SeqRequest> requests, const std::function<void(S
         for (size_t i = 0; i < gen.size(); i += per_pass) {
             const size_t m = std::min<size_t>(per_pass, gen.size() - i);
             rows.clear();
-            for (size_t j = 0; j < m; j++) rows.push_back({gen[i + j]->kv, gen[i + j]->pending});
+            for (size_t j = 0; j < m; j++) {
+                Sequence& q = *gen[i + j];
+                rows.push_back({q.slot->kv, q.pending});
+                q.slot->tokens.push_back(q.pending);
+            }
             const auto t0 = std::chrono::steady_clock::now();
             auto* logits = const_cast<float*>(fwd_.eval_generated(rows));
             stats_.decode_s += seconds_since(t0);
@@ -127,9 +199,9 @@ void Scheduler::run(std::vector<SeqRequest> requests, const std::function<void(S
                 ++it;
                 continue;
             }
-            free_.push_back(s.kv);
+            s.slot->busy = false; // its tokens stay findable until the slot is taken
             on_done(SeqResult{s.index, std::move(s.answer->result()), std::move(s.text),
-                              static_cast<int64_t>(s.req.prompt.size())});
+                              static_cast<int64_t>(s.req.prompt.size()), s.cached});
             it = live.erase(it);
         }
     }

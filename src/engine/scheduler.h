@@ -8,12 +8,24 @@
 // prompt tokens of the oldest sequence still reading its prompt; sequences
 // join and leave between steps, up to `parallel` at once.
 //
+// Shared prefixes: a cache keeps what it held after its sequence left, and
+// is found by its tokens until another sequence takes it over. A sequence
+// about to read its prompt starts from the longest prefix any cache holds
+// (its own, one left behind, or a running sequence's, copied over) and
+// evaluates only the rest. Prefixes are copied, not shared in place: the
+// block pool that stores them once is not built yet (docs/batch.md).
+// Recurrent states hold only their end: a Qwen 3.5 prefix is reused only
+// where a cache holds exactly it.
+//
 // The same answer as a lone run: a prompt is evaluated alone, in the
 // batches Session::eval would use, and a generated row takes the one-token
 // dot products and attends its own cache (Forward::eval_generated), so each
 // sequence's logits are bit for bit those of `kvrun -p` with the same
 // settings (and -c), whatever else is in the pass and whenever it joined;
-// its sampler draws from them as that run's would.
+// its sampler draws from them as that run's would. A reused prefix was
+// evaluated in other batches than a lone run's: with the batch-invariant
+// backend (--deterministic) that changes no bit either; otherwise it may
+// change the last bits, as a reused --prompt-cache file does.
 #pragma once
 
 #include <cstdint>
@@ -46,12 +58,14 @@ struct SeqResult {
     GenerateResult gen;    // tokens, stop reason, matched stop string
     std::string text;      // the answer's text (stop strings left out)
     int64_t n_prompt = 0;
+    int64_t cached = 0;    // prompt tokens a cache held already (not evaluated)
 };
 
 struct SchedulerStats {
     int64_t steps = 0, passes = 0;        // decode steps, and the Forward passes they took
     int64_t prompt_tokens = 0, generated = 0;
     int64_t decoded = 0;                  // tokens evaluated in decode passes
+    int64_t reused = 0;                   // prompt tokens found in a cache (not evaluated)
     double decode_s = 0, prompt_s = 0;    // seconds in decode passes, in prompt chunks
     int peak_running = 0;                 // sequences holding a cache at once, at most
     size_t cache_bytes = 0;               // one sequence's cache (ring and states)
@@ -61,9 +75,10 @@ struct SchedulerStats {
 class Scheduler {
   public:
     // Every sequence's cache has config `cfg`; `max_batch` prompt tokens per
-    // pass; at most `parallel` sequences at once.
+    // pass; at most `parallel` sequences at once; `share_prefixes`: start
+    // from the longest prefix a cache holds.
     Scheduler(const LoadedModel& lm, const KvCacheConfig& cfg, Placement placement, int max_batch,
-              int parallel);
+              int parallel, bool share_prefixes = true);
 
     // Run every request; on_done gets each result as its sequence ends
     // (completion order). should_stop (Ctrl-C): no new sequence starts and
@@ -71,20 +86,38 @@ class Scheduler {
     void run(std::vector<SeqRequest> requests, const std::function<void(SeqResult)>& on_done,
              const std::function<bool()>& should_stop = {});
     const SchedulerStats& stats() const { return stats_; }
+    // Shorter common prefixes are evaluated again (cheaper than a copy).
+    static constexpr size_t kMinShared = 16;
 
   private:
+    // A cache and the tokens it holds; it keeps them after its sequence
+    // leaves, for the next prompts that share them.
+    struct Slot {
+        KvCache* kv = nullptr;
+        std::vector<int32_t> tokens;
+        bool busy = false;
+        uint64_t last_used = 0;
+    };
     struct Sequence {
         size_t index = 0;
         SeqRequest req;
-        KvCache* kv = nullptr;
+        Slot* slot = nullptr;
         Sampler sampler;
         std::unique_ptr<Answer> answer;
         std::string text;
-        size_t prompt_done = 0;  // prompt tokens evaluated
+        size_t prompt_done = 0;  // prompt tokens in the cache
+        int64_t cached = 0;      // of those, found there
         int32_t pending = -1;    // sampled, not evaluated yet
+        bool started = false;    // the prompt's first chunk is behind
         bool done = false;
-        Sequence(size_t i, SeqRequest r, KvCache* c, const LoadedModel& lm);
+        Sequence(size_t i, SeqRequest r, Slot* s, const LoadedModel& lm);
+        KvCache& kv() { return *slot->kv; }
     };
+    // A free slot for `prompt`: the one holding the longest prefix of it,
+    // else the least recently used (a new one while fewer than `parallel`).
+    Slot* take_slot(const std::vector<int32_t>& prompt);
+    // Before its first prompt chunk: the longest prefix any slot holds.
+    void start_from_prefix(Sequence& s);
     // A sequence's next prompt chunk; after the last one, its first token.
     void prompt_chunk(Sequence& s);
     // Sample from `logits` and take the token (or end the sequence).
@@ -93,11 +126,13 @@ class Scheduler {
 
     const LoadedModel& lm_;
     KvCacheConfig cfg_;
-    KvCache home_; // the Forward's own cache: also the first sequence slot
+    KvCache home_; // the Forward's own cache: also the first slot's
     Forward fwd_;
     int max_batch_, parallel_;
-    std::vector<std::unique_ptr<KvCache>> caches_; // slots beyond home_
-    std::vector<KvCache*> free_;
+    bool share_prefixes_;
+    std::vector<std::unique_ptr<KvCache>> caches_; // the other slots'
+    std::vector<Slot> slots_;                      // reserved: Sequence points into it
+    uint64_t clock_ = 0;
     SchedulerStats stats_;
 };
 

@@ -118,3 +118,34 @@ TEST_CASE("batch: stdin, --lines with --system, and a prompt too long for -c") {
     CHECK(out[0]["error"].get<std::string>().find("context (-c) holds 64") != std::string::npos);
     CHECK(out[1]["completion_tokens"] == 2);
 }
+
+TEST_CASE("batch: a shared prefix is evaluated once; --deterministic answers stay kvrun -p's") {
+    const std::string sys = "Once upon a time, there was a little girl named Lily who loved to "
+                            "play in the park with her friends. ";
+    std::string in;
+    for (const char* q : {"One day,", "She saw", "Then the", "The end"})
+        in += json{{"prompt", sys + q}, {"max_tokens", 12}, {"temperature", 0}}.dump() + "\n";
+    const auto r = kvtest::run_kvrun({"batch", "-m", kStories, "-c", "128", "--ordered",
+                                      "--parallel", "2", "--deterministic"},
+                                     &in);
+    REQUIRE(r.status == 0);
+    const std::vector<json> out = json_lines(r.out);
+    REQUIRE(out.size() == 4);
+    int64_t cached = 0;
+    for (const json& j : out) cached += j["cached_tokens"].get<int64_t>();
+    CHECK(cached >= 3 * 16); // the three after the first start from its prefix
+    CHECK(r.err.find("prefix cache " + std::to_string(cached) + " of") != std::string::npos);
+    CHECK(out[1]["text"] == lone(sys + "She saw", 12, {"--temp", "0", "--deterministic"}));
+    CHECK(out[3]["text"] == lone(sys + "The end", 12, {"--temp", "0", "--deterministic"}));
+    // --no-prefix-cache: every prompt whole.
+    const auto whole = kvtest::run_kvrun({"batch", "-m", kStories, "-c", "128", "--ordered",
+                                          "--no-prefix-cache", "--deterministic"},
+                                         &in);
+    REQUIRE(whole.status == 0);
+    const std::vector<json> w = json_lines(whole.out);
+    REQUIRE(w.size() == 4);
+    for (size_t i = 0; i < 4; i++) {
+        CHECK(w[i]["cached_tokens"] == 0);
+        CHECK(w[i]["text"] == out[i]["text"]);
+    }
+}

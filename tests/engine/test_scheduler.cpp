@@ -46,10 +46,16 @@ std::vector<SeqRequest> mixed_requests(const LoadedModel& lm, int count, int n_c
     std::mt19937 rng(seed);
     const char* texts[] = {"Once upon a time", "The little dog", "Lily wanted to", "One day, a",
                            "Tom and Sue went", "The sun was"};
+    // Half the prompts start with one shared "system prompt" (a quarter of -c).
+    std::vector<int32_t> system;
+    for (int j = 0; j < n_ctx / 4; j++)
+        system.push_back(static_cast<int32_t>(rng() % lm.model.hp.n_vocab));
     std::vector<SeqRequest> out;
     for (int i = 0; i < count; i++) {
         SeqRequest r;
         r.prompt = lm.tokenizer.encode(texts[rng() % 6], true, true);
+        const int at = lm.tokenizer.vocab().add_bos ? 1 : 0; // after BOS
+        if (rng() % 2 == 0) r.prompt.insert(r.prompt.begin() + at, system.begin(), system.end());
         // Some prompts longer than a batch: random tokens after the text.
         const int extra = rng() % 3 == 0 ? static_cast<int>(rng() % (n_ctx / 2)) : 0;
         for (int j = 0; j < extra; j++)
@@ -71,14 +77,21 @@ std::vector<SeqRequest> mixed_requests(const LoadedModel& lm, int count, int n_c
     return out;
 }
 
+// Shared prefixes (`share`) are evaluated in other batches than a lone
+// run's prompt: bit for bit the same only on the batch-invariant backend.
+enum class Mode { plain, shared_deterministic };
+
 void check_against_lone(const LoadedModel& lm, int count, int n_ctx, int max_batch, int parallel,
-                        const std::string& what) {
+                        const std::string& what, Mode mode = Mode::plain) {
     CAPTURE(what);
-    auto be = gl::make_cpu_backend(2);
+    const bool shared = mode == Mode::shared_deterministic;
+    CAPTURE(shared);
+    auto be = gl::make_cpu_backend(2, shared);
     const KvCacheConfig cfg =
         KvCacheConfig::for_model(lm.model.hp, n_ctx, 4, gl::Type::F16, gl::Type::F16);
     const std::vector<SeqRequest> reqs = mixed_requests(lm, count, n_ctx, 11);
-    Scheduler sched(lm, cfg, Placement::all(*be, lm.model.hp.n_layer), max_batch, parallel);
+    Scheduler sched(lm, cfg, Placement::all(*be, lm.model.hp.n_layer), max_batch, parallel,
+                    shared);
     std::vector<SeqResult> got(reqs.size());
     std::vector<size_t> order;
     sched.run(reqs, [&](SeqResult r) {
@@ -95,6 +108,14 @@ void check_against_lone(const LoadedModel& lm, int count, int n_ctx, int max_bat
         CHECK(got[i].text == want.text);
     }
     const SchedulerStats& st = sched.stats();
+    int64_t cached = 0;
+    for (const SeqResult& r : got) cached += r.cached;
+    CHECK(cached == st.reused);
+    // Recurrent states are reused only where a cache holds exactly a prefix,
+    // sliding windows only from a cache that has not moved past it.
+    const bool reusable = lm.model.hp.recurrent_layers.empty() && lm.model.hp.swa_window == 0;
+    if (shared && reusable) CHECK(st.reused > 0);
+    if (!shared) CHECK(st.reused == 0);
     CHECK(st.peak_running == std::min(parallel, count));
     // Sequences shared passes: fewer passes than tokens generated.
     CHECK(st.passes < st.generated);
@@ -109,6 +130,24 @@ TEST_CASE("scheduler: 32 mixed requests, 5 at a time, answer as lone sessions do
     check_against_lone(*lm, 32, 96, 16, 5, "stories260K");
     // More at once than a pass takes (Forward::kMaxVerify): two passes a step.
     check_against_lone(*lm, 24, 96, 16, 20, "stories260K, 20 at once");
+}
+
+TEST_CASE("scheduler: prompts start from the longest prefix a cache holds (its own, one left "
+          "behind, a running sequence's); on the batch-invariant backend bit for bit a lone "
+          "run's") {
+    auto lm = LoadedModel::load(kvtest::shared("models/stories260K.gguf"));
+    check_against_lone(*lm, 32, 96, 16, 5, "stories260K", Mode::shared_deterministic);
+    kvtest::RandomModelFile gemma3({"gemma3", 128, 4, 1, 96, 6, gl::Type::Q8_0});
+    check_against_lone(*gemma3.lm, 16, 64, 8, 6, "gemma3, windows of 8",
+                       Mode::shared_deterministic);
+    auto gemma4 = LoadedModel::load(kvtest::shared("models/next/tiny-gemma4-Q4_K_M.gguf"));
+    check_against_lone(*gemma4, 14, 64, 8, 6, "gemma4", Mode::shared_deterministic);
+    auto qwen35 = LoadedModel::load(kvtest::shared("models/next/tiny-qwen35-Q4_K_M.gguf"));
+    check_against_lone(*qwen35, 14, 64, 8, 6, "qwen35", Mode::shared_deterministic);
+    if (kvtest::have_real_model("smollm2-135m-Q4_1.gguf")) {
+        auto smol = LoadedModel::load(kvtest::real_model("smollm2-135m-Q4_1.gguf"));
+        check_against_lone(*smol, 10, 96, 32, 4, "smollm2", Mode::shared_deterministic);
+    }
 }
 
 // 10 at once: passes of 8 or more rows, which would take the integer GEMM
