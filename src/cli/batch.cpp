@@ -327,12 +327,13 @@ int run_batch(int argc, char** argv) {
 
     // Sequences at once: what memory holds (a cache each), at most 16.
     const size_t per_seq = KvCache::ring_bytes_for(kc) + KvCache::state_bytes_for(kc);
+    // Caches take at most half the memory available now (the rest: weights
+    // still to be read in, activations, the system); more asked for wait.
+    const uint64_t budget = mem_available_bytes() / 2;
     int parallel = o.parallel;
-    if (parallel == 0) {
-        const uint64_t budget = mem_available_bytes() / 2;
-        parallel = static_cast<int>(std::clamp<uint64_t>(budget / std::max<size_t>(per_seq, 1), 1,
-                                                         std::max<size_t>(1, std::min<size_t>(16, n_ok))));
-    }
+    if (parallel == 0)
+        parallel = static_cast<int>(std::clamp<uint64_t>(
+            budget / std::max<size_t>(per_seq, 1), 1, std::max<size_t>(1, std::min<size_t>(16, n_ok))));
     const Backends backends = make_backends(o.common, threads, hp);
     if (backends.gpu && parallel > 1)
         fail(Exit::usage, "kvrun batch runs more than one sequence on the CPU only for now: with "
@@ -354,7 +355,7 @@ int run_batch(int argc, char** argv) {
         line_of.push_back(i);
         requests.push_back(std::move(*parsed[i].req));
     }
-    Scheduler sched(*lm, kc, backends.placement(), plan.batch, parallel, !o.no_prefix);
+    Scheduler sched(*lm, kc, backends.placement(), plan.batch, parallel, !o.no_prefix, budget);
     size_t finished = 0;
     std::vector<bool> reported(requests.size());
     const bool progress = ::isatty(2) != 0;
@@ -383,6 +384,11 @@ int run_batch(int argc, char** argv) {
         if (!reported[i]) out.skip(line_of[i]);
     if (stdout_failed()) return static_cast<int>(Exit::error);
 
+    if (sched.stats().memory_capped)
+        fmt::print(stderr, "kvrun: batch: memory held only {} caches of {}: {} sequences ran at "
+                           "once, not {}\n",
+                   sched.stats().peak_running, human_bytes(per_seq), sched.stats().peak_running,
+                   parallel);
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const SchedulerStats& st = sched.stats();
     if (!o.quiet)
@@ -391,7 +397,7 @@ int run_batch(int argc, char** argv) {
                    "tok, {:.1f} tok/s | generated {} tok, decode passes {:.1f} tok/s | {:.1f} s "
                    "in all | {} decode steps in {} passes | prefix cache {} of {} prompt tokens "
                    "({:.0f}%) | KV peak {} ({} sequences × {})\n",
-                   parsed.size(), finished, parsed.size() - n_ok, parallel, st.prompt_tokens,
+                   parsed.size(), finished, parsed.size() - n_ok, st.peak_running, st.prompt_tokens,
                    st.prompt_s > 0 ? st.prompt_tokens / st.prompt_s : 0.0, st.generated,
                    st.decode_s > 0 ? st.decoded / st.decode_s : 0.0, wall, st.steps, st.passes,
                    st.reused, st.reused + st.prompt_tokens,

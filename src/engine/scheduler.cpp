@@ -18,9 +18,10 @@ Scheduler::Sequence::Sequence(size_t i, SeqRequest r, Slot* s, const LoadedModel
       answer(std::make_unique<Answer>(lm.tokenizer, req.gen)) {}
 
 Scheduler::Scheduler(const LoadedModel& lm, const KvCacheConfig& cfg, Placement placement,
-                     int max_batch, int parallel, bool share_prefixes)
+                     int max_batch, int parallel, bool share_prefixes, uint64_t cache_budget)
     : lm_(lm), cfg_(cfg), home_(cfg), fwd_(lm.model, home_, std::move(placement), max_batch),
-      max_batch_(max_batch), parallel_(std::max(1, parallel)), share_prefixes_(share_prefixes) {
+      max_batch_(max_batch), parallel_(std::max(1, parallel)), share_prefixes_(share_prefixes),
+      cache_budget_(cache_budget) {
     slots_.reserve(static_cast<size_t>(parallel_));
     slots_.push_back(Slot{&home_, {}, false, 0});
     stats_.cache_bytes = KvCache::ring_bytes_for(cfg) + KvCache::state_bytes_for(cfg);
@@ -44,12 +45,27 @@ Scheduler::Slot* Scheduler::take_slot(const std::vector<int32_t>& prompt) {
             best = &s, best_prefix = m;
     }
     if ((!best || best_prefix == 0) && slots_.size() < static_cast<size_t>(parallel_)) {
-        caches_.push_back(std::make_unique<KvCache>(cfg_));
-        fwd_.adopt(*caches_.back());
-        slots_.push_back(Slot{caches_.back().get(), {}, false, 0});
-        best = &slots_.back();
+        // Out of memory for one more cache: as many at once as there are,
+        // the rest wait their turn (never an abort mid-run).
+        std::unique_ptr<KvCache> c;
+        const bool fits = cache_budget_ == 0 || (slots_.size() + 1) * stats_.cache_bytes <= cache_budget_;
+        try {
+            if (fits) c = std::make_unique<KvCache>(cfg_);
+        } catch (const Error& e) {
+            if (e.code() != Exit::out_of_memory) throw;
+        } catch (const std::bad_alloc&) {
+        }
+        if (c) {
+            caches_.push_back(std::move(c));
+            fwd_.adopt(*caches_.back());
+            slots_.push_back(Slot{caches_.back().get(), {}, false, 0});
+            best = &slots_.back();
+        } else {
+            parallel_ = static_cast<int>(slots_.size());
+            stats_.memory_capped = true;
+        }
     }
-    KV_ASSERT(best);
+    if (!best) return nullptr;
     best->busy = true;
     best->last_used = ++clock_;
     return best;
@@ -154,6 +170,7 @@ void Scheduler::run(std::vector<SeqRequest> requests, const std::function<void(S
         while (!stopping() && next < requests.size() &&
                live.size() < static_cast<size_t>(parallel_)) {
             Slot* slot = take_slot(requests[next].prompt);
+            if (!slot) break; // every cache is busy
             live.push_back(std::make_unique<Sequence>(next, std::move(requests[next]), slot, lm_));
             next++;
         }

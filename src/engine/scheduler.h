@@ -68,6 +68,7 @@ struct SchedulerStats {
     int64_t reused = 0;                   // prompt tokens found in a cache (not evaluated)
     double decode_s = 0, prompt_s = 0;    // seconds in decode passes, in prompt chunks
     int peak_running = 0;                 // sequences holding a cache at once, at most
+    bool memory_capped = false;           // a cache could not be had: fewer at once than asked
     size_t cache_bytes = 0;               // one sequence's cache (ring and states)
     size_t peak_cache_bytes() const { return cache_bytes * static_cast<size_t>(peak_running); }
 };
@@ -75,10 +76,11 @@ struct SchedulerStats {
 class Scheduler {
   public:
     // Every sequence's cache has config `cfg`; `max_batch` prompt tokens per
-    // pass; at most `parallel` sequences at once; `share_prefixes`: start
-    // from the longest prefix a cache holds.
+    // pass; at most `parallel` sequences at once, and no more caches than
+    // `cache_budget` bytes hold (0: no limit; the first is always made);
+    // `share_prefixes`: start from the longest prefix a cache holds.
     Scheduler(const LoadedModel& lm, const KvCacheConfig& cfg, Placement placement, int max_batch,
-              int parallel, bool share_prefixes = true);
+              int parallel, bool share_prefixes = true, uint64_t cache_budget = 0);
 
     // Run every request; on_done gets each result as its sequence ends
     // (completion order). should_stop (Ctrl-C): no new sequence starts and
@@ -114,7 +116,8 @@ class Scheduler {
         KvCache& kv() { return *slot->kv; }
     };
     // A free slot for `prompt`: the one holding the longest prefix of it,
-    // else the least recently used (a new one while fewer than `parallel`).
+    // else the least recently used (a new one while fewer than `parallel`
+    // and memory allows); null when every slot is busy.
     Slot* take_slot(const std::vector<int32_t>& prompt);
     // Before its first prompt chunk: the longest prefix any slot holds.
     void start_from_prefix(Sequence& s);
@@ -130,6 +133,7 @@ class Scheduler {
     Forward fwd_;
     int max_batch_, parallel_;
     bool share_prefixes_;
+    uint64_t cache_budget_;
     std::vector<std::unique_ptr<KvCache>> caches_; // the other slots'
     std::vector<Slot> slots_;                      // reserved: Sequence points into it
     uint64_t clock_ = 0;

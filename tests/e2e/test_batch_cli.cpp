@@ -149,3 +149,29 @@ TEST_CASE("batch: a shared prefix is evaluated once; --deterministic answers sta
         CHECK(w[i]["text"] == out[i]["text"]);
     }
 }
+
+// The issue's "out of memory": a budget too small for every sequence at once
+// runs fewer at once, says so, and answers every request as before.
+TEST_CASE("batch: too little memory for --parallel runs fewer at once, never aborts") {
+    std::string in;
+    for (int i = 0; i < 6; i++)
+        in += json{{"prompt", "Once upon a time " + std::to_string(i)}, {"max_tokens", 8},
+                   {"temperature", 0}}
+                  .dump() +
+              "\n";
+    // -c 16384: 10 MiB a cache; 80 MiB available: half of it holds 4.
+    const auto r = kvtest::run_binary(
+        "/usr/bin/env", {"KVRUN_MEM_AVAILABLE=83886080", KVRUN_BINARY, "batch", "-m", kStories,
+                         "-c", "16384", "--parallel", "6", "--ordered"},
+        &in);
+    REQUIRE(r.status == 0);
+    CHECK(r.err.find("memory held only 4 caches of 10.00 MiB") != std::string::npos);
+    CHECK(r.err.find("| 4 at once |") != std::string::npos);
+    const auto one = kvtest::run_kvrun(
+        {"batch", "-m", kStories, "-c", "16384", "--parallel", "1", "--ordered"}, &in);
+    REQUIRE(one.status == 0);
+    const std::vector<json> a = json_lines(r.out), b = json_lines(one.out);
+    REQUIRE(a.size() == 6);
+    REQUIRE(b.size() == 6);
+    for (size_t i = 0; i < 6; i++) CHECK(a[i]["text"] == b[i]["text"]);
+}
