@@ -4,6 +4,7 @@
 // --ordered), a malformed line an error object of its own while the rest
 // goes on, progress and the summary on stderr.
 #include <chrono>
+#include <limits>
 #include <cstdio>
 #include <map>
 #include <optional>
@@ -19,6 +20,7 @@
 #include "file_io.h"
 #include "format.h"
 #include "loader.h"
+#include "memory_plan.h"
 #include "scheduler.h"
 #include "system_memory.h"
 #include "unicode.h"
@@ -64,15 +66,30 @@ std::vector<std::string> stop_list(const json& v) {
     return out;
 }
 
-template <class T>
-T number(const json& v, const char* key, double lo, double hi) {
+float real(const json& v, const char* key, double lo, double hi) {
     if (!v.is_number()) throw std::invalid_argument(fmt::format("\"{}\" must be a number", key));
     const double d = v.get<double>();
     if (!(d >= lo && d <= hi))
         throw std::invalid_argument(fmt::format("\"{}\" must be in [{}, {}]", key, lo, hi));
-    if (std::is_integral_v<T> && d != static_cast<double>(static_cast<int64_t>(d)))
+    return static_cast<float>(d);
+}
+
+// A whole number in [lo, hi] (lo <= 0), read as an integer: a seed past 2^53
+// keeps its bits.
+template <class T>
+T whole(const json& v, const char* key, int64_t lo, uint64_t hi) {
+    if (!v.is_number_integer())
         throw std::invalid_argument(fmt::format("\"{}\" must be a whole number", key));
-    return static_cast<T>(d);
+    bool fits;
+    if (v.is_number_unsigned()) {
+        fits = v.get<uint64_t>() <= hi;
+    } else {
+        const int64_t x = v.get<int64_t>();
+        fits = x >= lo && (x < 0 || static_cast<uint64_t>(x) <= hi);
+    }
+    if (!fits) throw std::invalid_argument(fmt::format("\"{}\" must be in [{}, {}]", key, lo, hi));
+    return v.is_number_unsigned() ? static_cast<T>(v.get<uint64_t>())
+                                  : static_cast<T>(v.get<int64_t>());
 }
 
 class RequestReader {
@@ -171,17 +188,15 @@ class RequestReader {
             }
         }
         if (j.contains("max_tokens"))
-            r.gen.n_predict = number<int64_t>(j["max_tokens"], "max_tokens", -1, 1e9);
-        if (j.contains("temperature"))
-            r.sampling.temp = number<float>(j["temperature"], "temperature", 0, 100);
-        if (j.contains("top_k")) r.sampling.top_k = number<int>(j["top_k"], "top_k", 0, 1 << 30);
-        if (j.contains("top_p")) r.sampling.top_p = number<float>(j["top_p"], "top_p", 0, 1);
-        if (j.contains("min_p")) r.sampling.min_p = number<float>(j["min_p"], "min_p", 0, 1);
+            r.gen.n_predict = whole<int64_t>(j["max_tokens"], "max_tokens", -1, int64_t{1} << 40);
+        if (j.contains("temperature")) r.sampling.temp = real(j["temperature"], "temperature", 0, 100);
+        if (j.contains("top_k")) r.sampling.top_k = whole<int>(j["top_k"], "top_k", 0, 1 << 30);
+        if (j.contains("top_p")) r.sampling.top_p = real(j["top_p"], "top_p", 0, 1);
+        if (j.contains("min_p")) r.sampling.min_p = real(j["min_p"], "min_p", 0, 1);
         if (j.contains("repeat_penalty"))
-            r.sampling.repeat_penalty =
-                number<float>(j["repeat_penalty"], "repeat_penalty", 1e-6, 100);
+            r.sampling.repeat_penalty = real(j["repeat_penalty"], "repeat_penalty", 1e-6, 100);
         if (j.contains("seed"))
-            r.sampling.seed = number<uint64_t>(j["seed"], "seed", 0, 9007199254740992.0);
+            r.sampling.seed = whole<uint64_t>(j["seed"], "seed", 0, std::numeric_limits<uint64_t>::max());
         if (j.contains("stop")) {
             const std::vector<std::string> s = stop_list(j["stop"]);
             r.gen.stop.insert(r.gen.stop.end(), s.begin(), s.end());
@@ -207,15 +222,14 @@ class Output {
   public:
     explicit Output(bool ordered) : ordered_(ordered) {}
     void put(size_t line_index, const json& j) {
+        // Invalid UTF-8 (a parse error quoting the line's bytes, a --stop
+        // string) is written as U+FFFD rather than failing the whole run.
+        const std::string text = j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
         if (!ordered_) {
-            write_stdout(j.dump() + "\n");
+            write_stdout(text);
             return;
         }
-        hold(line_index, j.dump() + "\n");
-    }
-    // A line that never comes (Ctrl-C): let what waits behind it out.
-    void skip(size_t line_index) {
-        if (ordered_) hold(line_index, "");
+        hold(line_index, text);
     }
 
   private:
@@ -327,14 +341,16 @@ int run_batch(int argc, char** argv) {
 
     // Sequences at once: what memory holds (a cache each), at most 16.
     const size_t per_seq = KvCache::ring_bytes_for(kc) + KvCache::state_bytes_for(kc);
-    // Caches take at most half the memory available now (the rest: weights
-    // still to be read in, activations, the system); more asked for wait.
-    const uint64_t budget = mem_available_bytes() / 2;
+    // Caches within their budget (batch_cache_budget); more asked for wait.
+    const uint64_t available = mem_available_bytes();
+    const uint64_t budget = batch_cache_budget(available);
     int parallel = o.parallel;
     if (parallel == 0)
-        parallel = static_cast<int>(std::clamp<uint64_t>(
-            budget / std::max<size_t>(per_seq, 1), 1, std::max<size_t>(1, std::min<size_t>(16, n_ok))));
+        parallel = static_cast<int>(
+            std::clamp<uint64_t>(batch_sequences_that_fit(available, per_seq), 1,
+                                 std::max<size_t>(1, std::min<size_t>(16, n_ok))));
     const Backends backends = make_backends(o.common, threads, hp);
+    if (backends.gpu && o.parallel == 0) parallel = 1; // one sequence on CUDA, for now
     if (backends.gpu && parallel > 1)
         fail(Exit::usage, "kvrun batch runs more than one sequence on the CPU only for now: with "
                           "-ngl give --parallel 1");
@@ -380,8 +396,11 @@ int run_batch(int argc, char** argv) {
         },
         [] { return interrupted() || stdout_failed(); });
     clear_progress();
+    // Ctrl-C: those that never started say so (a pipeline tells "not run" from "lost").
     for (size_t i = 0; i < reported.size(); i++)
-        if (!reported[i]) out.skip(line_of[i]);
+        if (!reported[i])
+            out.put(line_of[i], json{{"id", parsed[line_of[i]].id},
+                                     {"error", "not run: interrupted"}});
     if (stdout_failed()) return static_cast<int>(Exit::error);
 
     if (sched.stats().memory_capped)

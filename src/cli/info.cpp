@@ -206,6 +206,8 @@ int run_info(int argc, char** argv) {
     // Quantized weights' path (float weights skip AMX's bf16 tiles).
     const std::string prompt_path = gl::ops::batch_paths_summary();
     const MemoryPlan plan = plan_memory(file, hp, n_ctx, tk, tv, 512, resolve_threads(0));
+    // kvrun batch: a ring and the recurrent states (kv_total) per sequence.
+    const uint64_t per_sequence = kv_total;
     // The GPU side: the plan for -ngl / --kv-gpu-window (metadata only, so it
     // also works in a build or on a machine without CUDA), and the device's
     // memory when there is one.
@@ -257,7 +259,11 @@ int run_info(int argc, char** argv) {
                               {"scratch_bytes", plan.scratch},
                               {"kv_bytes", plan.kv},
                               {"fits", plan.fits()},
-                              {"max_ctx_that_fits", plan.max_ctx_that_fits}}}};
+                              {"max_ctx_that_fits", plan.max_ctx_that_fits}}},
+                            {"batch",
+                             {{"bytes_per_sequence", per_sequence},
+                              {"sequences_that_fit",
+                               batch_sequences_that_fit(plan.mem_available, per_sequence)}}}};
         nlohmann::json layer_kinds = nlohmann::json::array();
         for (const KvKind& k : kinds)
             layer_kinds.push_back({{"kind", k.kind},
@@ -370,6 +376,10 @@ int run_info(int argc, char** argv) {
                human_bytes(plan.mem_available), human_bytes(plan.weights_resident),
                plan.fits() ? fmt::format("fits (up to -c {})", plan.max_ctx_that_fits)
                            : "does not fit: " + memory_advice(plan, hp, 0));
+    fmt::print("batch:        {} sequences of -c {} at once in half the memory available "
+               "(kvrun batch: a cache of {} each)\n",
+               batch_sequences_that_fit(plan.mem_available, per_sequence), n_ctx,
+               human_bytes(per_sequence));
     fmt::print("kernels:      {}; prompt batches on {} ({})\n", gl::cpu::isa_name(), prompt_path,
                gl::gemm::blas_description());
     if (gp.n_gpu_layers > 0) {

@@ -214,7 +214,7 @@ const float* Forward::eval_verify(const int32_t* tokens, int n) {
 }
 
 const float* Forward::eval(KvCache& kv, const int32_t* tokens, int n, bool all_logits) {
-    KV_ASSERT(kv.config().n_layer == m_.hp.n_layer && kv.head_major() == home_->head_major());
+    KV_ASSERT(kv.config().n_ctx == home_->n_ctx() && kv.head_major() == home_->head_major());
     segs_.assign(1, Segment{&kv, 0, n, kv.n_past()});
     return run_segments(tokens, n, all_logits, Pass::prompt);
 }
@@ -222,8 +222,12 @@ const float* Forward::eval(KvCache& kv, const int32_t* tokens, int n, bool all_l
 void Forward::adopt(KvCache& kv) const {
     const KvCacheConfig& a = kv.config();
     const KvCacheConfig& b = home_->config();
-    KV_ASSERT(a.n_layer == b.n_layer && a.n_ctx == b.n_ctx && a.type_k == b.type_k &&
-              a.type_v == b.type_v && a.k_rotate == b.k_rotate && a.v_rotate == b.v_rotate);
+    KV_ASSERT(a.n_layer == b.n_layer && a.n_ctx == b.n_ctx && a.keep == b.keep &&
+              a.type_k == b.type_k && a.type_v == b.type_v && a.k_rotate == b.k_rotate &&
+              a.v_rotate == b.v_rotate && a.swa_window == b.swa_window &&
+              a.recurrent == b.recurrent && kv.state_bytes() == home_->state_bytes());
+    for (int l = 0; l < a.n_layer; l++)
+        KV_ASSERT(a.is_swa(l) == b.is_swa(l) && a.source(l) == b.source(l));
     kv.set_head_major(home_->head_major());
 }
 

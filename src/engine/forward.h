@@ -185,7 +185,7 @@ class Forward {
         std::vector<float> qkv, beta, g;
     };
     std::vector<RecurrentLog> recurrent_log_; // [n_layer]
-    void log_recurrent_inputs(int l, int64_t at, int n);
+    void log_recurrent_inputs(int l, int64_t at, int n, size_t row0); // the batch's rows row0...
     // Layers that read another layer's slots (Gemma 4's shared KV) see them as
     // the source saw them: the source keeps the batch's K/V rows and what its
     // write overwrote, and puts the overwritten rows back for each reader but

@@ -87,7 +87,7 @@ void Forward::recurrent_block(int l, int n) {
             const size_t r0 = static_cast<size_t>(s.row0);
             if (s.kv == home_)
                 if (const int64_t at = s.kv->checkpoint_offset(s.n); at >= 0)
-                    log_recurrent_inputs(l, at, s.n);
+                    log_recurrent_inputs(l, at, s.n, r0);
             gl::cpu::causal_conv1d_silu(s.kv->conv_state(l), ssm_qkv_.data() + r0 * C,
                                         L.ssm_conv.data(), s.n, C, hp.ssm_conv_kernel,
                                         ssm_conv_.data() + r0 * C);
@@ -111,7 +111,7 @@ void Forward::recurrent_block(int l, int n) {
     add_residual(be, n, L.post_attn_norm);
 }
 
-void Forward::log_recurrent_inputs(int l, int64_t at, int n) {
+void Forward::log_recurrent_inputs(int l, int64_t at, int n, size_t row0) {
     const Hparams& hp = m_.hp;
     const size_t C = static_cast<size_t>(hp.ssm_conv_dim()), H = hp.ssm_n_v_heads;
     if (recurrent_log_.empty()) recurrent_log_.resize(hp.n_layer);
@@ -122,9 +122,9 @@ void Forward::log_recurrent_inputs(int l, int64_t at, int n) {
         g.beta.resize(end * H);
         g.g.resize(end * H);
     }
-    std::copy_n(ssm_qkv_.data(), n * C, g.qkv.data() + at * C);
-    std::copy_n(ssm_beta_.data(), n * H, g.beta.data() + at * H);
-    std::copy_n(ssm_g_.data(), n * H, g.g.data() + at * H);
+    std::copy_n(ssm_qkv_.data() + row0 * C, n * C, g.qkv.data() + at * C);
+    std::copy_n(ssm_beta_.data() + row0 * H, n * H, g.beta.data() + at * H);
+    std::copy_n(ssm_g_.data() + row0 * H, n * H, g.g.data() + at * H);
 }
 
 void Forward::replay_recurrent(int k) {

@@ -337,13 +337,23 @@ bool KvCache::truncate_with_states(int64_t n, std::span<const float> states) {
     return true;
 }
 
-bool KvCache::truncate_rings(int64_t n) {
+bool KvCache::rings_hold(int64_t n) const {
     // A query at n attends the sinks and positions lowest_seen(n) .. n - 1:
     // each must still be in its slot (a wrapped ring has overwritten the
     // oldest of them with later tokens).
     for (const Ring& r : rings_)
         for (int64_t p = std::max<int64_t>(r.keep, r.lowest_seen(n)); p < n; p++)
             if (r.pos[r.slot_of(p)] != p) return false;
+    return true;
+}
+
+bool KvCache::can_truncate(int64_t n) const {
+    if (n >= n_past_) return n == n_past_;
+    return state_.empty() && rings_hold(n);
+}
+
+bool KvCache::truncate_rings(int64_t n) {
+    if (!rings_hold(n)) return false;
     checkpoint_.pos0 = -1;
     for (Ring& r : rings_)
         for (int64_t& p : r.pos)

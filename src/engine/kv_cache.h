@@ -247,6 +247,8 @@ class KvCache {
     // position n would attend still holds its position (returns false
     // otherwise, and the caller must clear).
     bool truncate(int64_t n);
+    // Whether truncate(n) would succeed (nothing changed).
+    bool can_truncate(int64_t n) const;
 
     // Drop positions [from, to) and move the later ones down by d = to - from
     // without evaluating anything: each moved key is re-rotated by -d in
@@ -328,6 +330,7 @@ class KvCache {
     // basis when keys are rotated.
     // truncate's rings part: n < n_past_; false where a ring lost a slot.
     bool truncate_rings(int64_t n);
+    bool rings_hold(int64_t n) const; // every position a query at n attends is in its slot
     void rope_stored(int layer, float* k, const Rope& rope, const float* cs, const float* sn) const;
     // The position a ring's slots should hold after a drop of d positions at
     // `from`: p itself before the span, p + d after it.

@@ -33,6 +33,14 @@ struct MemoryPlan {
 MemoryPlan plan_memory(const GgufFile& f, const Hparams& hp, int64_t n_ctx, gl::Type tk, gl::Type tv, int batch,
                        int threads);
 
+// kvrun batch: its caches (one per sequence at once) take at most half the
+// memory available, the rest left to weights still to be read in, the
+// activations and the system; how many caches of `per_sequence` bytes fit.
+inline uint64_t batch_cache_budget(uint64_t mem_available) { return mem_available / 2; }
+inline uint64_t batch_sequences_that_fit(uint64_t mem_available, uint64_t per_sequence) {
+    return per_sequence > 0 ? batch_cache_budget(mem_available) / per_sequence : 0;
+}
+
 // One-line advice for a plan that does not fit: what would.
 std::string memory_advice(const MemoryPlan& p, const Hparams& hp, int64_t n_prompt);
 

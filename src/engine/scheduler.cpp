@@ -23,7 +23,7 @@ Scheduler::Scheduler(const LoadedModel& lm, const KvCacheConfig& cfg, Placement 
       max_batch_(max_batch), parallel_(std::max(1, parallel)), share_prefixes_(share_prefixes),
       cache_budget_(cache_budget) {
     slots_.reserve(static_cast<size_t>(parallel_));
-    slots_.push_back(Slot{&home_, {}, false, 0});
+    slots_.push_back(Slot{&home_, {}, false, false, 0});
     stats_.cache_bytes = KvCache::ring_bytes_for(cfg) + KvCache::state_bytes_for(cfg);
 }
 
@@ -58,7 +58,7 @@ Scheduler::Slot* Scheduler::take_slot(const std::vector<int32_t>& prompt) {
         if (c) {
             caches_.push_back(std::move(c));
             fwd_.adopt(*caches_.back());
-            slots_.push_back(Slot{caches_.back().get(), {}, false, 0});
+            slots_.push_back(Slot{caches_.back().get(), {}, false, false, 0});
             best = &slots_.back();
         } else {
             parallel_ = static_cast<int>(slots_.size());
@@ -71,39 +71,44 @@ Scheduler::Slot* Scheduler::take_slot(const std::vector<int32_t>& prompt) {
     return best;
 }
 
+void Scheduler::note_token(Slot& slot, int32_t token) {
+    // Past n_ctx the ring slides: no prefix beyond the sinks is left to find.
+    if (slot.tokens.size() >= static_cast<size_t>(cfg_.n_ctx)) {
+        slot.tokens.resize(std::min<size_t>(slot.tokens.size(), static_cast<size_t>(cfg_.keep)));
+        slot.slid = true;
+        return;
+    }
+    if (!slot.slid) slot.tokens.push_back(token);
+}
+
 void Scheduler::start_from_prefix(Sequence& s) {
     const std::vector<int32_t>& prompt = s.req.prompt;
     Slot& own = *s.slot;
-    // At least the prompt's last token is evaluated: its logits start the answer.
+    // The longest prefix of at least kMinShared tokens (fewer cost less to
+    // evaluate than a copy) that a cache can go back to, and at most all
+    // but the prompt's last token (its logits start the answer).
     const size_t cap = prompt.size() - 1;
-    size_t m_own = std::min(cap, common_prefix(own.tokens, prompt));
+    auto usable = [&](const Slot& o) -> size_t {
+        if (!share_prefixes_) return 0;
+        const size_t m = std::min(cap, common_prefix(o.tokens, prompt));
+        return m >= kMinShared && o.kv->can_truncate(static_cast<int64_t>(m)) ? m : 0;
+    };
+    const size_t m_own = usable(own);
     const Slot* donor = nullptr;
     size_t m_donor = 0;
-    if (share_prefixes_)
-        for (const Slot& o : slots_) {
-            if (&o == &own) continue;
-            const size_t m = std::min(cap, common_prefix(o.tokens, prompt));
-            if (m > m_donor) donor = &o, m_donor = m;
-        }
-    if (!share_prefixes_) m_own = 0;
-    // A few tokens cost less to evaluate than to copy a cache for.
-    if (m_donor < kMinShared) donor = nullptr;
-    if (m_own < kMinShared) m_own = 0;
-    // Another cache's longer prefix, copied over (where its rings still
-    // hold it); else this cache's own.
+    for (const Slot& o : slots_)
+        if (&o != &own)
+            if (const size_t m = usable(o); m > m_donor) donor = &o, m_donor = m;
+    size_t m = m_own;
     if (donor && m_donor > m_own) {
         own.kv->copy_from(*donor->kv);
-        if (own.kv->truncate(static_cast<int64_t>(m_donor))) {
-            own.tokens.assign(prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(m_donor));
-            s.prompt_done = s.cached = m_donor;
-            return;
-        }
-        own.tokens = donor->tokens; // what it holds now (copied)
-        m_own = std::min(cap, common_prefix(own.tokens, prompt));
+        own.tokens = donor->tokens;
+        m = m_donor;
     }
-    if (m_own > 0 && own.kv->truncate(static_cast<int64_t>(m_own))) {
-        own.tokens.resize(m_own);
-        s.prompt_done = s.cached = m_own;
+    own.slid = false;
+    if (m > 0 && own.kv->truncate(static_cast<int64_t>(m))) {
+        own.tokens.resize(m);
+        s.prompt_done = s.cached = m;
         return;
     }
     own.kv->clear();
@@ -112,8 +117,14 @@ void Scheduler::start_from_prefix(Sequence& s) {
 
 void Scheduler::end(Sequence& s, const char* why) {
     if (why) s.answer->result().stop = why;
-    s.text += s.answer->finish();
+    release(s, s.answer->finish());
     s.done = true;
+}
+
+void Scheduler::release(Sequence& s, const std::string& text) {
+    if (text.empty()) return;
+    s.text += text;
+    if (on_text_) on_text_(s.index, text);
 }
 
 void Scheduler::sample(Sequence& s, float* logits) {
@@ -124,7 +135,7 @@ void Scheduler::sample(Sequence& s, float* logits) {
     const int32_t id = s.sampler.sample(logits);
     std::string text;
     const Answer::Took took = s.answer->take(id, text);
-    s.text += text;
+    release(s, text);
     stats_.generated += took == Answer::Took::end_token ? 0 : 1;
     if (took != Answer::Took::token) return end(s, nullptr); // its stop reason is set
     if (p.n_predict >= 0 && r.generated >= p.n_predict) return end(s, "length");
@@ -146,82 +157,108 @@ void Scheduler::prompt_chunk(Sequence& s) {
     const auto t0 = std::chrono::steady_clock::now();
     const float* logits = fwd_.eval(s.kv(), prompt.data() + s.prompt_done, n, false);
     stats_.prompt_s += seconds_since(t0);
-    s.slot->tokens.insert(s.slot->tokens.end(), prompt.begin() + static_cast<std::ptrdiff_t>(s.prompt_done),
-                          prompt.begin() + static_cast<std::ptrdiff_t>(s.prompt_done) + n);
+    for (int i = 0; i < n; i++) note_token(*s.slot, prompt[s.prompt_done + static_cast<size_t>(i)]);
     s.prompt_done += static_cast<size_t>(n);
     stats_.prompt_tokens += n;
     // Forward's logits are overwritten by the next pass: the first token now.
     if (s.prompt_done == prompt.size()) sample(s, const_cast<float*>(logits));
 }
 
+size_t Scheduler::submit(SeqRequest r) {
+    KV_ASSERT(!r.prompt.empty() && static_cast<int64_t>(r.prompt.size()) < cfg_.n_ctx);
+    queue_.emplace_back(next_index_, std::move(r));
+    return next_index_++;
+}
+
+void Scheduler::cancel(size_t index) {
+    cancelled_.push_back(index);
+}
+
 void Scheduler::run(std::vector<SeqRequest> requests, const std::function<void(SeqResult)>& on_done,
                     const std::function<bool()>& should_stop) {
-    for (const SeqRequest& r : requests)
-        KV_ASSERT(!r.prompt.empty() && static_cast<int64_t>(r.prompt.size()) < cfg_.n_ctx);
-    auto stopping = [&] { return should_stop && should_stop(); };
-    const size_t n_vocab = static_cast<size_t>(lm_.model.hp.n_vocab);
-    const int per_pass = std::min(Forward::kMaxVerify, max_batch_);
-    std::vector<std::unique_ptr<Sequence>> live; // in the order they joined
-    std::vector<Sequence*> gen;
-    std::vector<Forward::SeqToken> rows;
-    size_t next = 0;
-    while (true) {
-        // Join: as many as there are caches for.
-        while (!stopping() && next < requests.size() &&
-               live.size() < static_cast<size_t>(parallel_)) {
-            Slot* slot = take_slot(requests[next].prompt);
-            if (!slot) break; // every cache is busy
-            live.push_back(std::make_unique<Sequence>(next, std::move(requests[next]), slot, lm_));
-            next++;
-        }
-        if (live.empty()) break;
-        stats_.peak_running = std::max(stats_.peak_running, static_cast<int>(live.size()));
+    KV_ASSERT(idle()); // its indices start after what was submitted before
+    const size_t first = next_index_;
+    for (SeqRequest& r : requests) submit(std::move(r));
+    while (!idle()) {
+        if (should_stop && should_stop()) interrupt();
+        step([&](SeqResult r) {
+            r.index -= first;
+            on_done(std::move(r));
+        });
+    }
+}
 
-        // Every running sequence's next token, per_pass rows a pass.
-        gen.clear();
-        for (auto& s : live)
-            if (!s->done && s->pending >= 0) gen.push_back(s.get());
-        if (!gen.empty()) stats_.steps++;
-        for (size_t i = 0; i < gen.size(); i += per_pass) {
-            const size_t m = std::min<size_t>(per_pass, gen.size() - i);
-            rows.clear();
-            for (size_t j = 0; j < m; j++) {
-                Sequence& q = *gen[i + j];
-                rows.push_back({q.slot->kv, q.pending});
-                q.slot->tokens.push_back(q.pending);
-            }
-            const auto t0 = std::chrono::steady_clock::now();
-            auto* logits = const_cast<float*>(fwd_.eval_generated(rows));
-            stats_.decode_s += seconds_since(t0);
-            stats_.passes++;
-            stats_.decoded += static_cast<int64_t>(m);
-            for (size_t j = 0; j < m; j++) {
-                gen[i + j]->pending = -1;
-                sample(*gen[i + j], logits + j * n_vocab);
-            }
-        }
-        // One prompt chunk: the oldest sequence still reading its prompt.
-        for (auto& s : live)
-            if (!s->done && s->prompt_done < s->req.prompt.size()) {
-                prompt_chunk(*s);
+void Scheduler::step(const std::function<void(SeqResult)>& on_done) {
+    if (interrupt_) queue_.clear();
+    // Cancelled: queued ones answered now, running ones end this step.
+    for (size_t index : cancelled_) {
+        for (auto it = queue_.begin(); it != queue_.end(); ++it)
+            if (it->first == index) {
+                GenerateResult r;
+                r.stop = "cancelled";
+                on_done(SeqResult{index, std::move(r), "",
+                                  static_cast<int64_t>(it->second.prompt.size()), 0});
+                queue_.erase(it);
                 break;
             }
-        if (stopping())
-            for (auto& s : live)
-                if (!s->done) end(*s, "interrupted");
-        // Leave: report, and give the cache to the next.
-        for (auto it = live.begin(); it != live.end();) {
-            Sequence& s = **it;
-            if (!s.done) {
-                ++it;
-                continue;
-            }
-            s.slot->busy = false; // its tokens stay findable until the slot is taken
-            on_done(SeqResult{s.index, std::move(s.answer->result()), std::move(s.text),
-                              static_cast<int64_t>(s.req.prompt.size()), s.cached});
-            it = live.erase(it);
+        for (auto& s : live_)
+            if (s->index == index && !s->done) end(*s, "cancelled");
+    }
+    cancelled_.clear();
+    // Join: as many as there are caches for.
+    while (!interrupt_ && !queue_.empty() && live_.size() < static_cast<size_t>(parallel_)) {
+        Slot* slot = take_slot(queue_.front().second.prompt);
+        if (!slot) break; // every cache is busy
+        live_.push_back(std::make_unique<Sequence>(queue_.front().first,
+                                                   std::move(queue_.front().second), slot, lm_));
+        queue_.pop_front();
+    }
+    stats_.peak_running = std::max(stats_.peak_running, static_cast<int>(live_.size()));
+
+    // Every running sequence's next token, per_pass rows a pass.
+    const size_t n_vocab = static_cast<size_t>(lm_.model.hp.n_vocab);
+    const int per_pass = std::min(Forward::kMaxVerify, max_batch_);
+    gen_.clear();
+    for (auto& s : live_)
+        if (!s->done && s->pending >= 0) gen_.push_back(s.get());
+    if (!gen_.empty()) stats_.steps++;
+    for (size_t i = 0; i < gen_.size(); i += per_pass) {
+        const size_t m = std::min<size_t>(per_pass, gen_.size() - i);
+        rows_.clear();
+        for (size_t j = 0; j < m; j++) rows_.push_back({gen_[i + j]->slot->kv, gen_[i + j]->pending});
+        const auto t0 = std::chrono::steady_clock::now();
+        auto* logits = const_cast<float*>(fwd_.eval_generated(rows_));
+        for (size_t j = 0; j < m; j++) note_token(*gen_[i + j]->slot, gen_[i + j]->pending);
+        stats_.decode_s += seconds_since(t0);
+        stats_.passes++;
+        stats_.decoded += static_cast<int64_t>(m);
+        for (size_t j = 0; j < m; j++) {
+            gen_[i + j]->pending = -1;
+            sample(*gen_[i + j], logits + j * n_vocab);
         }
     }
+    // One prompt chunk: the oldest sequence still reading its prompt.
+    for (auto& s : live_)
+        if (!s->done && s->prompt_done < s->req.prompt.size()) {
+            prompt_chunk(*s);
+            break;
+        }
+    if (interrupt_)
+        for (auto& s : live_)
+            if (!s->done) end(*s, "interrupted");
+    // Leave: report, and give the cache to the next.
+    for (auto it = live_.begin(); it != live_.end();) {
+        Sequence& s = **it;
+        if (!s.done) {
+            ++it;
+            continue;
+        }
+        s.slot->busy = false; // its tokens stay findable until the slot is taken
+        on_done(SeqResult{s.index, std::move(s.answer->result()), std::move(s.text),
+                          static_cast<int64_t>(s.req.prompt.size()), s.cached});
+        it = live_.erase(it);
+    }
+    if (idle()) interrupt_ = false;
 }
 
 } // namespace kvrun

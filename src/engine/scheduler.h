@@ -30,6 +30,8 @@
 
 #include <cstdint>
 #include <deque>
+#include <string>
+#include <utility>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -84,9 +86,27 @@ class Scheduler {
 
     // Run every request; on_done gets each result as its sequence ends
     // (completion order). should_stop (Ctrl-C): no new sequence starts and
-    // the running ones end "interrupted" after the step.
+    // the running ones end "interrupted" after the step; the queued ones are
+    // not reported.
     void run(std::vector<SeqRequest> requests, const std::function<void(SeqResult)>& on_done,
              const std::function<bool()>& should_stop = {});
+
+    // The same, a step at a time, for requests that arrive while others run
+    // (a server): submit() queues one and returns its index (0, 1, ... in
+    // the order submitted); step() runs one step (joins, the decode passes,
+    // one prompt chunk, leaves) and hands each sequence that ended to
+    // on_done; cancel(index) ends a queued or running one ("cancelled") at
+    // the next step; interrupt() ends every running one ("interrupted") and
+    // drops the queue; idle(): nothing queued or running.
+    size_t submit(SeqRequest r);
+    void step(const std::function<void(SeqResult)>& on_done);
+    void cancel(size_t index);
+    void interrupt() { interrupt_ = true; }
+    bool idle() const { return queue_.empty() && live_.empty(); }
+    // Each sequence's text as it is released (streaming), called in step().
+    void set_on_text(std::function<void(size_t index, const std::string& text)> f) {
+        on_text_ = std::move(f);
+    }
     const SchedulerStats& stats() const { return stats_; }
     // Shorter common prefixes are evaluated again (cheaper than a copy).
     static constexpr size_t kMinShared = 16;
@@ -98,8 +118,11 @@ class Scheduler {
         KvCache* kv = nullptr;
         std::vector<int32_t> tokens;
         bool busy = false;
+        bool slid = false; // past n_ctx: tokens no longer tracked (nothing to find)
         uint64_t last_used = 0;
     };
+    // A token now in slot's cache.
+    void note_token(Slot& slot, int32_t token);
     struct Sequence {
         size_t index = 0;
         SeqRequest req;
@@ -126,6 +149,7 @@ class Scheduler {
     // Sample from `logits` and take the token (or end the sequence).
     void sample(Sequence& s, float* logits);
     void end(Sequence& s, const char* why);
+    void release(Sequence& s, const std::string& text); // its answer's text, and on_text
 
     const LoadedModel& lm_;
     KvCacheConfig cfg_;
@@ -138,6 +162,14 @@ class Scheduler {
     std::vector<Slot> slots_;                      // reserved: Sequence points into it
     uint64_t clock_ = 0;
     SchedulerStats stats_;
+    std::deque<std::pair<size_t, SeqRequest>> queue_; // submitted, not joined
+    std::vector<std::unique_ptr<Sequence>> live_;      // joined, in the order they joined
+    std::vector<size_t> cancelled_;                    // cancel() since the last step
+    size_t next_index_ = 0;
+    bool interrupt_ = false;
+    std::function<void(size_t, const std::string&)> on_text_;
+    std::vector<Sequence*> gen_;                       // step()'s scratch
+    std::vector<Forward::SeqToken> rows_;
 };
 
 } // namespace kvrun

@@ -58,13 +58,15 @@ TEST_CASE("batch: JSON lines in and out; malformed lines answered with errors, t
         R"({"id": "c", "prmpt": "typo"})" "\n"
         R"({"id": "d", "prompt": "One day", "max_tokens": 50, "temperature": 0, "stop": "."})" "\n"
         R"({"id": "e", "prompt": "The dog", "max_tokens": "many"})" "\n"
-        R"({"id": "f", "prompt": "The cat", "max_tokens": 3, "temperature": 0})" "\n";
+        R"({"id": "f", "prompt": "The cat", "max_tokens": 3, "temperature": 0})" "\n"
+        "{\"id\": \"g\", \"prompt\": \"bad \xff byte\"}\n"
+        R"({"id": "h", "prompt": "The cat", "max_tokens": 2.5})" "\n";
     TempFile f(input);
     const auto r = kvtest::run_kvrun(
         {"batch", "-m", kStories, "-f", f.path, "-c", "128", "--ordered", "--parallel", "3"});
     REQUIRE(r.status == 0);
     const std::vector<json> out = json_lines(r.out);
-    REQUIRE(out.size() == 7); // the blank line is no request
+    REQUIRE(out.size() == 9); // the blank line is no request
     // --ordered: input order, ids as given (a line without one: its number).
     CHECK(out[0]["id"] == "a");
     CHECK(out[1]["id"] == 2);
@@ -72,8 +74,12 @@ TEST_CASE("batch: JSON lines in and out; malformed lines answered with errors, t
     CHECK(out[2]["id"] == 7);
     CHECK(out[3]["error"] == "unknown field \"prmpt\"");
     CHECK(out[4]["id"] == "d");
-    CHECK(out[5]["error"] == "\"max_tokens\" must be a number");
+    CHECK(out[5]["error"] == "\"max_tokens\" must be a whole number");
     CHECK(out[6]["id"] == "f");
+    // Invalid UTF-8 in a line: its error, written as valid JSON; the run goes on.
+    CHECK(out[7]["id"] == 8); // the id could not be read
+    CHECK(out[7].contains("error"));
+    CHECK(out[8]["error"] == "\"max_tokens\" must be a whole number");
     // The answers are kvrun -p's.
     CHECK(out[0]["text"] == lone("Once upon a time", 40, {"--temp", "0"}));
     CHECK(out[0]["finish_reason"] == "length");
@@ -85,7 +91,7 @@ TEST_CASE("batch: JSON lines in and out; malformed lines answered with errors, t
     CHECK(out[6]["text"] == lone("The cat", 3, {"--temp", "0"}));
     CHECK(out[0]["prompt_tokens"] == 5);
     // The summary on stderr, one line.
-    CHECK(r.err.find("[kvrun batch] 7 requests (4 done, 3 malformed)") != std::string::npos);
+    CHECK(r.err.find("[kvrun batch] 9 requests (4 done, 5 malformed)") != std::string::npos);
 }
 
 TEST_CASE("batch: stdin, --lines with --system, and a prompt too long for -c") {

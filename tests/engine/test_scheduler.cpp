@@ -8,6 +8,7 @@
 // 3.5), and the real SmolLM2 and Gemma 3.
 #include <doctest/doctest.h>
 
+#include <map>
 #include <random>
 #include <string>
 
@@ -167,5 +168,39 @@ TEST_CASE("scheduler: real models answer as lone sessions do (SmolLM2, Gemma 3)"
         if (!kvtest::have_real_model(name)) continue;
         auto lm = LoadedModel::load(kvtest::real_model(name));
         check_against_lone(*lm, 12, 96, 32, 10, name);
+    }
+}
+
+// A server's use: requests submitted while others run, one cancelled while
+// queued and one while running, text streamed as it is released.
+TEST_CASE("scheduler: submit while running, cancel, stream; the rest answer as lone sessions do") {
+    auto lm = LoadedModel::load(kvtest::shared("models/stories260K.gguf"));
+    auto be = gl::make_cpu_backend(2);
+    const KvCacheConfig cfg =
+        KvCacheConfig::for_model(lm->model.hp, 96, 4, gl::Type::F16, gl::Type::F16);
+    std::vector<SeqRequest> reqs = mixed_requests(*lm, 8, 96, 5);
+    for (SeqRequest& r : reqs) r.gen.n_predict = 40, r.gen.ignore_eos = true, r.gen.stop.clear();
+    Scheduler sched(*lm, cfg, Placement::all(*be, lm->model.hp.n_layer), 16, 3, false);
+    std::map<size_t, std::string> streamed;
+    sched.set_on_text([&](size_t i, const std::string& t) { streamed[i] += t; });
+    std::map<size_t, SeqResult> got;
+    auto done = [&](SeqResult r) { got[r.index] = std::move(r); };
+    for (int i = 0; i < 4; i++) CHECK(sched.submit(reqs[i]) == static_cast<size_t>(i));
+    for (int k = 0; k < 10; k++) sched.step(done); // 3 running, 1 queued
+    sched.cancel(3);                               // queued
+    sched.cancel(1);                               // running
+    for (int i = 4; i < 8; i++) sched.submit(reqs[i]);
+    while (!sched.idle()) sched.step(done);
+    REQUIRE(got.size() == 8);
+    CHECK(got[3].gen.stop == "cancelled");
+    CHECK(got[3].text.empty());
+    CHECK(got[1].gen.stop == "cancelled");
+    CHECK(got[1].gen.generated < 40);
+    for (size_t i : {0, 2, 4, 5, 6, 7}) {
+        CAPTURE(i);
+        const Lone want = lone(*lm, cfg, *be, 16, reqs[i]);
+        CHECK(got[i].gen.tokens == want.gen.tokens);
+        CHECK(got[i].text == want.text);
+        CHECK(streamed[i] == got[i].text);
     }
 }
