@@ -107,6 +107,10 @@ TEST_CASE("memory: -c auto shrinks to what fits, and says so; info --json shows 
     CHECK(std::to_string(j["memory"]["available_bytes"].get<uint64_t>()) == room_for_600);
     CHECK(j["kv"]["bytes"].get<uint64_t>() == 2048 * per_token);
     CHECK_FALSE(j["memory"]["fits"].get<bool>());
+    // kvrun batch: a cache per sequence in half the memory available.
+    CHECK(j["batch"]["bytes_per_sequence"].get<uint64_t>() == 2048 * per_token);
+    CHECK(j["batch"]["sequences_that_fit"].get<uint64_t>() ==
+          std::stoull(room_for_600) / 2 / (2048 * per_token));
     // The probe floors once, so 600 or 601 if the page cache held as much of
     // the model as at the probe. Weights not resident count as memory still
     // needed, and a busy machine (a build, a sanitizer run) can evict pages
