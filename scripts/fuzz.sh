@@ -12,11 +12,13 @@
 #                   the target writes itself
 #   fuzz_vocab      Vocab/Tokenizer built from a hostile vocabulary; seeds:
 #                   ../shared/vocab's GGUF files and tiny ones the target writes
+#   fuzz_batch_request  kvrun batch's request reader (a JSON line, a --lines
+#                   message; stories260K); seeds: lines the target writes
 #
 # The corpora grow in build-fuzz/corpus-*; crash inputs land in fuzz-out/.
 # Exits non-zero when a target crashes (or fails to build).
 # Environment: CC/CXX (default clang/clang++), JOBS (build jobs, default 2),
-# FUZZ_TARGETS (default: all five).
+# FUZZ_TARGETS (default: all six).
 set -euo pipefail
 
 secs=${1:-30}
@@ -24,7 +26,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 shared=$(cd "$root/../shared" && pwd)
 build=$root/build-fuzz
 out=$root/fuzz-out
-targets=${FUZZ_TARGETS:-fuzz_gguf fuzz_tokenizer fuzz_prompt_cache fuzz_chat_load fuzz_vocab}
+targets=${FUZZ_TARGETS:-fuzz_gguf fuzz_tokenizer fuzz_prompt_cache fuzz_chat_load fuzz_vocab fuzz_batch_request}
 
 # Instrument the libraries too (coverage for libFuzzer, ASan/UBSan checks in
 # the parser itself); the fuzz targets add -fsanitize=fuzzer when linking.
@@ -66,6 +68,11 @@ for t in $targets; do
         export KVRUN_FUZZ_MODEL=${KVRUN_FUZZ_MODEL:-$shared/models/stories260K.gguf}
         KVRUN_FUZZ_WRITE_SEEDS=$seeds "$build/$t"
         args+=(-max_len=200000)
+        ;;
+    fuzz_batch_request)
+        export KVRUN_FUZZ_MODEL=${KVRUN_FUZZ_MODEL:-$shared/models/stories260K.gguf}
+        KVRUN_FUZZ_WRITE_SEEDS=$seeds "$build/$t"
+        args+=(-max_len=8192)
         ;;
     fuzz_vocab)
         cp "$shared"/vocab/*.gguf "$seeds"/

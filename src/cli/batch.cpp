@@ -4,15 +4,12 @@
 // --ordered), a malformed line an error object of its own while the rest
 // goes on, progress and the summary on stderr.
 #include <chrono>
-#include <limits>
 #include <cstdio>
 #include <map>
-#include <optional>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
-#include "chat_session.h"
 #include "chat_template.h"
 #include "cli/common.h"
 #include "context.h"
@@ -21,9 +18,9 @@
 #include "format.h"
 #include "loader.h"
 #include "memory_plan.h"
+#include "requests.h"
 #include "scheduler.h"
 #include "system_memory.h"
-#include "unicode.h"
 
 namespace kvrun::cli {
 
@@ -33,7 +30,7 @@ using json = nlohmann::json;
 
 struct BatchOptions {
     CommonOptions common;
-    std::string file, ctx = "auto", system;
+    std::string file, ctx = "auto", system, chat_template;
     int64_t n_predict = -1;
     int keep = 4, batch = 512, parallel = 0;
     bool ordered = false, lines = false, ignore_eos = false, quiet = false, no_prefix = false;
@@ -41,181 +38,11 @@ struct BatchOptions {
     std::vector<std::string> stop;
 };
 
-// One input line, read: a request for the scheduler, or why it is none.
-struct Parsed {
-    json id;
-    std::optional<SeqRequest> req;
-    std::string error;
-    bool chat = false; // through the chat template: the reply's leading space is left out
-};
-
 const char* finish_reason(const std::string& stop) {
     if (stop == "eos" || stop == "stop string") return "stop";
     if (stop == "length" || stop == "context full") return "length";
     return "interrupted";
 }
-
-std::vector<std::string> stop_list(const json& v) {
-    if (v.is_string()) return {v.get<std::string>()};
-    if (!v.is_array()) throw std::invalid_argument("\"stop\" must be a string or an array of them");
-    std::vector<std::string> out;
-    for (const json& s : v) {
-        if (!s.is_string()) throw std::invalid_argument("\"stop\" must hold strings");
-        out.push_back(s.get<std::string>());
-    }
-    return out;
-}
-
-float real(const json& v, const char* key, double lo, double hi) {
-    if (!v.is_number()) throw std::invalid_argument(fmt::format("\"{}\" must be a number", key));
-    const double d = v.get<double>();
-    if (!(d >= lo && d <= hi))
-        throw std::invalid_argument(fmt::format("\"{}\" must be in [{}, {}]", key, lo, hi));
-    return static_cast<float>(d);
-}
-
-// A whole number in [lo, hi] (lo <= 0), read as an integer: a seed past 2^53
-// keeps its bits.
-template <class T>
-T whole(const json& v, const char* key, int64_t lo, uint64_t hi) {
-    if (!v.is_number_integer())
-        throw std::invalid_argument(fmt::format("\"{}\" must be a whole number", key));
-    bool fits;
-    if (v.is_number_unsigned()) {
-        fits = v.get<uint64_t>() <= hi;
-    } else {
-        const int64_t x = v.get<int64_t>();
-        fits = x >= lo && (x < 0 || static_cast<uint64_t>(x) <= hi);
-    }
-    if (!fits) throw std::invalid_argument(fmt::format("\"{}\" must be in [{}, {}]", key, lo, hi));
-    return v.is_number_unsigned() ? static_cast<T>(v.get<uint64_t>())
-                                  : static_cast<T>(v.get<int64_t>());
-}
-
-class RequestReader {
-  public:
-    RequestReader(const LoadedModel& lm, const BatchOptions& o)
-        : lm_(lm), o_(o), tmpl_(ChatTemplate::for_model(lm.file, lm.tokenizer, "")),
-          end_(reply_end(tmpl_, lm.tokenizer)) {}
-
-    Parsed parse(const std::string& line, size_t number_in_input) {
-        Parsed p;
-        p.id = static_cast<int64_t>(number_in_input);
-        try {
-            if (o_.lines) {
-                std::string msg = line;
-                if (!msg.empty() && msg.back() == '\r') msg.pop_back();
-                check_text(msg);
-                std::vector<ChatMessage> m;
-                if (!o_.system.empty()) m.push_back({"system", o_.system});
-                m.push_back({"user", msg});
-                p.req = chat_request(m);
-                p.chat = true;
-                return p;
-            }
-            const json j = json::parse(line);
-            if (!j.is_object()) throw std::invalid_argument("a request is a JSON object");
-            if (j.contains("id")) p.id = j.at("id");
-            p.req = request(j);
-            p.chat = j.contains("messages");
-        } catch (const json::exception& e) {
-            p.error = std::string("not JSON: ") + e.what();
-            p.req.reset();
-        } catch (const std::exception& e) {
-            p.error = e.what();
-            p.req.reset();
-        }
-        return p;
-    }
-
-  private:
-    void check_text(const std::string& s) const {
-        if (!unicode::valid_utf8(s)) throw std::invalid_argument("the text is not valid UTF-8");
-    }
-    SeqRequest base() const {
-        SeqRequest r;
-        r.sampling = o_.sampling;
-        r.gen.n_predict = o_.n_predict;
-        r.gen.ignore_eos = o_.ignore_eos;
-        r.gen.stop = o_.stop;
-        return r;
-    }
-    SeqRequest chat_request(const std::vector<ChatMessage>& m) const {
-        SeqRequest r = base();
-        r.prompt = chat_tokens(lm_.tokenizer, tmpl_.format_text(m, true), true);
-        r.gen.end_ids = end_.ids;
-        r.gen.stop.insert(r.gen.stop.end(), end_.strings.begin(), end_.strings.end());
-        return r;
-    }
-    SeqRequest request(const json& j) const {
-        static const char* known[] = {"id",          "prompt", "messages", "max_tokens",
-                                      "temperature", "top_k",  "top_p",    "min_p",
-                                      "seed",        "stop",   "ignore_eos", "repeat_penalty",
-                                      "model"};
-        for (const auto& [k, v] : j.items())
-            if (std::find_if(std::begin(known), std::end(known),
-                             [&](const char* s) { return k == s; }) == std::end(known))
-                throw std::invalid_argument(fmt::format("unknown field \"{}\"", k));
-        if (j.contains("prompt") == j.contains("messages"))
-            throw std::invalid_argument("give \"prompt\" or \"messages\" (one of them)");
-        SeqRequest r;
-        if (j.contains("prompt")) {
-            if (!j["prompt"].is_string()) throw std::invalid_argument("\"prompt\" must be a string");
-            const std::string text = j["prompt"].get<std::string>();
-            check_text(text);
-            r = base();
-            r.prompt = lm_.tokenizer.encode(text, true, true);
-            r.gen.strip_leading_space = r.prompt.size() == 1 &&
-                                        r.prompt[0] == lm_.tokenizer.bos() &&
-                                        lm_.tokenizer.vocab().add_space_prefix;
-        } else {
-            const json& ms = j["messages"];
-            if (!ms.is_array() || ms.empty())
-                throw std::invalid_argument("\"messages\" must be a non-empty array");
-            std::vector<ChatMessage> m;
-            for (const json& e : ms) {
-                if (!e.is_object() || !e.contains("role") || !e.contains("content") ||
-                    !e["role"].is_string() || !e["content"].is_string())
-                    throw std::invalid_argument(
-                        "each message must be an object with string \"role\" and \"content\"");
-                m.push_back({e["role"].get<std::string>(), e["content"].get<std::string>()});
-                check_text(m.back().content);
-            }
-            try {
-                r = chat_request(m);
-            } catch (const Error& e) {
-                throw std::invalid_argument(e.what());
-            }
-        }
-        if (j.contains("max_tokens"))
-            r.gen.n_predict = whole<int64_t>(j["max_tokens"], "max_tokens", -1, int64_t{1} << 40);
-        if (j.contains("temperature")) r.sampling.temp = real(j["temperature"], "temperature", 0, 100);
-        if (j.contains("top_k")) r.sampling.top_k = whole<int>(j["top_k"], "top_k", 0, 1 << 30);
-        if (j.contains("top_p")) r.sampling.top_p = real(j["top_p"], "top_p", 0, 1);
-        if (j.contains("min_p")) r.sampling.min_p = real(j["min_p"], "min_p", 0, 1);
-        if (j.contains("repeat_penalty"))
-            r.sampling.repeat_penalty = real(j["repeat_penalty"], "repeat_penalty", 1e-6, 100);
-        if (j.contains("seed"))
-            r.sampling.seed = whole<uint64_t>(j["seed"], "seed", 0, std::numeric_limits<uint64_t>::max());
-        if (j.contains("stop")) {
-            const std::vector<std::string> s = stop_list(j["stop"]);
-            r.gen.stop.insert(r.gen.stop.end(), s.begin(), s.end());
-        }
-        if (j.contains("ignore_eos")) {
-            if (!j["ignore_eos"].is_boolean())
-                throw std::invalid_argument("\"ignore_eos\" must be true or false");
-            r.gen.ignore_eos = j["ignore_eos"].get<bool>();
-        }
-        if (r.prompt.empty())
-            throw std::invalid_argument("the prompt is empty and the model adds no BOS token");
-        return r;
-    }
-
-    const LoadedModel& lm_;
-    const BatchOptions& o_;
-    ChatTemplate tmpl_;
-    ReplyEnd end_;
-};
 
 // What stdout gets: each line as it is ready, or in input order (--ordered).
 class Output {
@@ -261,6 +88,10 @@ int run_batch(int argc, char** argv) {
     app.add_flag("--lines", o.lines,
                  "each input line is one user message (the model's chat template, --system)");
     app.add_option("--system", o.system, "--lines: the system prompt");
+    app.add_option("--chat-template", o.chat_template,
+                   std::string("template family for \"messages\" and --lines instead of the "
+                               "model's (") +
+                       ChatTemplate::names() + ")");
     app.add_flag("--ordered", o.ordered, "print results in input order (default: as they finish)");
     app.add_option("--parallel", o.parallel,
                    "sequences at once (default: what memory holds, at most 16)")
@@ -301,8 +132,16 @@ int run_batch(int argc, char** argv) {
     const Hparams& hp = lm->model.hp;
 
     // Read every line first: -c auto and --parallel are sized from them.
-    RequestReader reader(*lm, o);
-    std::vector<Parsed> parsed;
+    RequestDefaults defaults;
+    defaults.sampling = o.sampling;
+    defaults.n_predict = o.n_predict;
+    defaults.ignore_eos = o.ignore_eos;
+    defaults.stop = o.stop;
+    defaults.lines = o.lines;
+    defaults.system = o.system;
+    defaults.chat_template = o.chat_template;
+    const RequestReader reader(*lm, std::move(defaults));
+    std::vector<ParsedRequest> parsed;
     for (size_t at = 0; at < input.size();) {
         size_t end = input.find('\n', at);
         if (end == std::string::npos) end = input.size();
@@ -313,7 +152,7 @@ int run_batch(int argc, char** argv) {
     }
     int64_t longest = 1, most = 0;
     bool unlimited = false;
-    for (const Parsed& p : parsed)
+    for (const ParsedRequest& p : parsed)
         if (p.req) {
             longest = std::max<int64_t>(longest, static_cast<int64_t>(p.req->prompt.size()));
             most = std::max(most, p.req->gen.n_predict);
@@ -330,7 +169,7 @@ int run_batch(int argc, char** argv) {
     const ContextPlan plan = plan_and_tell(*lm, req, o.common.verbose);
     const KvCacheConfig& kc = plan.cache;
     size_t n_ok = 0;
-    for (Parsed& p : parsed) {
+    for (ParsedRequest& p : parsed) {
         if (p.req && static_cast<int64_t>(p.req->prompt.size()) >= kc.n_ctx) {
             p.error = fmt::format("the prompt takes {} tokens but the context (-c) holds {}",
                                   p.req->prompt.size(), kc.n_ctx);
@@ -378,7 +217,7 @@ int run_batch(int argc, char** argv) {
     sched.run(
         std::move(requests),
         [&](SeqResult r) {
-            const Parsed& p = parsed[line_of[r.index]];
+            const ParsedRequest& p = parsed[line_of[r.index]];
             // As kvrun -p --chat prints a reply: without the space the
             // model writes after the template's "Assistant:" (the tokens keep it).
             if (p.chat) r.text.erase(0, std::min(r.text.size(), r.text.find_first_not_of(" \t\n")));

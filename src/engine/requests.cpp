@@ -1,0 +1,193 @@
+#include "requests.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "chat_session.h"
+#include "chat_template.h"
+#include "error.h"
+#include "unicode.h"
+
+namespace kvrun {
+
+namespace {
+
+using json = nlohmann::json;
+
+std::vector<std::string> stop_list(const json& v) {
+    if (v.is_string()) return {v.get<std::string>()};
+    if (!v.is_array()) throw std::invalid_argument("\"stop\" must be a string or an array of them");
+    std::vector<std::string> out;
+    for (const json& s : v) {
+        if (!s.is_string()) throw std::invalid_argument("\"stop\" must hold strings");
+        out.push_back(s.get<std::string>());
+    }
+    return out;
+}
+
+float real(const json& v, const char* key, double lo, double hi) {
+    if (!v.is_number()) throw std::invalid_argument(fmt::format("\"{}\" must be a number", key));
+    const double d = v.get<double>();
+    if (!(d >= lo && d <= hi))
+        throw std::invalid_argument(fmt::format("\"{}\" must be in [{}, {}]", key, lo, hi));
+    return static_cast<float>(d);
+}
+
+// A whole number in [lo, hi] (lo <= 0), read as an integer: a seed past 2^53
+// keeps its bits.
+template <class T>
+T whole(const json& v, const char* key, int64_t lo, uint64_t hi) {
+    if (!v.is_number_integer())
+        throw std::invalid_argument(fmt::format("\"{}\" must be a whole number", key));
+    bool fits;
+    if (v.is_number_unsigned()) {
+        fits = v.get<uint64_t>() <= hi;
+    } else {
+        const int64_t x = v.get<int64_t>();
+        fits = x >= lo && (x < 0 || static_cast<uint64_t>(x) <= hi);
+    }
+    if (!fits) throw std::invalid_argument(fmt::format("\"{}\" must be in [{}, {}]", key, lo, hi));
+    return v.is_number_unsigned() ? static_cast<T>(v.get<uint64_t>())
+                                  : static_cast<T>(v.get<int64_t>());
+}
+
+} // namespace
+
+struct RequestReader::Impl {
+    Impl(const LoadedModel& lm, RequestDefaults d)
+        : lm_(lm), d_(std::move(d)), tmpl_(ChatTemplate::for_model(lm.file, lm.tokenizer, d_.chat_template)),
+          end_(reply_end(tmpl_, lm.tokenizer)) {}
+
+    ParsedRequest parse(const std::string& line, size_t number_in_input) const {
+        ParsedRequest p;
+        p.id = static_cast<int64_t>(number_in_input);
+        try {
+            if (d_.lines) {
+                std::string msg = line;
+                if (!msg.empty() && msg.back() == '\r') msg.pop_back();
+                check_text(msg);
+                std::vector<ChatMessage> m;
+                if (!d_.system.empty()) m.push_back({"system", d_.system});
+                m.push_back({"user", msg});
+                p.req = chat_request(m);
+                p.chat = true;
+                return p;
+            }
+            const json j = json::parse(line);
+            if (!j.is_object()) throw std::invalid_argument("a request is a JSON object");
+            if (j.contains("id")) p.id = j.at("id");
+            p.req = request(j);
+            p.chat = j.contains("messages");
+        } catch (const json::exception& e) {
+            p.error = std::string("not JSON: ") + e.what();
+            p.req.reset();
+        } catch (const std::exception& e) {
+            p.error = e.what();
+            p.req.reset();
+        }
+        return p;
+    }
+
+    void check_text(const std::string& s) const {
+        if (!unicode::valid_utf8(s)) throw std::invalid_argument("the text is not valid UTF-8");
+    }
+    SeqRequest base() const {
+        SeqRequest r;
+        r.sampling = d_.sampling;
+        r.gen.n_predict = d_.n_predict;
+        r.gen.ignore_eos = d_.ignore_eos;
+        r.gen.stop = d_.stop;
+        return r;
+    }
+    SeqRequest chat_request(const std::vector<ChatMessage>& m) const {
+        SeqRequest r = base();
+        r.prompt = chat_tokens(lm_.tokenizer, tmpl_.format_text(m, true), true);
+        r.gen.end_ids = end_.ids;
+        r.gen.stop.insert(r.gen.stop.end(), end_.strings.begin(), end_.strings.end());
+        return r;
+    }
+    SeqRequest request(const json& j) const {
+        static const char* known[] = {"id",          "prompt", "messages", "max_tokens",
+                                      "temperature", "top_k",  "top_p",    "min_p",
+                                      "seed",        "stop",   "ignore_eos", "repeat_penalty",
+                                      "model"};
+        for (const auto& item : j.items()) {
+            const std::string& key = item.key();
+            if (std::find_if(std::begin(known), std::end(known),
+                             [&key](const char* s) { return key == s; }) == std::end(known))
+                throw std::invalid_argument(fmt::format("unknown field \"{}\"", key));
+        }
+        if (j.contains("prompt") == j.contains("messages"))
+            throw std::invalid_argument("give \"prompt\" or \"messages\" (one of them)");
+        SeqRequest r;
+        if (j.contains("prompt")) {
+            if (!j["prompt"].is_string()) throw std::invalid_argument("\"prompt\" must be a string");
+            const std::string text = j["prompt"].get<std::string>();
+            check_text(text);
+            r = base();
+            r.prompt = lm_.tokenizer.encode(text, true, true);
+            r.gen.strip_leading_space = r.prompt.size() == 1 &&
+                                        r.prompt[0] == lm_.tokenizer.bos() &&
+                                        lm_.tokenizer.vocab().add_space_prefix;
+        } else {
+            const json& ms = j["messages"];
+            if (!ms.is_array() || ms.empty())
+                throw std::invalid_argument("\"messages\" must be a non-empty array");
+            std::vector<ChatMessage> m;
+            for (const json& e : ms) {
+                if (!e.is_object() || !e.contains("role") || !e.contains("content") ||
+                    !e["role"].is_string() || !e["content"].is_string())
+                    throw std::invalid_argument(
+                        "each message must be an object with string \"role\" and \"content\"");
+                m.push_back({e["role"].get<std::string>(), e["content"].get<std::string>()});
+                check_text(m.back().content);
+            }
+            try {
+                r = chat_request(m);
+            } catch (const Error& e) {
+                throw std::invalid_argument(e.what());
+            }
+        }
+        if (j.contains("max_tokens"))
+            r.gen.n_predict = whole<int64_t>(j["max_tokens"], "max_tokens", -1, int64_t{1} << 40);
+        if (j.contains("temperature")) r.sampling.temp = real(j["temperature"], "temperature", 0, 100);
+        if (j.contains("top_k")) r.sampling.top_k = whole<int>(j["top_k"], "top_k", 0, 1 << 30);
+        if (j.contains("top_p")) r.sampling.top_p = real(j["top_p"], "top_p", 0, 1);
+        if (j.contains("min_p")) r.sampling.min_p = real(j["min_p"], "min_p", 0, 1);
+        if (j.contains("repeat_penalty"))
+            r.sampling.repeat_penalty = real(j["repeat_penalty"], "repeat_penalty", 1e-6, 100);
+        if (j.contains("seed"))
+            r.sampling.seed = whole<uint64_t>(j["seed"], "seed", 0, std::numeric_limits<uint64_t>::max());
+        if (j.contains("stop")) {
+            const std::vector<std::string> s = stop_list(j["stop"]);
+            r.gen.stop.insert(r.gen.stop.end(), s.begin(), s.end());
+        }
+        if (j.contains("ignore_eos")) {
+            if (!j["ignore_eos"].is_boolean())
+                throw std::invalid_argument("\"ignore_eos\" must be true or false");
+            r.gen.ignore_eos = j["ignore_eos"].get<bool>();
+        }
+        if (r.prompt.empty())
+            throw std::invalid_argument("the prompt is empty and the model adds no BOS token");
+        return r;
+    }
+
+    const LoadedModel& lm_;
+    RequestDefaults d_;
+    ChatTemplate tmpl_;
+    ReplyEnd end_;
+};
+
+RequestReader::RequestReader(const LoadedModel& lm, RequestDefaults d)
+    : impl_(std::make_unique<Impl>(lm, std::move(d))) {}
+
+RequestReader::~RequestReader() = default;
+
+ParsedRequest RequestReader::parse(const std::string& input, size_t number_in_input) const {
+    return impl_->parse(input, number_in_input);
+}
+
+} // namespace kvrun

@@ -1,0 +1,57 @@
+// Requests as programs send them (kvrun batch's JSON lines; the same fields
+// a server's bodies will carry): one JSON object, or with `lines` one line
+// of plain text as a user message, read into a SeqRequest for the
+// scheduler or into the reason it is none. Whatever the bytes, parse()
+// returns; it never throws (tests/fuzz/fuzz_batch_request.cpp).
+//
+// Fields: "id" (any JSON, echoed back), "prompt" (text, continued as kvrun -p
+// continues it) or "messages" ([{role, content}] through the model's chat
+// template), "max_tokens", "temperature", "top_k", "top_p", "min_p",
+// "repeat_penalty", "seed", "stop" (a string or a list), "ignore_eos",
+// "model" (ignored). Any other field is an error naming it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "loader.h"
+#include "sampler.h"
+#include "scheduler.h"
+
+namespace kvrun {
+
+// What a request does not say.
+struct RequestDefaults {
+    SamplerParams sampling;
+    int64_t n_predict = -1;
+    bool ignore_eos = false;
+    std::vector<std::string> stop;
+    bool lines = false;        // each input is one user message, not JSON
+    std::string system;        // lines: the system prompt
+    std::string chat_template; // "" = the model's
+};
+
+struct ParsedRequest {
+    nlohmann::json id;             // the request's "id", else its number in the input
+    std::optional<SeqRequest> req; // none: `error` says why
+    std::string error;
+    bool chat = false; // through the chat template: a reply's leading space is left out
+};
+
+class RequestReader {
+  public:
+    RequestReader(const LoadedModel& lm, RequestDefaults d);
+    ~RequestReader();
+    ParsedRequest parse(const std::string& input, size_t number_in_input) const;
+
+  private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+} // namespace kvrun
