@@ -4,9 +4,12 @@
 // --lines for plain text, and every answer the one `kvrun -p` gives alone.
 #include <doctest/doctest.h>
 
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -180,4 +183,63 @@ TEST_CASE("batch: too little memory for --parallel runs fewer at once, never abo
     REQUIRE(a.size() == 6);
     REQUIRE(b.size() == 6);
     for (size_t i = 0; i < 6; i++) CHECK(a[i]["text"] == b[i]["text"]);
+}
+
+// Ctrl-C: what finished is printed, the running sequences end "interrupted",
+// the ones never started get an error line each, and the status is 130.
+TEST_CASE("batch: Ctrl-C answers every request (finished, interrupted or not run) and exits 130") {
+    std::string in;
+    for (int i = 0; i < 20; i++)
+        in += json{{"id", i}, {"prompt", "Once upon a time " + std::to_string(i)},
+                   {"max_tokens", i == 0 ? 4 : 3000}, {"ignore_eos", true}}
+                  .dump() +
+              "\n";
+    TempFile f(in);
+    int out_pipe[2];
+    REQUIRE(pipe(out_pipe) == 0);
+    const pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        dup2(out_pipe[1], 1);
+        close(out_pipe[0]);
+        close(out_pipe[1]);
+        std::freopen("/dev/null", "w", stderr);
+        execl(KVRUN_BINARY, KVRUN_BINARY, "batch", "-m", kStories.c_str(), "-f", f.path.c_str(),
+              "-c", "4096", "--parallel", "2", "--temp", "0", static_cast<char*>(nullptr));
+        _exit(127);
+    }
+    close(out_pipe[1]);
+    std::string out;
+    char buf[4096];
+    bool signalled = false;
+    for (ssize_t n; (n = read(out_pipe[0], buf, sizeof buf)) > 0;) {
+        out.append(buf, static_cast<size_t>(n));
+        // The first answer (4 tokens) is out: the others are running or queued.
+        if (!signalled && out.find('\n') != std::string::npos) {
+            kill(pid, SIGINT);
+            signalled = true;
+        }
+    }
+    close(out_pipe[0]);
+    int st = 0;
+    REQUIRE(waitpid(pid, &st, 0) == pid);
+    REQUIRE(signalled);
+    CHECK(WIFEXITED(st));
+    CHECK(WEXITSTATUS(st) == 130);
+    const std::vector<json> lines = json_lines(out);
+    CHECK(lines.size() == 20); // every request answered, one way or another
+    int finished = 0, interrupted = 0, not_run = 0;
+    for (const json& j : lines) {
+        if (j.contains("error")) {
+            CHECK(j["error"] == "not run: interrupted");
+            not_run++;
+        } else if (j["finish_reason"] == "interrupted") {
+            interrupted++;
+        } else {
+            finished++;
+        }
+    }
+    CHECK(finished >= 1);
+    CHECK(interrupted >= 1);
+    CHECK(not_run >= 1);
 }
