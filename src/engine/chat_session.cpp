@@ -20,12 +20,6 @@ namespace kvrun {
 
 namespace {
 
-size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
-    size_t m = 0;
-    while (m < a.size() && m < b.size() && a[m] == b[m]) m++;
-    return m;
-}
-
 void append(std::vector<int32_t>& out, const std::vector<int32_t>& more) {
     out.insert(out.end(), more.begin(), more.end());
 }

@@ -65,8 +65,7 @@ void ModelDrafter::prepare(std::span<const int32_t> context) {
 void ModelDrafter::catch_up(std::span<const int32_t> context) {
     std::span<const int32_t> want = context.subspan(std::min<size_t>(offset_, context.size()));
     const std::vector<int32_t>& held = s_.tokens();
-    size_t m = 0;
-    while (m < held.size() && m < want.size() && held[m] == want[m]) m++;
+    size_t m = common_prefix(held, want);
     if (m == want.size() && m > 0) m--; // evaluate the last token again: its logits start the draft
     if (m < held.size()) {
         // The draft's own rejected tokens come back through the checkpoint;

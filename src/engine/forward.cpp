@@ -39,7 +39,7 @@ Forward::Forward(const Model& m, KvCache& kv, gl::Backend& be, int max_batch)
     : Forward(m, kv, Placement::all(be, m.hp.n_layer), max_batch) {}
 
 Forward::Forward(const Model& m, KvCache& kv, Placement placement, int max_batch)
-    : m_(m), kv_(&kv), home_(&kv), place_(std::move(placement)), max_batch_(max_batch) {
+    : m_(m), home_(&kv), place_(std::move(placement)), max_batch_(max_batch) {
     const Hparams& hp = m.hp;
     KV_ASSERT(max_batch >= 1);
     KV_ASSERT(place_.layers.size() == static_cast<size_t>(hp.n_layer) && place_.head);
@@ -282,7 +282,6 @@ const float* Forward::run_segments(const int32_t* tokens, int n, bool all_logits
         if (attempt > 0) throw std::runtime_error("backend: a step was lost twice");
     }
     for (const Segment& g : segs_) g.kv->commit(g.pos0, g.n);
-    kv_ = home_;
     return logits_.data();
 }
 
@@ -487,7 +486,6 @@ void Forward::attention_block(int l, int n, Pass pass) {
     for (size_t si = 0; si < segs_.size(); si++) {
         const Segment& g = segs_[si];
         KvCache& kv = *g.kv;
-        kv_ = g.kv;
         const size_t r0 = static_cast<size_t>(g.row0);
         if (source) kv.save_slots(l, g.pos0, g.n, source->overwritten[si]);
         const bool slid = sinks && g.pos0 + g.n - 1 >= kv.slots(l);
@@ -506,7 +504,7 @@ void Forward::attention_block(int l, int n, Pass pass) {
         a.out = att_.data() + r0 * qd;
         a.half_ok = pass == Pass::generated;
         if (pass == Pass::verify && be.reads_host_kv()) {
-            attend_each(a, l, g.n, g.pos0, slid);
+            attend_each(kv, a, l, g.n, g.pos0, slid);
         } else {
             // The slots in view (the batch's own keys included), K and V.
             const double kv_bytes =
@@ -525,7 +523,6 @@ void Forward::attention_block(int l, int n, Pass pass) {
         if (reader && reader->last_reader != l)
             kv.restore_slots(reader->source, g.pos0, g.n, reader->overwritten[si]);
     }
-    kv_ = home_;
 
     if (v_rot > 0) {
         // Each query head's output is a sum of its KV head's rotated values:
@@ -544,14 +541,15 @@ void Forward::attention_block(int l, int n, Pass pass) {
     add_residual(be, n, L.post_attn_norm);
 }
 
-void Forward::attend_each(gl::AttentionArgs a, int l, int n, int64_t pos0, bool any_slid) {
+void Forward::attend_each(KvCache& kv, gl::AttentionArgs a, int l, int n, int64_t pos0,
+                          bool any_slid) {
     gl::Backend& be = *place_.layers[l];
     const Hparams& hp = m_.hp;
     const int qd = hp.layer_q_dim(l);
-    const int n_slots = kv_->slots(l);
-    const int64_t* held = kv_->slot_pos(l);
+    const int n_slots = kv.slots(l);
+    const int64_t* held = kv.slot_pos(l);
     staged_pos_.assign(held, held + n_slots);
-    const size_t rk = kv_->row_bytes_k(l), rv = kv_->row_bytes_v(l);
+    const size_t rk = kv.row_bytes_k(l), rv = kv.row_bytes_v(l);
     const double kv_bytes = static_cast<double>(std::min<int64_t>(pos0 + n, n_slots)) *
                             static_cast<double>(rk + rv);
     const auto* k_rows = static_cast<const uint8_t*>(a.k_new);
@@ -570,8 +568,8 @@ void Forward::attend_each(gl::AttentionArgs a, int l, int n, int64_t pos0, bool 
         a.v_new = v_rows + i * rv;
         a.out = att_.data() + static_cast<size_t>(i) * qd;
         be.attention(a);
-        kv_->write_row(l, p, a.k_new, a.v_new);
-        staged_pos_[kv_->slot_of(l, p)] = p;
+        kv.write_row(l, p, a.k_new, a.v_new);
+        staged_pos_[kv.slot_of(l, p)] = p;
     }
 }
 

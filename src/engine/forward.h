@@ -111,7 +111,7 @@ class Forward {
     void attention_block(int l, int n, Pass pass);
     // Pass::verify on a host-ring backend: token by token, each as
     // eval_generated attends it, the slots it writes staged in view of the next.
-    void attend_each(gl::AttentionArgs a, int l, int n, int64_t pos0, bool any_slid);
+    void attend_each(KvCache& kv, gl::AttentionArgs a, int l, int n, int64_t pos0, bool any_slid);
     void ffn_block(int l, int n);
     // Gemma 4: every layer's per-layer input rows of the batch (pli_), once
     // per step; and one layer's use of them, x_ += norm(proj(gelu(gate x_) * pli)).
@@ -139,9 +139,8 @@ class Forward {
     void wrote(const void* p, size_t bytes);
 
     const Model& m_;
-    // The cache being read and written: home_ (the one this Forward was
-    // made with) or, within a pass over several sequences, the sequence's.
-    KvCache* kv_;
+    // The cache this Forward was made with (its config is every cache's);
+    // a pass reads and writes each segment's own (Segment::kv).
     KvCache* home_;
     // A pass's sequences: rows row0 .. row0 + n - 1 of the batch are
     // positions pos0 .. of kv's sequence. One for every single-sequence pass.

@@ -27,14 +27,6 @@ Scheduler::Scheduler(const LoadedModel& lm, const KvCacheConfig& cfg, Placement 
     stats_.cache_bytes = KvCache::ring_bytes_for(cfg) + KvCache::state_bytes_for(cfg);
 }
 
-namespace {
-size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
-    size_t m = 0;
-    while (m < a.size() && m < b.size() && a[m] == b[m]) m++;
-    return m;
-}
-} // namespace
-
 Scheduler::Slot* Scheduler::take_slot(const std::vector<int32_t>& prompt) {
     Slot* best = nullptr;
     size_t best_prefix = 0;

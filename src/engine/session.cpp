@@ -42,10 +42,15 @@ void Session::step(int32_t token) {
     tokens_.push_back(token);
 }
 
+size_t common_prefix(std::span<const int32_t> a, std::span<const int32_t> b) {
+    size_t m = 0;
+    while (m < a.size() && m < b.size() && a[m] == b[m]) m++;
+    return m;
+}
+
 Session::Synced Session::sync(std::span<const int32_t> want, const EvalHooks& hooks) {
     KV_ASSERT(!want.empty() && want.size() <= static_cast<size_t>(kv_.n_ctx()));
-    size_t m = 0;
-    while (m < tokens_.size() && m < want.size() && tokens_[m] == want[m]) m++;
+    size_t m = common_prefix(tokens_, want);
     const int64_t n = static_cast<int64_t>(want.size());
     // All of want is held: the logits after it start what follows. States
     // kept at its end have them; otherwise its last token is evaluated again.

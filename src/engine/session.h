@@ -69,6 +69,9 @@ struct GenerateResult {
     bool sampled_any = false;
 };
 
+// How many leading tokens two lists share (what a cache can keep of a request).
+size_t common_prefix(std::span<const int32_t> a, std::span<const int32_t> b);
+
 class Session {
   public:
     Session(const LoadedModel& lm, const KvCacheConfig& cfg, Placement placement, int max_batch);
