@@ -9,13 +9,16 @@
 #pragma once
 
 #include "ggml-like/kv_layout.h"
+#include "ggml-like/tensor.h"
 #include "ggml-like/types.h"
 
 namespace gl {
 
 // The activation type a weight type's dot product wants (the type table's
 // column; F32 for float weights and for types kvrun cannot compute with).
-constexpr Type vec_dot_type(Type weight) { return type_info(weight).vec_dot_type; }
+constexpr Type vec_dot_type(Type weight) {
+    return type_info(weight).vec_dot_type;
+}
 
 // Prompt activations for a GEMM (KernelTable::gemm): n_tok rows of the
 // weight type's activation blocks (Q8_0, Q8_1 or Q8_K), row t at rows + t *
@@ -32,6 +35,42 @@ struct Q8Tokens {
 // tokens of `a` and the n_rows rows of w (row_bytes apart, n elements).
 using GemmFn = void(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, const Q8Tokens& a,
                     float* y, size_t y_stride, void* scratch);
+
+// ---- weights kept in the GEMM's layout ("packed") -----------------------------------
+//
+// A packed matrix holds the same values as its rows, in panels of
+// kPackedPanelRows rows, so that one vector word carries four consecutive
+// weights of each of the panel's rows (lane = row) and a GEMM reads them with
+// no per-call repacking: a token's products with sixteen rows cost one
+// vpdpbusd per four weights and no horizontal sum. A panel of rows of n
+// elements takes kPackedPanelRows * row_size(type, n) bytes, the rows' own
+// bytes (rows past a matrix's end are zero): panel p of a matrix starts
+// p * kPackedPanelRows rows' bytes in, as row 16 p of the plain matrix does.
+// Within a panel its n / 32 blocks come in pairs (the last alone if their
+// count is odd), so that a panel is one stream of whole 64-byte lines: the
+// pair's two blocks' words, then their sixteen fp16 scales each (32 bytes).
+//   Q4_0: a block's four 64-byte words (word k, lane r: bytes 4k..4k+3 of qs
+//         of row r's block; their low nibbles are elements 4k..4k+3, their
+//         high nibbles elements 16+4k..19+4k).
+//   Q8_0: a block's eight 64-byte words (word k, lane r: qs[4k..4k+3] of
+//         row r, each byte xor 0x80: the unsigned u = q + 128).
+// A table's packed GEMM computes exactly the block-chain arithmetic (below),
+// as its gemm does: a token's outputs are the same bits whatever its batch,
+// one token or many, and the same as ref::gemm's on the plain rows.
+inline constexpr int64_t kPackedPanelRows = 16;
+static_assert(Tensor::kPanelRows == kPackedPanelRows);
+constexpr bool packable(Type weight) {
+    return weight == Type::Q4_0 || weight == Type::Q8_0;
+}
+// Bytes of n_rows rows of n elements packed (whole panels).
+size_t packed_bytes(Type weight, int64_t n, int64_t n_rows);
+// Packs n_rows rows (row_bytes apart) of a packable type into dst
+// (packed_bytes of them; 64-byte alignment lets the kernels load whole words).
+void pack_rows(Type weight, int64_t n, const void* w, size_t row_bytes, int64_t n_rows, void* dst);
+// A table's packed GEMM (KernelTable::gemm_packed): y[t * y_stride + r] for
+// the n_tok tokens of `a` and rows r < n_rows of the panels from `panels` on.
+using PackedGemmFn = void(int64_t n, const void* panels, int64_t n_rows, const Q8Tokens& a,
+                          float* y, size_t y_stride);
 
 // Types whose reference dot product is the block-chain arithmetic: each
 // block's products summed exactly in integers (a K-quant's super-block: its
@@ -101,8 +140,8 @@ float max_of(const float* x, int64_t n);
 // One token's gated-delta-rule step for one value head (Gated DeltaNet): the
 // state s (d_v rows of d_k floats) is decayed, then per row j
 //   d = (v[j] - s_j . k) * beta;  s_j += d k;  o[j] = (s_j . q) * scale.
-void delta_rule(float* s, int64_t d_v, int64_t d_k, const float* k, const float* q,
-                const float* v, float decay, float beta, float scale, float* o);
+void delta_rule(float* s, int64_t d_v, int64_t d_k, const float* k, const float* q, const float* v,
+                float decay, float beta, float scale, float* o);
 } // namespace ref
 
 // One ISA's kernels; a null member means "use the reference".
@@ -136,6 +175,8 @@ struct KernelTable {
     // block-chain arithmetic): block-chain types only. `scratch` holds
     // gemm_scratch_bytes(n) bytes, any alignment; null: no GEMM.
     GemmFn* gemm[kTypeIdLimit];
+    // The same on packed weights (packable types; null: none).
+    PackedGemmFn* gemm_packed[kTypeIdLimit];
 };
 
 // Kernel tables compiled into this binary and usable on this CPU, best first;
@@ -154,6 +195,11 @@ bool has_gemm(Type weight);
 // The active table's GEMM; requires has_gemm(weight).
 void gemm(Type weight, int64_t n, const void* w, size_t row_bytes, int64_t n_rows,
           const Q8Tokens& a, float* y, size_t y_stride, void* scratch);
+// Whether the active table has a GEMM on packed weights of this type.
+bool has_packed_gemm(Type weight);
+// The active table's packed GEMM; requires has_packed_gemm(weight).
+void gemm_packed(Type weight, int64_t n, const void* panels, int64_t n_rows, const Q8Tokens& a,
+                 float* y, size_t y_stride);
 void quantize_row(Type t, const float* src, void* dst, int64_t n);
 void dequantize_row(Type t, const void* src, float* dst, int64_t n);
 void axpy(Type x_type, int64_t n, float alpha, const void* x, float* y);
@@ -172,8 +218,8 @@ void dot_tile(Type t, int64_t hd, const void* tile, int width, int lo, int hi, c
 bool has_axpy_heads(Type t);
 float exp_sum(float* x, int64_t n, float mx);
 float max_of(const float* x, int64_t n);
-void delta_rule(float* s, int64_t d_v, int64_t d_k, const float* k, const float* q,
-                const float* v, float decay, float beta, float scale, float* o);
+void delta_rule(float* s, int64_t d_v, int64_t d_k, const float* k, const float* q, const float* v,
+                float decay, float beta, float scale, float* o);
 // Force the scalar table (KVRUN_ISA=scalar in the environment does the same).
 void force_scalar(bool on);
 } // namespace cpu

@@ -54,8 +54,10 @@ MatrixTimes bench_matrices(const Model& m, int threads, int reps) {
         pool.parallel_for(
             units,
             [&](int64_t b, int64_t e, int ith) {
-                const uint8_t* p = w.row(b * gl::ops::kRowChunk);
-                const uint8_t* end = w.row(std::min(w.ne1, e * gl::ops::kRowChunk));
+                // The bytes matmul reads: the packed copy where there is one.
+                const auto* base = static_cast<const uint8_t*>(w.packed ? w.packed : w.data);
+                const uint8_t* p = base + b * gl::ops::kRowChunk * w.row_bytes;
+                const uint8_t* end = base + std::min(w.ne1, e * gl::ops::kRowChunk) * w.row_bytes;
                 sums[static_cast<size_t>(ith)] += sum_bytes(p, end - p);
             },
             w.ne1 * w.ne0);

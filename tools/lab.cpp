@@ -65,7 +65,7 @@ std::string file_name(const std::string& path) {
 // Loaded for the CPU (weights on huge pages where kvrun bench would put
 // them), with the kernels the figures come from said on stderr.
 std::unique_ptr<LoadedModel> load(const std::string& path) {
-    auto lm = LoadedModel::load(path, true);
+    auto lm = LoadedModel::load(path, LoadedModel::Layers::cpu);
     fmt::print(stderr, "kvrun-lab: {}: {} weights, {} kernels\n", file_name(path),
                gl::type_name(lm->model.layers.front().w_up.type), gl::cpu::isa_name());
     return lm;

@@ -103,15 +103,18 @@ class CpuBackend final : public Backend {
     }
 
   private:
-    // --deterministic keeps every batch on the dot products a single token
-    // takes: the integer GEMM is batch-invariant too, but single tokens
-    // through it decode 2.2-3.9x slower than the dot products (AMD EPYC,
-    // docs/performance.md, "--deterministic"), while prompts on the dot
-    // products cost about 4x: decoding is where users wait.
+    // --deterministic keeps every batch of plain rows on the dot products a
+    // single token takes: the integer GEMM is batch-invariant too, but
+    // single tokens through it decode 2.2-3.9x slower than the dot products
+    // (AMD EPYC, docs/performance.md, "--deterministic"), while prompts on
+    // the dot products cost about 4x: decoding is where users wait. Packed
+    // weights take their GEMM in every mode but --precise: it is
+    // batch-invariant and fast for one token and for many.
     ops::MatmulPaths matmul_paths() const {
         return {.tiles = !batch_invariant_,
                 .int8 = !precise_ && !batch_invariant_,
-                .rows_exact = rows_exact_};
+                .rows_exact = rows_exact_,
+                .packed = !precise_};
     }
 
     ThreadPool pool_;

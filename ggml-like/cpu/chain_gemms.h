@@ -43,6 +43,8 @@ namespace gl {
 
 namespace avx512_chain {
 KVRUN_CHAIN_GEMMS(KVRUN_DECLARE_CHAIN_GEMM)
+// The GEMMs on packed weights (kernels.h's packable types).
+PackedGemmFn gemm_packed_q4_0, gemm_packed_q8_0;
 }
 namespace avxvnni_chain {
 KVRUN_CHAIN_GEMMS(KVRUN_DECLARE_CHAIN_GEMM)

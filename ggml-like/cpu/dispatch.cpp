@@ -33,7 +33,7 @@ namespace {
 
 // All members null: every entry falls back to gl::ref.
 constexpr KernelTable kScalarTable = {"scalar", {}, {}, {},      {},      {}, {},
-                                      {},       {}, {}, nullptr, nullptr, nullptr, {}, {}};
+                                      {},       {}, {}, nullptr, nullptr, nullptr, {}, {}, {}};
 
 #if defined(__x86_64__)
 // AVX-VNNI (the VEX vpdpbusd): cpuid leaf 7, subleaf 1, EAX bit 4. (GCC 12's
@@ -188,6 +188,16 @@ bool has_gemm(Type weight) {
 void gemm(Type weight, int64_t n, const void* w, size_t row_bytes, int64_t n_rows,
           const Q8Tokens& a, float* y, size_t y_stride, void* scratch) {
     active().gemm[static_cast<uint32_t>(weight)](n, w, row_bytes, n_rows, a, y, y_stride, scratch);
+}
+
+bool has_packed_gemm(Type weight) {
+    const uint32_t id = static_cast<uint32_t>(weight);
+    return id < kTypeIdLimit && active().gemm_packed[id] != nullptr;
+}
+
+void gemm_packed(Type weight, int64_t n, const void* panels, int64_t n_rows, const Q8Tokens& a,
+                 float* y, size_t y_stride) {
+    active().gemm_packed[static_cast<uint32_t>(weight)](n, panels, n_rows, a, y, y_stride);
 }
 
 void quantize_row(Type t, const float* src, void* dst, int64_t n) {

@@ -151,7 +151,14 @@ size_t matmul_scratch_bytes(Type weight, int64_t n_in, int64_t n_tok, int n_thre
 
 namespace {
 
-enum class BatchPath { Tiles, Int8, Dots };
+enum class BatchPath { Tiles, Int8, Dots, Packed };
+
+// The packed path's chunks start on panels.
+static_assert(kGemmRows % kPackedPanelRows == 0);
+
+bool packed_applies(const Tensor& w, MatmulPaths paths) {
+    return w.packed && paths.packed && cpu::has_packed_gemm(w.type);
+}
 
 BatchPath batch_path(Type weight, int64_t n_in, int64_t n_tok, MatmulPaths paths) {
     const gemm::Path tile_path =
@@ -172,17 +179,28 @@ std::string batch_path_name(Type weight, int64_t n_in, int64_t n_tok, MatmulPath
         return gemm::path_name(gemm::path_for(weight, n_in, n_tok));
     case BatchPath::Int8:
         return std::string("int8 gemm (") + cpu::isa_name() + ")";
+    case BatchPath::Packed:
     case BatchPath::Dots:
         break;
     }
     return "dot products";
 }
 
+std::string batch_path_name(const Tensor& w, int64_t n_tok, MatmulPaths paths) {
+    if (packed_applies(w, paths)) return std::string("packed int8 gemm (") + cpu::isa_name() + ")";
+    return batch_path_name(w.type, w.ne0, n_tok, paths);
+}
+
 std::string batch_paths_summary() {
     const std::string chain = batch_path_name(Type::Q4_0, 4096, 512);
     // F16 has no integer GEMM: it stands for the types that take the rest.
     const std::string rest = batch_path_name(Type::F16, 4096, 512);
-    if (chain == rest) return chain;
+    std::string packed;
+    for (Type t : {Type::Q4_0, Type::Q8_0})
+        if (cpu::has_packed_gemm(t))
+            packed += (packed.empty() ? "" : ", ") + std::string(t == Type::Q4_0 ? "Q4_0" : "Q8_0");
+    if (!packed.empty()) packed = " (" + packed + " packed at load: generation too)";
+    if (chain == rest) return chain + packed;
     std::string types;
     for (Type t : {Type::Q4_0, Type::Q4_1, Type::Q5_0, Type::Q5_1, Type::Q8_0, Type::IQ4_NL,
                    Type::Q2_K, Type::Q3_K, Type::Q4_K, Type::Q5_K, Type::Q6_K})
@@ -191,14 +209,15 @@ std::string batch_paths_summary() {
             for (char& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
             types += (types.empty() ? "" : ", ") + name;
         }
-    return chain + " for " + types + "; " + rest + " for the rest";
+    return chain + " for " + types + packed + "; " + rest + " for the rest";
 }
 
 void matmul(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, float* y,
             void* scratch, MatmulPaths paths) {
-    const BatchPath path = batch_path(w.type, w.ne0, n_tok, paths);
+    const BatchPath path =
+        packed_applies(w, paths) ? BatchPath::Packed : batch_path(w.type, w.ne0, n_tok, paths);
     if (path == BatchPath::Tiles) return gemm::matmul_tiles(pool, w, x, n_tok, y, scratch);
-    const bool int8 = path == BatchPath::Int8;
+    const bool int8 = path == BatchPath::Int8 || path == BatchPath::Packed;
     const Type at = vec_dot_type(w.type);
     const int64_t n_in = w.ne0, n_out = w.ne1;
     const ActivationLayout lay(at, n_in, n_tok, int8);
@@ -216,8 +235,20 @@ void matmul(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, fl
     if (int8) {
         const Q8Tokens tokens{act, act_row, reinterpret_cast<const int32_t*>(base + lay.rows_bytes),
                               n_tok};
-        uint8_t* per_thread = base + lay.rows_bytes + lay.sums_bytes;
         const int64_t n_chunks = (n_out + kGemmRows - 1) / kGemmRows;
+        if (path == BatchPath::Packed) {
+            pool.parallel_for(
+                n_chunks,
+                [&](int64_t cb, int64_t ce, int) {
+                    const int64_t r0 = cb * kGemmRows, r1 = std::min(n_out, ce * kGemmRows);
+                    cpu::gemm_packed(w.type, n_in,
+                                     static_cast<const uint8_t*>(w.packed) + r0 * w.row_bytes,
+                                     r1 - r0, tokens, y + r0, static_cast<size_t>(n_out));
+                },
+                n_out * n_in * n_tok);
+            return;
+        }
+        uint8_t* per_thread = base + lay.rows_bytes + lay.sums_bytes;
         pool.parallel_for(
             n_chunks,
             [&](int64_t cb, int64_t ce, int ith) {

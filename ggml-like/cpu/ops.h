@@ -46,14 +46,19 @@ struct MatmulPaths {
     // too, so that each token's outputs are the same bits whatever its batch
     // (and Q4_1 too, which otherwise keeps F32 prompts). Otherwise batches of
     // fewer than kInt8MinTokens take the table's own dot products, which sum
-    // in their own order. Not yet what --deterministic uses: single tokens
-    // decode 2.2-3.9x slower this way than on the dot products, until the
-    // weights are kept in the GEMM's layout (docs/performance.md).
+    // in their own order. Not what --deterministic uses on plain rows: single
+    // tokens decode 2.2-3.9x slower this way than on the dot products, since
+    // each batch packs its panels anew. Packed weights (below) do not.
     bool invariant = false;
     // Every row the bits of a one-token batch (speculative verification,
     // Backend::set_rows_exact): batches of fewer than kRowsExactMinTokens
     // keep the one-token dot products.
     bool rows_exact = false;
+    // Weights with a packed copy (Tensor::packed) take the table's packed
+    // GEMM for every batch, one token too: fast for one token and for many,
+    // and batch-invariant, so every other flag here is met. Off under
+    // --precise (F32 activations).
+    bool packed = true;
 };
 // y[t][r] = dot(W.row(r), x[t]) for t < n_tok, r < W.ne1.
 // x: n_tok rows of W.ne0 floats; y: n_tok rows of W.ne1 floats. Batches go
@@ -67,6 +72,8 @@ void matmul(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, fl
 // What matmul runs for this weight type and batch: "amx-bf16", "openblas",
 // "int8 gemm (<isa>)" or "dot products" (for --version, info and bench).
 std::string batch_path_name(Type weight, int64_t n_in, int64_t n_tok, MatmulPaths paths = {});
+// The same for a matrix, which may be packed: "packed int8 gemm (<isa>)".
+std::string batch_path_name(const Tensor& w, int64_t n_tok, MatmulPaths paths = {});
 // The default paths of a 512-token batch: one name, or the integer GEMM's
 // types and the others' ("int8 gemm (avx512) for Q4_0, Q5_0, ..., Q6_K;
 // openblas for the rest").

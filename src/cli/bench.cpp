@@ -309,7 +309,7 @@ int run_bench(int argc, char** argv) {
         placement.device = device;
         placement.n_gpu_layers = offload.n_gpu_layers;
         placement.kv_gpu_window = offload.kv_gpu_window;
-        auto lm = LoadedModel::load(path, !offloads_every_layer(placement));
+        auto lm = LoadedModel::load(path, layers_home(placement));
         const Hparams& hp = lm->model.hp;
         const std::string name = path.substr(path.find_last_of('/') + 1);
         const ModelSummary summary = summarize_model(lm->file);
@@ -323,14 +323,17 @@ int run_bench(int argc, char** argv) {
 
         // Which kernels the figures below come from (the same model runs 2-3x
         // apart between paths).
-        const gl::Type wt = lm->model.layers.front().w_up.type;
+        const gl::Tensor& up = lm->model.layers.front().w_up;
+        const gl::Type wt = up.type;
         fmt::print(stderr,
                    "kvrun bench: {}: {} ({} weights), {} kernels, prompt batches on {}, "
                    "generated tokens' F16 attention in {} products; {}\n",
                    name, summary.file_type, gl::type_name(wt), gl::cpu::isa_name(),
                    gl::ops::batch_path_name(
-                       wt, hp.n_embd, batch,
-                       {.tiles = !deterministic, .int8 = !precise && !deterministic}) +
+                       up, batch,
+                       {.tiles = !deterministic,
+                        .int8 = !precise && !deterministic,
+                        .packed = !precise}) +
                        (deterministic ? " (--deterministic)" : "") +
                        (precise ? " (--precise)" : ""),
                    !deterministic && gl::attention_half_products() ? "f16" : "f32",

@@ -270,6 +270,15 @@ bool offloads_every_layer(const CommonOptions& o) {
     return o.n_gpu_layers == "all" || (o.n_gpu_layers.empty() && is_cuda_device(o.device));
 }
 
+LoadedModel::Layers layers_home(const CommonOptions& o) {
+    if (offloads_every_layer(o)) return LoadedModel::Layers::gpu;
+    if (gpu_layers_fall_back(o)) return LoadedModel::Layers::cpu;
+    const std::string& n = o.n_gpu_layers;
+    if (n.empty()) return is_cuda_device(o.device) ? LoadedModel::Layers::split
+                                                   : LoadedModel::Layers::cpu;
+    return n == "0" ? LoadedModel::Layers::cpu : LoadedModel::Layers::split;
+}
+
 int resolve_gpu_layers(const CommonOptions& o, int n_layer) {
     const std::string& d = o.device;
     if (!d.empty() && d != "cpu" && !is_cuda_device(d))

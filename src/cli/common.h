@@ -15,6 +15,7 @@
 
 #include "ggml-like/backend.h"
 #include "context.h"
+#include "loader.h"
 #include "format.h"
 #include "forward.h"
 #include "ggml-like/types.h"
@@ -53,6 +54,10 @@ int resolve_gpu_layers(const CommonOptions& o, int n_layer);
 // weights, and loading leaves them in the file mapping. Invalid options are
 // left for resolve_gpu_layers to reject.
 bool offloads_every_layer(const CommonOptions& o);
+// Where the options put the layers, for LoadedModel::load (cpu, split or
+// gpu), known before the model is. Invalid options count as split (nothing
+// packed); resolve_gpu_layers rejects them after.
+LoadedModel::Layers layers_home(const CommonOptions& o);
 
 // The backends of a run and which layers each runs (Placement in forward.h):
 // the first n_gpu_layers on the GPU, the rest and, unless the GPU holds every

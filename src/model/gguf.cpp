@@ -385,8 +385,6 @@ bool GgufFile::move_data_to_huge_pages(const std::function<bool(const GgufTensor
     for (size_t i : moved)
         for (uint64_t o = 0; o < tensors_[i].nbytes; o += kPiece)
             pieces.push_back({i, o, std::min<uint64_t>(kPiece, tensors_[i].nbytes - o)});
-    const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-    const uintptr_t map_end = reinterpret_cast<uintptr_t>(map_) + (size_ + page - 1) / page * page;
     // Piece k on thread k % 2: the new pages' faults and zeroing are most of
     // the time, and two cores halve it (TinyLlama Q4_0: 0.2-1 s -> 0.1-0.7 s).
     auto copy_pieces = [&](size_t first) {
@@ -396,10 +394,7 @@ bool GgufFile::move_data_to_huge_pages(const std::function<bool(const GgufTensor
             std::memcpy(copy.get() + at[p.tensor] + p.off, src, p.len);
             // The piece's pages leave this process (a page it shares with
             // the metadata or a kept tensor faults back in from the file).
-            const uintptr_t b = reinterpret_cast<uintptr_t>(src) / page * page;
-            const uintptr_t e = std::min(
-                reinterpret_cast<uintptr_t>(src + p.len + page - 1) / page * page, map_end);
-            madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);
+            drop_mapped_pages(src, p.len);
         }
     };
     std::thread helper;
@@ -415,6 +410,18 @@ bool GgufFile::move_data_to_huge_pages(const std::function<bool(const GgufTensor
     for (size_t i : moved) tensors_[i].data = copy.get() + at[i];
     data_copy_ = std::move(copy);
     return true;
+}
+
+void GgufFile::drop_mapped_pages(const void* p, uint64_t n) const {
+    if (!map_ || n == 0) return;
+    const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    const auto map_begin = reinterpret_cast<uintptr_t>(map_);
+    const uintptr_t map_end = map_begin + (size_ + page - 1) / page * page;
+    const auto at = reinterpret_cast<uintptr_t>(p);
+    if (at < map_begin || at + n > map_end) return;
+    const uintptr_t b = at / page * page;
+    const uintptr_t e = std::min((at + n + page - 1) / page * page, map_end);
+    madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);
 }
 
 void GgufFile::parse_all() {

@@ -98,6 +98,11 @@ class GgufFile {
     // buffer, when nothing is to move or the memory cannot be allocated.
     bool move_data_to_huge_pages(const std::function<bool(const GgufTensor&)>& keep_mapped = {});
     bool data_moved() const { return data_copy_ != nullptr; }
+    // Drops this process's pages of [p, p + n) where they lie in the file
+    // mapping (MADV_DONTNEED: the page cache keeps them, and a later read
+    // faults them back in from the file); anything else is left alone. For
+    // data copied elsewhere (huge pages, packed weights).
+    void drop_mapped_pages(const void* p, uint64_t n) const;
     uint64_t alignment() const { return alignment_; }
     uint64_t data_offset() const { return data_offset_; }
 

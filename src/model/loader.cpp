@@ -32,7 +32,8 @@ bool want_huge_pages(const GgufFile& f) {
         std::ifstream thp("/sys/kernel/mm/transparent_hugepage/enabled");
         std::string mode;
         std::getline(thp, mode);
-        if (mode.find("[always]") == std::string::npos && mode.find("[madvise]") == std::string::npos)
+        if (mode.find("[always]") == std::string::npos &&
+            mode.find("[madvise]") == std::string::npos)
             return false;
     }
     return mem_available_bytes() > n + (uint64_t{512} << 20);
@@ -44,26 +45,32 @@ bool want_huge_pages(const GgufFile& f) {
 
 } // namespace
 
-std::unique_ptr<LoadedModel> LoadedModel::load(const std::string& path, bool weights_on_cpu) {
+std::unique_ptr<LoadedModel> LoadedModel::load(const std::string& path, Layers layers) {
     GgufFile f = GgufFile::open(path);
     // All but an untied token embedding, of which a token reads one row: the
     // mapping serves it as well, and a copy would make the whole table
     // resident (+37 MB for TinyLlama Q4_0, +70 MB Q8_0).
     const bool tied = f.tensor(std::string(tensor_names::output)) == nullptr;
-    if (weights_on_cpu && want_huge_pages(f))
+    const bool pack = layers == Layers::cpu;
+    if (layers != Layers::gpu && want_huge_pages(f))
         // Tables read a row per token stay in the mapping: an untied
         // embedding, and Gemma 4's per-layer embeddings (E2B: 1.3 GB in Q4_0,
-        // 35 layers' rows of 256 for each of 262144 tokens).
-        f.move_data_to_huge_pages([tied](const GgufTensor& t) {
+        // 35 layers' rows of 256 for each of 262144 tokens). So do the
+        // matrices to be packed, which get a copy of their own: a tied
+        // embedding among them, whose rows are then read from the mapping.
+        f.move_data_to_huge_pages([tied, pack](const GgufTensor& t) {
             return (!tied && t.name == tensor_names::token_embd) ||
-                   t.name == tensor_names::per_layer_token_embd;
+                   t.name == tensor_names::per_layer_token_embd ||
+                   (pack && t.n_dims == 2 && PackedWeights::packs(t.type));
         });
     Model m = Model::load(f);
+    PackedWeights packed = pack ? PackedWeights::pack(m, f) : PackedWeights();
     Tokenizer t(Vocab::from_gguf(f));
     if (t.n_vocab() != m.hp.n_vocab)
-        fail(Exit::bad_model, "{}: the vocabulary has {} tokens but the embedding has {} rows", path, t.n_vocab(),
-             m.hp.n_vocab);
-    return std::unique_ptr<LoadedModel>(new LoadedModel{std::move(f), std::move(m), std::move(t)});
+        fail(Exit::bad_model, "{}: the vocabulary has {} tokens but the embedding has {} rows",
+             path, t.n_vocab(), m.hp.n_vocab);
+    return std::unique_ptr<LoadedModel>(
+        new LoadedModel{std::move(f), std::move(m), std::move(t), std::move(packed)});
 }
 
 } // namespace kvrun

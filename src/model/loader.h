@@ -8,6 +8,7 @@
 
 #include "gguf.h"
 #include "model.h"
+#include "packed_weights.h"
 #include "tokenizer.h"
 
 namespace kvrun {
@@ -16,10 +17,16 @@ struct LoadedModel {
     GgufFile file;
     Model model;
     Tokenizer tokenizer;
-    // weights_on_cpu: the CPU backend will stream the weights (false when
-    // every layer runs on the GPU), so they move onto huge pages if they can
-    // (see loader.cpp).
-    static std::unique_ptr<LoadedModel> load(const std::string& path, bool weights_on_cpu = true);
+    // The weight matrices the CPU's GEMM reads packed (empty when packing
+    // is off, or some layers run on a GPU).
+    PackedWeights packed;
+
+    // Where the layers run: all on the CPU (the weights move onto huge
+    // pages if they can, see loader.cpp, and the matrices are packed),
+    // split between a GPU and the CPU (huge pages only: a GPU layer's
+    // packed copy would be memory no one reads), or all on a GPU.
+    enum class Layers { cpu, split, gpu };
+    static std::unique_ptr<LoadedModel> load(const std::string& path, Layers layers = Layers::cpu);
 };
 
 } // namespace kvrun

@@ -132,13 +132,16 @@ struct LayerWeights {
     std::vector<float> ssm_conv, ssm_dt_bias, ssm_a, ssm_norm;
 
     // The weight matrices the layer has, in the order a token uses them.
-    std::vector<const gl::Tensor*> matrices() const {
-        std::vector<const gl::Tensor*> v;
-        for (const gl::Tensor* w : {&wq, &wk, &wv, &w_ssm_qkv, &w_ssm_z, &w_ssm_beta, &w_ssm_alpha,
-                                    &wo, &w_ssm_out, &w_gate, &w_up, &w_down, &w_inp_gate,
-                                    &w_inp_proj})
+    std::vector<gl::Tensor*> matrices() {
+        std::vector<gl::Tensor*> v;
+        for (gl::Tensor* w : {&wq, &wk, &wv, &w_ssm_qkv, &w_ssm_z, &w_ssm_beta, &w_ssm_alpha, &wo,
+                              &w_ssm_out, &w_gate, &w_up, &w_down, &w_inp_gate, &w_inp_proj})
             if (*w) v.push_back(w);
         return v;
+    }
+    std::vector<const gl::Tensor*> matrices() const {
+        const auto v = const_cast<LayerWeights*>(this)->matrices();
+        return {v.begin(), v.end()};
     }
 };
 

@@ -72,9 +72,9 @@ std::vector<uint8_t> random_rows(Type t, int64_t n, int64_t rows, uint32_t seed)
         std::memcpy(&out[b + f.d], &d, 2);
         if (f.second != SIZE_MAX) {
             // Q4_1/Q5_1's m as large as d and of either sign; a K-quant's dmin.
-            const float v = scale(rng) * (t == Type::Q4_1 || t == Type::Q5_1
-                                              ? (byte(rng) % 2 ? 8.0f : -8.0f)
-                                              : 1.0f);
+            const float v =
+                scale(rng) *
+                (t == Type::Q4_1 || t == Type::Q5_1 ? (byte(rng) % 2 ? 8.0f : -8.0f) : 1.0f);
             const uint16_t m = gl::fp32_to_fp16(v);
             std::memcpy(&out[b + f.second], &m, 2);
         }
@@ -215,5 +215,111 @@ TEST_CASE("block chain: ops::matmul's invariant mode gives a token the same bits
                 CHECK(same_bits(batch[tk * n_out + r],
                                 gl::ref::vec_dot(t, n_in, wq.data() + r * rb, q.data())));
         }
+    }
+}
+
+namespace {
+
+// Rows packed into the panel layout (kernels.h), at an odd-line offset in
+// their buffer: the kernels may not assume more alignment than a row has.
+struct PackedRows {
+    std::vector<uint8_t> bytes;
+    size_t at;
+    PackedRows(Type t, int64_t n, const std::vector<uint8_t>& w, int64_t n_rows)
+        : bytes(gl::packed_bytes(t, n, n_rows) + 64), at(2) {
+        gl::pack_rows(t, n, w.data(), gl::row_size(t, n), n_rows, bytes.data() + at);
+    }
+    const uint8_t* data() const { return bytes.data() + at; }
+};
+
+} // namespace
+
+TEST_CASE("packed weights: every table's packed gemm gives the reference's bits, 1 to 33 tokens") {
+    uint32_t seed = 401;
+    for (Type t : {Type::Q4_0, Type::Q8_0}) {
+        REQUIRE(gl::packable(t));
+        // Odd block counts (a lone last block), partial panels and pairs.
+        for (int64_t n : {32, 96, 160, 2048 + 96})
+            for (int64_t n_rows : {1, 15, 16, 17, 33, 47, 70}) {
+                CHECK(gl::packed_bytes(t, n, n_rows) ==
+                      static_cast<size_t>((n_rows + 15) / 16 * 16) * gl::row_size(t, n));
+                const size_t rb = gl::row_size(t, n);
+                const auto w = random_rows(t, n, n_rows, seed++);
+                const PackedRows packed(t, n, w, n_rows);
+                const int64_t n_tok = 33;
+                const Tokens a(t, n, n_tok, seed++);
+                std::vector<float> want(static_cast<size_t>(n_tok * n_rows));
+                for (int64_t tk = 0; tk < n_tok; tk++)
+                    for (int64_t r = 0; r < n_rows; r++)
+                        want[tk * n_rows + r] =
+                            gl::ref::vec_dot(t, n, w.data() + r * rb, a.row(tk));
+                for (int i = 0; i < gl::kernel_table_count(); i++) {
+                    const gl::KernelTable& k = gl::kernel_table(i);
+                    auto f = k.gemm_packed[static_cast<uint32_t>(t)];
+                    if (!f) continue; // this table reads the plain rows
+                    int bad = 0;
+                    std::vector<float> got(want.size());
+                    for (int64_t m : {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 33}) {
+                        gl::Q8Tokens v = a.view();
+                        v.n_tok = m;
+                        std::fill(got.begin(), got.end(), -1.0f);
+                        f(n, packed.data(), n_rows, v, got.data(), static_cast<size_t>(n_rows));
+                        for (size_t j = 0; j < static_cast<size_t>(m * n_rows); j++)
+                            bad += !same_bits(got[j], want[j]);
+                        for (size_t j = static_cast<size_t>(m * n_rows); j < got.size(); j++)
+                            bad += got[j] != -1.0f;
+                    }
+                    INFO(k.isa, " ", gl::type_name(t), " n ", n, " rows ", n_rows);
+                    CHECK(bad == 0);
+                }
+            }
+    }
+}
+
+TEST_CASE("packed weights: ops::matmul gives every token the reference's bits, alone or in any "
+          "batch, on 1 or 2 threads, and so does a view of a fused matrix") {
+    uint32_t seed = 501;
+    for (Type t : {Type::Q4_0, Type::Q8_0}) {
+        const int64_t n_in = 352, n_out = 83; // 11 blocks: a lone last one
+        const size_t rb = gl::row_size(t, n_in);
+        const auto wq = random_rows(t, n_in, n_out, seed++);
+        const PackedRows packed(t, n_in, wq, n_out);
+        gl::Tensor w{t, n_in, n_out, rb, wq.data()};
+        w.packed = packed.data();
+        const int64_t n_tok = 21;
+        const auto x = kvtest::random_floats(static_cast<size_t>(n_in * n_tok), seed++);
+        auto run = [&](gl::ThreadPool& pool, const gl::Tensor& m, const float* xs, int64_t k) {
+            std::vector<uint8_t> scratch(gl::ops::matmul_scratch_bytes(t, n_in, k, pool.size()));
+            std::vector<float> y(static_cast<size_t>(k * m.ne1));
+            gl::ops::matmul(pool, m, xs, k, y.data(), scratch.data()); // the default paths
+            return y;
+        };
+        gl::ThreadPool two(2), one(1);
+        const auto batch = run(two, w, x.data(), n_tok);
+        const auto batch1 = run(one, w, x.data(), n_tok);
+        // Rows 32.. of the matrix as a view (a fused matrix's part on a
+        // panel boundary keeps its packed rows), and rows 8.. (not on one:
+        // the plain rows, whose one-token dot products sum in their own order).
+        const gl::Tensor tail = w.rows(32, n_out - 32);
+        CHECK(tail.packed == packed.data() + 32 * rb);
+        CHECK(w.rows(8, 16).packed == nullptr);
+        const auto tail_batch = run(two, tail, x.data(), n_tok);
+        int bad = 0;
+        for (int64_t tk = 0; tk < n_tok; tk++) {
+            const auto alone = run(two, w, x.data() + tk * n_in, 1);
+            std::vector<uint8_t> q(gl::row_size(gl::vec_dot_type(t), n_in));
+            gl::ref::quantize_row(gl::vec_dot_type(t), x.data() + tk * n_in, q.data(), n_in);
+            for (int64_t r = 0; r < n_out; r++) {
+                const float b = batch[tk * n_out + r];
+                bad += !same_bits(b, gl::ref::vec_dot(t, n_in, wq.data() + r * rb, q.data()));
+                bad += !same_bits(b, alone[r]);
+                bad += !same_bits(b, batch1[tk * n_out + r]);
+                if (r >= 32) bad += !same_bits(b, tail_batch[tk * (n_out - 32) + r - 32]);
+            }
+        }
+        INFO(gl::type_name(t), " packed gemm in this table: ", gl::cpu::has_packed_gemm(t));
+        // Without a packed GEMM here (AVX2, NEON, scalar) matmul reads the
+        // plain rows, whose dot products need not give the reference's bits.
+        if (gl::cpu::has_packed_gemm(t)) CHECK(bad == 0);
     }
 }

@@ -279,7 +279,7 @@ constexpr uint32_t id(Type t) {
 }
 
 constexpr KernelTable make_table() {
-    KernelTable t = {"neon", {}, {}, {}, {}, {}, {}, {}, {}, {}, nullptr, nullptr, nullptr, {}, {}};
+    KernelTable t = {"neon", {}, {}, {}, {}, {}, {}, {}, {}, {}, nullptr, nullptr, nullptr, {}, {}, {}};
     t.vec_dot[id(Type::F32)] = vec_dot_float<F32>;
     t.vec_dot[id(Type::F16)] = vec_dot_float<F16>;
     t.vec_dot[id(Type::BF16)] = vec_dot_float<BF16>;

@@ -757,7 +757,7 @@ constexpr uint32_t id(Type t) {
 }
 
 constexpr KernelTable make_table() {
-    KernelTable t = {"avx512", {}, {}, {}, {}, {}, {}, {}, {}, {}, nullptr, nullptr, nullptr, {}, {}};
+    KernelTable t = {"avx512", {}, {}, {}, {}, {}, {}, {}, {}, {}, nullptr, nullptr, nullptr, {}, {}, {}};
     t.vec_dot[id(Type::F32)] = vec_dot_float<F32>;
     t.vec_dot[id(Type::F16)] = vec_dot_float<F16>;
     t.vec_dot[id(Type::BF16)] = vec_dot_float<BF16>;
@@ -767,6 +767,9 @@ constexpr KernelTable make_table() {
     t.matvec[id(Type::Q8_0)] = matvec_rows4<Q8Rows>;
     // The block-chain GEMM (x86/avx512_chain.cpp): prompt batches.
     KVRUN_SET_CHAIN_GEMMS(t, avx512_chain);
+    // On packed weights (kernels.h): generation and prompts, one code path.
+    t.gemm_packed[id(Type::Q4_0)] = avx512_chain::gemm_packed_q4_0;
+    t.gemm_packed[id(Type::Q8_0)] = avx512_chain::gemm_packed_q8_0;
     t.quantize_row[id(Type::Q8_0)] = quantize_row_q8_0;
     t.quantize_row[id(Type::Q8_1)] = quantize_row_q8_1<quantize_block_q8_0>;
     t.quantize_row[id(Type::F16)] = quantize_row_f16;

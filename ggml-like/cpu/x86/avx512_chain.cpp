@@ -107,8 +107,9 @@ template <typename W> struct Block32 : Panel32<W> {
                     f[p][t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_load_ps(d), da),
                                               _mm512_cvtepi32_ps(acc[p][t]), f[p][t]);
                     if constexpr (kMin)
-                        f[p][t] = _mm512_fmadd_ps(_mm512_load_ps(d + kPanelRows),
-                                                  _mm512_set1_ps(kFp16ToFp32[tok[t][b].s]), f[p][t]);
+                        f[p][t] =
+                            _mm512_fmadd_ps(_mm512_load_ps(d + kPanelRows),
+                                            _mm512_set1_ps(kFp16ToFp32[tok[t][b].s]), f[p][t]);
                 }
             }
         }
@@ -147,7 +148,8 @@ template <typename K> struct SuperTile : K {
                     for (int t = 0; t < NT; t++) s[p][t] = _mm512_setzero_si512();
                 const uint8_t* sub_words[NP];
                 const int8_t* qs[NT];
-                for (int p = 0; p < NP; p++) sub_words[p] = words[p] + j * kWordsPerSub * kWordBytes;
+                for (int p = 0; p < NP; p++)
+                    sub_words[p] = words[p] + j * kWordsPerSub * kWordBytes;
                 for (int t = 0; t < NT; t++) qs[t] = tok[t][b].qs + 4 * j * kWordsPerSub;
                 dot_words<NP, NT, kWordsPerSub>(sub_words, qs, s);
 #pragma GCC unroll 8
@@ -261,8 +263,171 @@ static_assert(Q5K::kPanelBytes <= 8 * kGemmPanelBlockBytes);
 static_assert(Q6K::kPanelBytes <= 8 * kGemmPanelBlockBytes);
 static_assert(Q2K::kPanelBytes <= 8 * kGemmPanelBlockBytes);
 
+// ---- packed weights (kernels.h) ---------------------------------------------------
+//
+// The panels are made once at load, so a single token pays for no repacking
+// and generation reads the weights' own bytes. Per block and token the sums
+// are those of Block32's tile, in two integer chains (low and high words: the
+// latency of eight dependent vpdpbusd halved for one token), added exactly
+// before the block's FMA: the same bits as the plain GEMM.
+
+// Q4_0: four stored words a block, each two words of nibbles; Q8_0: eight
+// stored words, already unsigned.
+struct PackedQ4 {
+    using Block = BlockQ4_0;
+    static constexpr int kOffset = Q4::kOffset;
+    static constexpr int kStored = 4;
+};
+struct PackedQ8 {
+    using Block = BlockQ8_0;
+    static constexpr int kOffset = Q8::kOffset;
+    static constexpr int kStored = 8;
+};
+
+constexpr size_t kPackedScaleBytes = kPanelRows * sizeof(uint16_t);
+// Generation streams the panels from memory: ask for each line this far
+// ahead (the hardware prefetcher alone leaves the loop waiting on DRAM, as
+// for the dot products in avx512.cpp).
+constexpr size_t kPrefetchAhead = 8192;
+
+// Words k and k + 4 of a block (k < 4).
+template <typename P>
+__attribute__((always_inline)) inline void packed_words(const uint8_t* p, int k, __m512i& wl,
+                                                        __m512i& wh) {
+    if constexpr (P::kStored == 4) {
+        const __m512i v = _mm512_loadu_si512(p + k * kWordBytes);
+        const __m512i low = _mm512_set1_epi8(0x0f);
+        wl = _mm512_and_si512(v, low);
+        wh = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+    } else {
+        wl = _mm512_loadu_si512(p + k * kWordBytes);
+        wh = _mm512_loadu_si512(p + (4 + k) * kWordBytes);
+    }
+}
+
+// NP panels by NT tokens. With few tokens each sum runs in two chains (words
+// 0-3 and 4-7) so that one token's eight dependent vpdpbusd do not set the
+// pace; with more, the tokens' sums are chains enough, and the registers
+// are needed.
+template <typename P, int NP, int NT>
+void packed_tile(const uint8_t* const (&pan)[NP], int64_t nb, const Q8Tokens& a, int64_t t0,
+                 float* y, size_t y_stride, const __mmask16* row_mask) {
+    constexpr bool kSplit = NT <= 2;
+    constexpr int NC = kSplit ? 2 : 1;
+    constexpr size_t kBlockWords = P::kStored * kWordBytes;
+    const BlockQ8_0* tok[NT];
+    const int32_t* sums[NT];
+    for (int t = 0; t < NT; t++) {
+        tok[t] = reinterpret_cast<const BlockQ8_0*>(token_row(a, t0 + t));
+        sums[t] = a.sums + (t0 + t) * nb;
+    }
+    __m512 f[NP][NT];
+#pragma GCC unroll 8
+    for (int p = 0; p < NP; p++)
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) f[p][t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        // Block b's words and scales (kernels.h: pairs of blocks).
+        const size_t pair = static_cast<size_t>(b / 2) * 2 * (kBlockWords + kPackedScaleBytes);
+        const bool lone = b % 2 == 0 && b + 1 == nb;
+        const size_t words_at = pair + (b % 2) * kBlockWords;
+        const size_t scales_at = pair + (lone ? 1 : 2) * kBlockWords + (b % 2) * kPackedScaleBytes;
+        __m512i acc[NC][NP][NT];
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) {
+            const __m512i init = _mm512_set1_epi32(-P::kOffset * sums[t][b]);
+#pragma GCC unroll 8
+            for (int p = 0; p < NP; p++) {
+                acc[0][p][t] = init;
+                if constexpr (kSplit) acc[NC - 1][p][t] = _mm512_setzero_si512();
+            }
+        }
+        // Once a pair: its lines this far ahead.
+        if (b % 2 == 0)
+#pragma GCC unroll 8
+            for (int p = 0; p < NP; p++)
+#pragma GCC unroll 20
+                for (size_t l = 0; l < 2 * (kBlockWords + kPackedScaleBytes); l += kWordBytes)
+                    _mm_prefetch(reinterpret_cast<const char*>(pan[p] + pair) + kPrefetchAhead + l,
+                                 _MM_HINT_T0);
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            __m512i wl[NP], wh[NP];
+#pragma GCC unroll 8
+            for (int p = 0; p < NP; p++) packed_words<P>(pan[p] + words_at, k, wl[p], wh[p]);
+#pragma GCC unroll 8
+            for (int t = 0; t < NT; t++) {
+                const __m512i al = _mm512_set1_epi32(load_i32(tok[t][b].qs + 4 * k));
+                const __m512i ah = _mm512_set1_epi32(load_i32(tok[t][b].qs + 16 + 4 * k));
+#pragma GCC unroll 8
+                for (int p = 0; p < NP; p++) {
+                    acc[0][p][t] = _mm512_dpbusd_epi32(acc[0][p][t], wl[p], al);
+                    acc[NC - 1][p][t] = _mm512_dpbusd_epi32(acc[NC - 1][p][t], wh[p], ah);
+                }
+            }
+        }
+#pragma GCC unroll 8
+        for (int p = 0; p < NP; p++) {
+            const __m512 d = _mm512_cvtph_ps(
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pan[p] + scales_at)));
+#pragma GCC unroll 8
+            for (int t = 0; t < NT; t++) {
+                const __m512 da = _mm512_set1_ps(kFp16ToFp32[tok[t][b].d]);
+                __m512i sum = acc[0][p][t];
+                if constexpr (kSplit) sum = _mm512_add_epi32(sum, acc[NC - 1][p][t]);
+                f[p][t] = _mm512_fmadd_ps(_mm512_mul_ps(d, da), _mm512_cvtepi32_ps(sum), f[p][t]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; t++)
+#pragma GCC unroll 8
+        for (int p = 0; p < NP; p++)
+            _mm512_mask_storeu_ps(y + (t0 + t) * y_stride + p * kPanelRows, row_mask[p], f[p][t]);
+}
+
+template <typename P>
+void gemm_packed(int64_t n, const void* panels, int64_t n_rows, const Q8Tokens& a, float* y,
+                 size_t y_stride) {
+    const int64_t nb = n / 32;
+    const size_t panel_bytes = kPanelRows * nb * sizeof(typename P::Block);
+    const auto* base = static_cast<const uint8_t*>(panels);
+    for (int64_t r0 = 0; r0 < n_rows; r0 += 2 * kPanelRows) {
+        const int64_t rows = std::min<int64_t>(2 * kPanelRows, n_rows - r0);
+        const __mmask16 mask[2] = {first_lanes(rows), first_lanes(rows - kPanelRows)};
+        const uint8_t* p0 = base + (r0 / kPanelRows) * panel_bytes;
+        if (a.n_tok == 1) {
+            const uint8_t* pan0[1] = {p0};
+            packed_tile<P, 1, 1>(pan0, nb, a, 0, y + r0, y_stride, mask);
+            if (rows > kPanelRows) {
+                const uint8_t* pan1[1] = {p0 + panel_bytes};
+                packed_tile<P, 1, 1>(pan1, nb, a, 0, y + r0 + kPanelRows, y_stride, mask + 1);
+            }
+        } else if (rows > kPanelRows) {
+            const uint8_t* pan[2] = {p0, p0 + panel_bytes};
+            by_token_tiles(a.n_tok, [&]<int NT>(int64_t t0) {
+                packed_tile<P, 2, NT>(pan, nb, a, t0, y + r0, y_stride, mask);
+            });
+        } else {
+            const uint8_t* pan[1] = {p0};
+            by_token_tiles(a.n_tok, [&]<int NT>(int64_t t0) {
+                packed_tile<P, 1, NT>(pan, nb, a, t0, y + r0, y_stride, mask);
+            });
+        }
+    }
+}
+
 } // namespace
 
 KVRUN_CHAIN_GEMMS(KVRUN_DEFINE_CHAIN_GEMM)
+
+void gemm_packed_q4_0(int64_t n, const void* panels, int64_t n_rows, const Q8Tokens& a, float* y,
+                      size_t y_stride) {
+    gemm_packed<PackedQ4>(n, panels, n_rows, a, y, y_stride);
+}
+void gemm_packed_q8_0(int64_t n, const void* panels, int64_t n_rows, const Q8Tokens& a, float* y,
+                      size_t y_stride) {
+    gemm_packed<PackedQ8>(n, panels, n_rows, a, y, y_stride);
+}
 
 } // namespace gl::avx512_chain

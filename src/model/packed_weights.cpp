@@ -1,0 +1,98 @@
+#include "packed_weights.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <string_view>
+#include <system_error>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "ggml-like/kernels.h"
+
+namespace kvrun {
+
+bool PackedWeights::enabled() {
+    const char* env = std::getenv("KVRUN_PACK");
+    return !(env && std::string_view(env) == "0");
+}
+
+bool PackedWeights::packs(gl::Type type) {
+    return enabled() && gl::packable(type) && gl::cpu::has_packed_gemm(type);
+}
+
+PackedWeights PackedWeights::pack(Model& m, const GgufFile& f) {
+    PackedWeights out;
+    if (!enabled()) return out;
+    std::vector<gl::Tensor*> mats;
+    for (LayerWeights& L : m.layers)
+        for (gl::Tensor* w : L.matrices()) mats.push_back(w);
+    for (gl::Tensor* w : {&m.output, &m.per_layer_model_proj})
+        if (*w) mats.push_back(w);
+    // Each distinct matrix once (views of the same rows share a copy), 64-byte aligned.
+    struct Job {
+        gl::Tensor* t;
+        uint64_t at;
+    };
+    std::vector<Job> jobs;
+    std::unordered_map<const void*, uint64_t> seen;
+    uint64_t total = 0;
+    for (gl::Tensor* w : mats) {
+        if (!packs(w->type) || w->row_bytes != gl::row_size(w->type, w->ne0)) continue;
+        if (auto it = seen.find(w->data); it != seen.end()) {
+            jobs.push_back({w, it->second});
+            continue;
+        }
+        seen[w->data] = total;
+        jobs.push_back({w, total});
+        total += (gl::packed_bytes(w->type, w->ne0, w->ne1) + 63) / 64 * 64;
+    }
+    if (total == 0) return out;
+    out.block_ = allocate_huge(total);
+    if (!out.block_) return out;
+    // Pieces of whole panels, up to 8 MiB each, shared among up to four
+    // threads: new pages' faults are much of the time.
+    struct Piece {
+        const gl::Tensor* t;
+        uint64_t at;
+        int64_t r0, n;
+    };
+    std::vector<Piece> pieces;
+    std::unordered_map<const void*, bool> queued;
+    for (const Job& j : jobs) {
+        if (queued[j.t->data]) continue;
+        queued[j.t->data] = true;
+        const size_t panel_rows_bytes = gl::kPackedPanelRows * j.t->row_bytes;
+        const int64_t step =
+            std::max<int64_t>(1, (int64_t{8} << 20) / static_cast<int64_t>(panel_rows_bytes)) *
+            gl::kPackedPanelRows;
+        for (int64_t r0 = 0; r0 < j.t->ne1; r0 += step)
+            pieces.push_back({j.t, j.at, r0, std::min(step, j.t->ne1 - r0)});
+    }
+    const unsigned n_threads = std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
+    auto work = [&](unsigned first) {
+        for (size_t k = first; k < pieces.size(); k += n_threads) {
+            const Piece& p = pieces[k];
+            const gl::Tensor& t = *p.t;
+            gl::pack_rows(t.type, t.ne0, t.row(p.r0), t.row_bytes, p.n,
+                          out.block_.get() + p.at + p.r0 * t.row_bytes);
+            f.drop_mapped_pages(t.row(p.r0), p.n * t.row_bytes);
+        }
+    };
+    std::vector<std::thread> helpers;
+    for (unsigned i = 1; i < n_threads; i++) {
+        try {
+            helpers.emplace_back(work, i);
+        } catch (const std::system_error&) {
+            work(i); // no thread to spare: this one does that share too
+        }
+    }
+    work(0);
+    for (std::thread& h : helpers) h.join();
+    for (const Job& j : jobs) j.t->packed = out.block_.get() + j.at;
+    out.bytes_ = total;
+    out.matrices_ = static_cast<int>(seen.size());
+    return out;
+}
+
+} // namespace kvrun
