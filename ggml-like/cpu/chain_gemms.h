@@ -48,9 +48,11 @@ PackedGemmFn gemm_packed_q4_0, gemm_packed_q8_0;
 }
 namespace avxvnni_chain {
 KVRUN_CHAIN_GEMMS(KVRUN_DECLARE_CHAIN_GEMM)
+PackedGemmFn gemm_packed_q4_0, gemm_packed_q8_0;
 }
 namespace avx2_chain {
 KVRUN_CHAIN_GEMMS(KVRUN_DECLARE_CHAIN_GEMM)
+PackedGemmFn gemm_packed_q4_0, gemm_packed_q8_0;
 }
 namespace neon_chain {
 KVRUN_CHAIN_GEMMS(KVRUN_DECLARE_CHAIN_GEMM)

@@ -737,6 +737,8 @@ constexpr KernelTable make_table() {
     t.matvec[id(Type::Q8_0)] = matvec_rows4<Q8Rows>;
     // The block-chain GEMM (x86/avx2_chain.cpp): prompt batches.
     KVRUN_SET_CHAIN_GEMMS(t, avx2_chain);
+    t.gemm_packed[id(Type::Q4_0)] = avx2_chain::gemm_packed_q4_0;
+    t.gemm_packed[id(Type::Q8_0)] = avx2_chain::gemm_packed_q8_0;
     t.quantize_row[id(Type::Q8_0)] = quantize_row_q8_0;
     t.quantize_row[id(Type::Q8_1)] = quantize_row_q8_1<quantize_block_q8_0>;
     t.quantize_row[id(Type::F16)] = quantize_row_f16;
@@ -775,6 +777,8 @@ constexpr KernelTable make_vnni_table() {
     KernelTable t = make_table();
     t.isa = "avxvnni";
     KVRUN_SET_CHAIN_GEMMS(t, avxvnni_chain);
+    t.gemm_packed[id(Type::Q4_0)] = avxvnni_chain::gemm_packed_q4_0;
+    t.gemm_packed[id(Type::Q8_0)] = avxvnni_chain::gemm_packed_q8_0;
     return t;
 }
 

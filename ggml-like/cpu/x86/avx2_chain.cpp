@@ -43,8 +43,8 @@ using namespace chain;
 // words an iteration: unrolled further, the compiler's schedule runs out of
 // the sixteen registers and spills.
 template <int NT, int N>
-__attribute__((always_inline)) inline void dot16(const uint8_t* words, int h,
-                                                 const int8_t* const (&qs)[NT], __m256i (&acc)[NT]) {
+__attribute__((always_inline)) inline void
+dot16(const uint8_t* words, int h, const int8_t* const (&qs)[NT], __m256i (&acc)[NT]) {
 #pragma GCC unroll 2
     for (int k = 0; k < N; k++) {
         const __m256i wv = load_half(words + k * kWordBytes, h);
@@ -198,7 +198,8 @@ template <typename K> struct SuperTile : K {
                     const __m256 dm = _mm256_mul_ps(_mm256_load_ps(d + kPanelRows), da);
                     f[t] = _mm256_fnmadd_ps(dm, _mm256_cvtepi32_ps(m[t]), f[t]);
                 } else {
-                    const __m256i total = _mm256_sub_epi32(q[t], _mm256_slli_epi32(m[t], K::kOffsetShift));
+                    const __m256i total =
+                        _mm256_sub_epi32(q[t], _mm256_slli_epi32(m[t], K::kOffsetShift));
                     f[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(total), f[t]);
                 }
             }
@@ -206,8 +207,79 @@ template <typename K> struct SuperTile : K {
     }
 };
 
+// Packed weights (chain_halves.h's driver). Q4_0's nibbles (u <= 15) as
+// Block32's: the eight words' pair sums in 16 bits, widened once, the offset
+// taken off through the activations' block sums. Q8_0's u = q + 128 turned
+// back to q and multiplied as |q| by a * sign(q), widened a word at a time.
+struct PackedArith {
+    template <typename P> static constexpr int offset() {
+        return P::kStored == 4 ? -P::kOffset : 0;
+    }
+    template <typename P, int NH, int NT>
+    __attribute__((always_inline)) static void
+    block(const uint8_t* words, int h0, const int8_t* const (&qs)[NT], const int32_t (&init)[NT],
+          __m256i (&acc)[NH][NT]) {
+        const __m256i ones = _mm256_set1_epi16(1);
+        constexpr bool kNibbles = P::kStored == 4;
+        static_assert(!kNibbles || unsaturated_words(Q4::kMaxU) == 8);
+        __m256i s[NH][NT];
+#pragma GCC unroll 2
+        for (int h = 0; h < NH; h++)
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) {
+                s[h][t] = _mm256_setzero_si256();
+                if constexpr (!kNibbles) acc[h][t] = _mm256_set1_epi32(init[t]);
+            }
+        // A word at a time: four tokens' sums, their tiles' float sums and
+        // one word fill the sixteen registers.
+        word_pairs([&]<int kHigh>() __attribute__((always_inline)) {
+#pragma GCC unroll 2
+            for (int k = 0; k < 4; k++) {
+                const int j = k + 4 * kHigh;
+                __m256i w[NH];
+#pragma GCC unroll 2
+                for (int h = 0; h < NH; h++) {
+                    w[h] = packed_half_word<P, kHigh>(words, k, h0 + h);
+                    if constexpr (!kNibbles)
+                        w[h] = _mm256_xor_si256(w[h], _mm256_set1_epi8(static_cast<char>(0x80)));
+                }
+#pragma GCC unroll 4
+                for (int t = 0; t < NT; t++) {
+                    const __m256i av = _mm256_set1_epi32(load_i32(qs[t] + 4 * j));
+#pragma GCC unroll 2
+                    for (int h = 0; h < NH; h++) {
+                        if constexpr (kNibbles) {
+                            s[h][t] = _mm256_add_epi16(s[h][t], _mm256_maddubs_epi16(w[h], av));
+                        } else {
+                            const __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(w[h]),
+                                                                   _mm256_sign_epi8(av, w[h]));
+                            acc[h][t] = _mm256_add_epi32(acc[h][t], _mm256_madd_epi16(p, ones));
+                        }
+                    }
+                }
+            }
+        });
+        if constexpr (kNibbles)
+#pragma GCC unroll 2
+            for (int h = 0; h < NH; h++)
+#pragma GCC unroll 4
+                for (int t = 0; t < NT; t++)
+                    acc[h][t] = _mm256_add_epi32(_mm256_set1_epi32(init[t]),
+                                                 _mm256_madd_epi16(s[h][t], ones));
+    }
+};
+
 } // namespace
 
 KVRUN_CHAIN_GEMMS(KVRUN_DEFINE_CHAIN_GEMM)
+
+void gemm_packed_q4_0(int64_t n, const void* panels, int64_t n_rows, const Q8Tokens& a, float* y,
+                      size_t y_stride) {
+    gemm_packed<PackedArith, PackedQ4>(n, panels, n_rows, a, y, y_stride);
+}
+void gemm_packed_q8_0(int64_t n, const void* panels, int64_t n_rows, const Q8Tokens& a, float* y,
+                      size_t y_stride) {
+    gemm_packed<PackedArith, PackedQ8>(n, panels, n_rows, a, y, y_stride);
+}
 
 } // namespace gl::avx2_chain

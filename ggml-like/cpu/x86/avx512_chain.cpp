@@ -271,25 +271,6 @@ static_assert(Q2K::kPanelBytes <= 8 * kGemmPanelBlockBytes);
 // latency of eight dependent vpdpbusd halved for one token), added exactly
 // before the block's FMA: the same bits as the plain GEMM.
 
-// Q4_0: four stored words a block, each two words of nibbles; Q8_0: eight
-// stored words, already unsigned.
-struct PackedQ4 {
-    using Block = BlockQ4_0;
-    static constexpr int kOffset = Q4::kOffset;
-    static constexpr int kStored = 4;
-};
-struct PackedQ8 {
-    using Block = BlockQ8_0;
-    static constexpr int kOffset = Q8::kOffset;
-    static constexpr int kStored = 8;
-};
-
-constexpr size_t kPackedScaleBytes = kPanelRows * sizeof(uint16_t);
-// Generation streams the panels from memory: ask for each line this far
-// ahead (the hardware prefetcher alone leaves the loop waiting on DRAM, as
-// for the dot products in avx512.cpp).
-constexpr size_t kPrefetchAhead = 8192;
-
 // Words k and k + 4 of a block (k < 4).
 template <typename P>
 __attribute__((always_inline)) inline void packed_words(const uint8_t* p, int k, __m512i& wl,
@@ -314,7 +295,6 @@ void packed_tile(const uint8_t* const (&pan)[NP], int64_t nb, const Q8Tokens& a,
                  float* y, size_t y_stride, const __mmask16* row_mask) {
     constexpr bool kSplit = NT <= 2;
     constexpr int NC = kSplit ? 2 : 1;
-    constexpr size_t kBlockWords = P::kStored * kWordBytes;
     const BlockQ8_0* tok[NT];
     const int32_t* sums[NT];
     for (int t = 0; t < NT; t++) {
@@ -327,11 +307,7 @@ void packed_tile(const uint8_t* const (&pan)[NP], int64_t nb, const Q8Tokens& a,
 #pragma GCC unroll 8
         for (int t = 0; t < NT; t++) f[p][t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        // Block b's words and scales (kernels.h: pairs of blocks).
-        const size_t pair = static_cast<size_t>(b / 2) * 2 * (kBlockWords + kPackedScaleBytes);
-        const bool lone = b % 2 == 0 && b + 1 == nb;
-        const size_t words_at = pair + (b % 2) * kBlockWords;
-        const size_t scales_at = pair + (lone ? 1 : 2) * kBlockWords + (b % 2) * kPackedScaleBytes;
+        const PackedBlock at(P::kStored, b, nb);
         __m512i acc[NC][NP][NT];
 #pragma GCC unroll 8
         for (int t = 0; t < NT; t++) {
@@ -342,19 +318,14 @@ void packed_tile(const uint8_t* const (&pan)[NP], int64_t nb, const Q8Tokens& a,
                 if constexpr (kSplit) acc[NC - 1][p][t] = _mm512_setzero_si512();
             }
         }
-        // Once a pair: its lines this far ahead.
         if (b % 2 == 0)
 #pragma GCC unroll 8
-            for (int p = 0; p < NP; p++)
-#pragma GCC unroll 20
-                for (size_t l = 0; l < 2 * (kBlockWords + kPackedScaleBytes); l += kWordBytes)
-                    _mm_prefetch(reinterpret_cast<const char*>(pan[p] + pair) + kPrefetchAhead + l,
-                                 _MM_HINT_T0);
+            for (int p = 0; p < NP; p++) prefetch_pair<P>(pan[p] + at.pair);
 #pragma GCC unroll 4
         for (int k = 0; k < 4; k++) {
             __m512i wl[NP], wh[NP];
 #pragma GCC unroll 8
-            for (int p = 0; p < NP; p++) packed_words<P>(pan[p] + words_at, k, wl[p], wh[p]);
+            for (int p = 0; p < NP; p++) packed_words<P>(pan[p] + at.words, k, wl[p], wh[p]);
 #pragma GCC unroll 8
             for (int t = 0; t < NT; t++) {
                 const __m512i al = _mm512_set1_epi32(load_i32(tok[t][b].qs + 4 * k));
@@ -369,7 +340,7 @@ void packed_tile(const uint8_t* const (&pan)[NP], int64_t nb, const Q8Tokens& a,
 #pragma GCC unroll 8
         for (int p = 0; p < NP; p++) {
             const __m512 d = _mm512_cvtph_ps(
-                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pan[p] + scales_at)));
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pan[p] + at.scales)));
 #pragma GCC unroll 8
             for (int t = 0; t < NT; t++) {
                 const __m512 da = _mm512_set1_ps(kFp16ToFp32[tok[t][b].d]);

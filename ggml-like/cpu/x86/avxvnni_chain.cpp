@@ -28,15 +28,15 @@ using namespace chain;
 // acc[t] += half h of N consecutive words (from words on) times token t's
 // activations from qs[t] on (four a word).
 template <int NT, int N>
-__attribute__((always_inline)) inline void dot_words(const uint8_t* words, int h,
-                                                     const int8_t* const (&qs)[NT],
-                                                     __m256i (&acc)[NT]) {
+__attribute__((always_inline)) inline void
+dot_words(const uint8_t* words, int h, const int8_t* const (&qs)[NT], __m256i (&acc)[NT]) {
 #pragma GCC unroll 2
     for (int k = 0; k < N; k++) {
         const __m256i wv = load_half(words + k * kWordBytes, h);
 #pragma GCC unroll 8
         for (int t = 0; t < NT; t++)
-            acc[t] = _mm256_dpbusd_avx_epi32(acc[t], wv, _mm256_set1_epi32(load_i32(qs[t] + 4 * k)));
+            acc[t] =
+                _mm256_dpbusd_avx_epi32(acc[t], wv, _mm256_set1_epi32(load_i32(qs[t] + 4 * k)));
     }
 }
 
@@ -103,7 +103,8 @@ template <typename K> struct SuperTile : K {
                 dot_words<NT, kWordsPerSub>(words + j * kWordsPerSub * kWordBytes, h, qs, s);
                 const __m256i sc = load_half(area + j * kWordBytes, h);
 #pragma GCC unroll 8
-                for (int t = 0; t < NT; t++) q[t] = _mm256_add_epi32(q[t], _mm256_mullo_epi32(s[t], sc));
+                for (int t = 0; t < NT; t++)
+                    q[t] = _mm256_add_epi32(q[t], _mm256_mullo_epi32(s[t], sc));
             }
             __m256i m[NT];
             zero(m);
@@ -135,8 +136,48 @@ template <typename K> struct SuperTile : K {
     }
 };
 
+// Packed weights (chain_halves.h's driver): u = q + offset against the
+// activations, the offset taken off through their block sums.
+struct PackedArith {
+    template <typename P> static constexpr int offset() { return -P::kOffset; }
+    template <typename P, int NH, int NT>
+    __attribute__((always_inline)) static void
+    block(const uint8_t* words, int h0, const int8_t* const (&qs)[NT], const int32_t (&init)[NT],
+          __m256i (&acc)[NH][NT]) {
+#pragma GCC unroll 2
+        for (int h = 0; h < NH; h++)
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; t++) acc[h][t] = _mm256_set1_epi32(init[t]);
+        word_pairs([&]<int kHigh>() __attribute__((always_inline)) {
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                const int j = k + 4 * kHigh;
+                __m256i w[NH];
+#pragma GCC unroll 2
+                for (int h = 0; h < NH; h++) w[h] = packed_half_word<P, kHigh>(words, k, h0 + h);
+#pragma GCC unroll 4
+                for (int t = 0; t < NT; t++) {
+                    const __m256i av = _mm256_set1_epi32(load_i32(qs[t] + 4 * j));
+#pragma GCC unroll 2
+                    for (int h = 0; h < NH; h++)
+                        acc[h][t] = _mm256_dpbusd_avx_epi32(acc[h][t], w[h], av);
+                }
+            }
+        });
+    }
+};
+
 } // namespace
 
 KVRUN_CHAIN_GEMMS(KVRUN_DEFINE_CHAIN_GEMM)
+
+void gemm_packed_q4_0(int64_t n, const void* panels, int64_t n_rows, const Q8Tokens& a, float* y,
+                      size_t y_stride) {
+    gemm_packed<PackedArith, PackedQ4>(n, panels, n_rows, a, y, y_stride);
+}
+void gemm_packed_q8_0(int64_t n, const void* panels, int64_t n_rows, const Q8Tokens& a, float* y,
+                      size_t y_stride) {
+    gemm_packed<PackedArith, PackedQ8>(n, panels, n_rows, a, y, y_stride);
+}
 
 } // namespace gl::avxvnni_chain

@@ -74,6 +74,100 @@ void gemm_panels(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, con
     }
 }
 
+// ---- packed weights (kernels.h) ---------------------------------------------------------
+//
+// The including file's A::block<P, NH, NT>(words, h0, qs, init, acc) puts the
+// exact integer sums of halves h0..h0+NH-1 of a packed block by NT tokens in
+// acc (each started from init[t], A::offset<P>() times the activations'
+// block sum); the driver adds the reference's float chain. One token takes
+// both halves in one pass, so generation streams each panel once; more take
+// a half at a time, up to four tokens a tile, as the plain GEMM does (the
+// panel is then in cache).
+
+// Word j (< 8) of half h of a packed block: Q4_0's words k and k + 4 are
+// the low and high nibbles of stored word k.
+template <typename P, int kHigh>
+__attribute__((always_inline)) inline __m256i packed_half_word(const uint8_t* words, int k, int h) {
+    const auto* p = reinterpret_cast<const __m256i*>(
+        words + (k + 4 * kHigh * (P::kStored == 8)) * kWordBytes + h * kHalfBytes);
+    if constexpr (P::kStored == 4) {
+        const __m256i v = _mm256_loadu_si256(p);
+        return _mm256_and_si256(kHigh ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0x0f));
+    } else {
+        return _mm256_loadu_si256(p);
+    }
+}
+
+// f.template operator()<kHigh>() for the low words (0-3), then the high (4-7).
+template <typename F> __attribute__((always_inline)) inline void word_pairs(F&& f) {
+    f.template operator()<0>();
+    f.template operator()<1>();
+}
+
+template <typename A, typename P, int NH, int NT>
+void packed_tile(const uint8_t* pan, int h0, int64_t nb, const Q8Tokens& a, int64_t t0, float* y,
+                 size_t y_stride, const __m256i* mask) {
+    const BlockQ8_0* tok[NT];
+    const int32_t* sums[NT];
+    for (int t = 0; t < NT; t++) {
+        tok[t] = reinterpret_cast<const BlockQ8_0*>(token_row(a, t0 + t));
+        sums[t] = a.sums + (t0 + t) * nb;
+    }
+    __m256 f[NH][NT];
+#pragma GCC unroll 2
+    for (int h = 0; h < NH; h++) zero(f[h]);
+    for (int64_t b = 0; b < nb; b++) {
+        const PackedBlock at(P::kStored, b, nb);
+        if (b % 2 == 0 && NH == 2) prefetch_pair<P>(pan + at.pair);
+        const int8_t* qs[NT];
+        int32_t init[NT];
+        for (int t = 0; t < NT; t++) {
+            qs[t] = tok[t][b].qs;
+            init[t] = A::template offset<P>() * sums[t][b];
+        }
+        __m256i acc[NH][NT];
+        A::template block<P, NH, NT>(pan + at.words, h0, qs, init, acc);
+#pragma GCC unroll 2
+        for (int h = 0; h < NH; h++) {
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(
+                reinterpret_cast<const __m128i*>(pan + at.scales + (h0 + h) * kHalfRows * 2)));
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; t++)
+                f[h][t] =
+                    _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(kFp16ToFp32[tok[t][b].d])),
+                                    _mm256_cvtepi32_ps(acc[h][t]), f[h][t]);
+        }
+    }
+#pragma GCC unroll 2
+    for (int h = 0; h < NH; h++)
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; t++)
+            _mm256_maskstore_ps(y + (t0 + t) * y_stride + (h0 + h) * kHalfRows, mask[h0 + h],
+                                f[h][t]);
+}
+
+template <typename A, typename P>
+void gemm_packed(int64_t n, const void* panels, int64_t n_rows, const Q8Tokens& a, float* y,
+                 size_t y_stride) {
+    const int64_t nb = n / 32;
+    const size_t panel_bytes = kPanelRows * nb * sizeof(typename P::Block);
+    const auto* base = static_cast<const uint8_t*>(panels);
+    for (int64_t r0 = 0; r0 < n_rows; r0 += kPanelRows) {
+        const int64_t rows = std::min<int64_t>(kPanelRows, n_rows - r0);
+        const __m256i mask[2] = {first_lanes(rows), first_lanes(rows - kHalfRows)};
+        const uint8_t* pan = base + (r0 / kPanelRows) * panel_bytes;
+        float* yr = y + r0;
+        if (a.n_tok == 1 && rows > kHalfRows) {
+            packed_tile<A, P, 2, 1>(pan, 0, nb, a, 0, yr, y_stride, mask);
+            continue;
+        }
+        for (int h = 0; h * kHalfRows < rows; h++)
+            by_token_tiles(a.n_tok, [&]<int NT>(int64_t t0) {
+                packed_tile<A, P, 1, NT>(pan, h, nb, a, t0, yr, y_stride, mask);
+            });
+    }
+}
+
 } // namespace chain
 } // namespace
 } // namespace gl

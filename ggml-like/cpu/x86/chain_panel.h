@@ -274,9 +274,9 @@ template <bool kMin> struct Sub16Scales {
         auto* df = reinterpret_cast<float*>(area + (kSub + 8) * kWordBytes);
         for (int j = 0; j < kSub; j++) s[j * kPanelRows + r] = sc[j];
         for (int j = 0; j < 8; j++)
-            pairs[j * kPanelRows + r] = static_cast<uint16_t>(paired[2 * j]) |
-                                        static_cast<uint32_t>(static_cast<uint16_t>(paired[2 * j + 1]))
-                                            << 16;
+            pairs[j * kPanelRows + r] =
+                static_cast<uint16_t>(paired[2 * j]) |
+                static_cast<uint32_t>(static_cast<uint16_t>(paired[2 * j + 1])) << 16;
         df[r] = d;
         if constexpr (kMin) df[kPanelRows + r] = dmin;
     }
@@ -285,8 +285,9 @@ template <bool kMin> struct Sub16Scales {
 // Two bits of element 128 h + 32 k + l at bits 2k of byte 32 h + l (Q2_K's
 // and Q3_K's qs, Q6_K's qh): unit u = 4 h + k.
 inline __m256i crumbs(const uint8_t* q, int u) {
-    return _mm256_and_si256(_mm256_srl_epi16(load256(q + 32 * (u / 4)), _mm_cvtsi32_si128(2 * (u % 4))),
-                            _mm256_set1_epi8(3));
+    return _mm256_and_si256(
+        _mm256_srl_epi16(load256(q + 32 * (u / 4)), _mm_cvtsi32_si128(2 * (u % 4))),
+        _mm256_set1_epi8(3));
 }
 
 // Q6_K: sixteen sub-blocks of 16: u = q (0..63), w = d * sc * (q - 32).
@@ -303,8 +304,8 @@ struct Q6K : Sub16Scales<false> {
     static __m256i unit(const uint8_t* p, int u) {
         const int h = u / 4, k = u % 4;
         const __m256i ql = load256(p + offsetof(Block, ql) + 64 * h + 32 * (k & 1));
-        const __m256i low = _mm256_and_si256(k >= 2 ? _mm256_srli_epi16(ql, 4) : ql,
-                                             _mm256_set1_epi8(0x0f));
+        const __m256i low =
+            _mm256_and_si256(k >= 2 ? _mm256_srli_epi16(ql, 4) : ql, _mm256_set1_epi8(0x0f));
         return _mm256_or_si256(low, _mm256_slli_epi16(crumbs(p + offsetof(Block, qh), u), 4));
     }
     static void scales(const uint8_t* const* blocks, uint8_t* area) {
@@ -362,14 +363,59 @@ struct Q3K : Sub16Scales<false> {
             int sc[16] = {};
             if (blk) {
                 int8_t s8[16];
-                _mm_storeu_si128(reinterpret_cast<__m128i*>(s8),
-                                 unpack_scales_k3(blk->scales));
+                _mm_storeu_si128(reinterpret_cast<__m128i*>(s8), unpack_scales_k3(blk->scales));
                 for (int j = 0; j < kSub; j++) sc[j] = s8[j];
             }
             store(area, r, sc, sc, blk ? kFp16ToFp32[blk->d] : 0.0f, 0.0f);
         }
     }
 };
+
+// ---- packed weights (kernels.h) -------------------------------------------------------
+//
+// Made once at load (gl::pack_rows), so a single token pays for no repacking
+// and generation reads the weights' own bytes, one stream a panel. The
+// words are those of the panels above; Q4_0 keeps two in one (low and high
+// nibbles), Q8_0 stores its eight.
+
+struct PackedQ4 {
+    using Block = BlockQ4_0;
+    static constexpr int kOffset = Q4::kOffset;
+    static constexpr int kStored = 4;
+};
+struct PackedQ8 {
+    using Block = BlockQ8_0;
+    static constexpr int kOffset = Q8::kOffset;
+    static constexpr int kStored = 8;
+};
+
+constexpr size_t kPackedScaleBytes = kPanelRows * sizeof(uint16_t);
+
+// Where block b of a panel's nb keeps its words and its sixteen fp16
+// scales, and where its pair of blocks starts (kernels.h: pairs of blocks,
+// the last alone when nb is odd).
+struct PackedBlock {
+    size_t pair, words, scales;
+    PackedBlock(int stored, int64_t b, int64_t nb) {
+        const size_t block_words = static_cast<size_t>(stored) * kWordBytes;
+        const bool lone = b % 2 == 0 && b + 1 == nb;
+        pair = static_cast<size_t>(b / 2) * 2 * (block_words + kPackedScaleBytes);
+        words = pair + static_cast<size_t>(b % 2) * block_words;
+        scales =
+            pair + (lone ? 1 : 2) * block_words + static_cast<size_t>(b % 2) * kPackedScaleBytes;
+    }
+};
+
+// Generation streams the panels from memory: each pair's lines are asked for
+// this far ahead (the hardware prefetcher alone leaves the loop waiting on
+// DRAM, as for the dot products).
+constexpr size_t kPackedPrefetchAhead = 8192;
+template <typename P>
+__attribute__((always_inline)) inline void prefetch_pair(const uint8_t* pair) {
+#pragma GCC unroll 20
+    for (size_t l = 0; l < 2 * (P::kStored * kWordBytes + kPackedScaleBytes); l += kWordBytes)
+        _mm_prefetch(reinterpret_cast<const char*>(pair) + kPackedPrefetchAhead + l, _MM_HINT_T0);
+}
 
 } // namespace chain
 } // namespace
