@@ -318,7 +318,9 @@ void packed_tile(const uint8_t* const (&pan)[NP], int64_t nb, const Q8Tokens& a,
                 if constexpr (kSplit) acc[NC - 1][p][t] = _mm512_setzero_si512();
             }
         }
-        if (b % 2 == 0)
+        // The first token tile streams the panels from memory; the others
+        // find them in cache.
+        if (b % 2 == 0 && t0 == 0)
 #pragma GCC unroll 8
             for (int p = 0; p < NP; p++) prefetch_pair<P>(pan[p] + at.pair);
 #pragma GCC unroll 4

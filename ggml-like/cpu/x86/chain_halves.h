@@ -118,7 +118,9 @@ void packed_tile(const uint8_t* pan, int h0, int64_t nb, const Q8Tokens& a, int6
     for (int h = 0; h < NH; h++) zero(f[h]);
     for (int64_t b = 0; b < nb; b++) {
         const PackedBlock at(P::kStored, b, nb);
-        if (b % 2 == 0 && NH == 2) prefetch_pair<P>(pan + at.pair);
+        // The first token tile streams the panel from memory; the others
+        // find it in cache.
+        if (b % 2 == 0 && t0 == 0 && h0 == 0) prefetch_pair<P>(pan + at.pair);
         const int8_t* qs[NT];
         int32_t init[NT];
         for (int t = 0; t < NT; t++) {
