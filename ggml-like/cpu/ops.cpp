@@ -111,8 +111,9 @@ bool int8_by_default(Type weight) {
 }
 
 bool int8_applies(Type weight, int64_t n_tok, MatmulPaths paths) {
-    const int64_t min_tokens = paths.rows_exact ? kRowsExactMinTokens : kInt8MinTokens;
-    return paths.int8 && (paths.invariant || (n_tok >= min_tokens && int8_by_default(weight))) &&
+    return paths.int8 &&
+           (paths.invariant ||
+            (!paths.rows_exact && n_tok >= kInt8MinTokens && int8_by_default(weight))) &&
            block_chain(weight) && cpu::has_gemm(weight);
 }
 
@@ -161,8 +162,9 @@ bool packed_applies(const Tensor& w, MatmulPaths paths) {
 }
 
 BatchPath batch_path(Type weight, int64_t n_in, int64_t n_tok, MatmulPaths paths) {
-    const gemm::Path tile_path =
-        paths.tiles ? gemm::path_for(weight, n_in, n_tok) : gemm::Path::None;
+    const gemm::Path tile_path = paths.tiles && !paths.rows_exact
+                                     ? gemm::path_for(weight, n_in, n_tok)
+                                     : gemm::Path::None;
     const bool int8 = int8_applies(weight, n_tok, paths);
     // AMX tiles before the integer GEMM (faster where they exist); the
     // integer GEMM before OpenBLAS.

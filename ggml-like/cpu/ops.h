@@ -50,9 +50,10 @@ struct MatmulPaths {
     // tokens decode 2.2-3.9x slower this way than on the dot products, since
     // each batch packs its panels anew. Packed weights (below) do not.
     bool invariant = false;
-    // Every row the bits of a one-token batch (speculative verification,
-    // Backend::set_rows_exact): batches of fewer than kRowsExactMinTokens
-    // keep the one-token dot products.
+    // Every row the bits of a one-token batch, whatever the batch's size
+    // (speculative verification, kvrun batch's decode passes:
+    // Backend::set_rows_exact): no tiles, and the integer GEMM only where
+    // one token takes it too (packed weights, the invariant mode).
     bool rows_exact = false;
     // Weights with a packed copy (Tensor::packed) take the table's packed
     // GEMM for every batch, one token too: fast for one token and for many,
@@ -81,12 +82,8 @@ std::string batch_paths_summary();
 // Batches of at least this many tokens take the integer GEMM (outside the
 // invariant mode): below it the dot products are faster (AMD EPYC, 1.1B Q4_0
 // shape, AVX-512: 2 tokens 50 against 102 tok/s, 4: 89 against 120, 8: 161
-// against 127; AVX2 alike). Under MatmulPaths::rows_exact the bound is
-// kRowsExactMinTokens: verification batches of speculative decoding (up to
-// 15 tokens) use the one-token kernels, so that they give plain decoding's
-// answers bit for bit.
+// against 127; AVX2 alike). Not under MatmulPaths::rows_exact.
 inline constexpr int64_t kInt8MinTokens = 8;
-inline constexpr int64_t kRowsExactMinTokens = 16;
 
 // Weight rows per work unit of matmul's parallel loop (one dot product per
 // row and token): enough to amortize the loop, small enough that both

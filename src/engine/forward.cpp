@@ -190,12 +190,6 @@ const float* Forward::eval_generated(int32_t token) {
     return run(&token, 1, false, Pass::generated);
 }
 
-// Below the tile threshold, and with the backends' rows exact below the
-// integer GEMM's, every token of a batch takes the dot products a single
-// token takes (ops::matmul).
-static_assert(Forward::kMaxVerify < gl::gemm::kMinTokens);
-static_assert(Forward::kMaxVerify < gl::ops::kRowsExactMinTokens);
-
 // Rows exact for one pass only, also when it throws.
 struct Forward::RowsExact {
     const std::vector<gl::Backend*>& backends;
@@ -233,7 +227,7 @@ void Forward::adopt(KvCache& kv) const {
 
 const float* Forward::eval_generated(std::span<const SeqToken> seqs) {
     const int n = static_cast<int>(seqs.size());
-    KV_ASSERT(n >= 1 && n <= std::min(kMaxVerify, max_batch_));
+    KV_ASSERT(n >= 1 && n <= max_batch_);
     segs_.clear();
     seq_tokens_.clear();
     for (int i = 0; i < n; i++) {

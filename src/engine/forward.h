@@ -56,9 +56,8 @@ class Forward {
     // Speculative verification: n (<= kMaxVerify) generated or drafted
     // tokens, all rows of logits. Each row is bit for bit the row n
     // successive eval_generated calls would give, so that verifying a draft
-    // never changes a greedy answer: the matrices take each token's own dot
-    // products (Backend::set_rows_exact for the pass; the tiles start at
-    // gl::gemm::kMinTokens) and, on a backend
+    // never changes a greedy answer: the matrices give each token its
+    // one-token bits (Backend::set_rows_exact for the pass) and, on a backend
     // that attends the host ring (Backend::reads_host_kv), each token attends
     // on its own, after the one before it is written. Elsewhere (CUDA) the
     // batch attends at once: the same tokens within the precision of the
@@ -73,11 +72,12 @@ class Forward {
     void adopt(KvCache& kv) const;
     // Several sequences in one pass (kvrun batch): one generated token each,
     // at its own cache's n_past(), every row's logits in order. The
-    // matrices read their weights once for all rows and take each row's
-    // one-token dot products (rows exact, as eval_verify), and each sequence
-    // attends its own cache, so a row's logits are bit for bit those
-    // eval_generated gives the sequence alone, whatever else is in the pass.
-    // At most kMaxVerify sequences; their caches distinct.
+    // matrices read their weights once for all rows and give each row its
+    // one-token bits (rows exact, as eval_verify: packed weights' GEMM, else
+    // the one-token dot products), and each sequence attends its own cache,
+    // so a row's logits are bit for bit those eval_generated gives the
+    // sequence alone, whatever else is in the pass. At most max_batch
+    // sequences; their caches distinct.
     struct SeqToken {
         KvCache* kv;
         int32_t token;

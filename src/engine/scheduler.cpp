@@ -209,7 +209,7 @@ void Scheduler::step(const std::function<void(SeqResult)>& on_done) {
 
     // Every running sequence's next token, per_pass rows a pass.
     const size_t n_vocab = static_cast<size_t>(lm_.model.hp.n_vocab);
-    const int per_pass = std::min(Forward::kMaxVerify, max_batch_);
+    const int per_pass = max_batch_;
     gen_.clear();
     for (auto& s : live_)
         if (!s->done && s->pending >= 0) gen_.push_back(s.get());

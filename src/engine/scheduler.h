@@ -3,8 +3,8 @@
 // Each sequence has a cache of its own (a KvCache of the Forward's config,
 // reused by the next sequence when it ends), its own sampler and its own
 // answer (answer.h). Every step evaluates the next token of every running
-// sequence, in passes of up to Forward::kMaxVerify rows (one read of the
-// weights per pass, not per sequence), then one chunk of at most max_batch
+// sequence, in passes of up to max_batch rows (one read of the weights per
+// pass, not per sequence), then one chunk of at most max_batch
 // prompt tokens of the oldest sequence still reading its prompt; sequences
 // join and leave between steps, up to `parallel` at once.
 //

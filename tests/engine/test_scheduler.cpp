@@ -129,8 +129,17 @@ void check_against_lone(const LoadedModel& lm, int count, int n_ctx, int max_bat
 TEST_CASE("scheduler: 32 mixed requests, 5 at a time, answer as lone sessions do (stories260K)") {
     auto lm = LoadedModel::load(kvtest::shared("models/stories260K.gguf"));
     check_against_lone(*lm, 32, 96, 16, 5, "stories260K");
-    // More at once than a pass takes (Forward::kMaxVerify): two passes a step.
+    // More at once than a pass takes (max_batch 16): two passes a step, the
+    // first of 16 rows, where F32 weights would take the tiles (other bits
+    // than a lone token's) were the rows not kept exact.
     check_against_lone(*lm, 24, 96, 16, 20, "stories260K, 20 at once");
+    // Passes of 20 rows on K-quants (the integer GEMM's batches were the
+    // rows not kept exact) and on packed Q8_0 (its GEMM, which one token
+    // takes too).
+    auto gemma4 = LoadedModel::load(kvtest::shared("models/next/tiny-gemma4-Q4_K_M.gguf"));
+    check_against_lone(*gemma4, 24, 64, 32, 20, "gemma4, 20 at once");
+    kvtest::RandomModelFile gemma3({"gemma3", 128, 4, 1, 96, 6, gl::Type::Q8_0});
+    check_against_lone(*gemma3.lm, 24, 64, 32, 20, "gemma3 Q8_0, 20 at once");
 }
 
 TEST_CASE("scheduler: prompts start from the longest prefix a cache holds (its own, one left "
