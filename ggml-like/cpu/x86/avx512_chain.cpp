@@ -323,19 +323,40 @@ void packed_tile(const uint8_t* const (&pan)[NP], int64_t nb, const Q8Tokens& a,
         if (b % 2 == 0 && t0 == 0)
 #pragma GCC unroll 8
             for (int p = 0; p < NP; p++) prefetch_pair<P>(pan[p] + at.pair);
+        if constexpr (P::kStored == 4) {
 #pragma GCC unroll 4
-        for (int k = 0; k < 4; k++) {
-            __m512i wl[NP], wh[NP];
+            for (int k = 0; k < 4; k++) {
+                __m512i wl[NP], wh[NP];
 #pragma GCC unroll 8
-            for (int p = 0; p < NP; p++) packed_words<P>(pan[p] + at.words, k, wl[p], wh[p]);
+                for (int p = 0; p < NP; p++) packed_words<P>(pan[p] + at.words, k, wl[p], wh[p]);
 #pragma GCC unroll 8
-            for (int t = 0; t < NT; t++) {
-                const __m512i al = _mm512_set1_epi32(load_i32(tok[t][b].qs + 4 * k));
-                const __m512i ah = _mm512_set1_epi32(load_i32(tok[t][b].qs + 16 + 4 * k));
+                for (int t = 0; t < NT; t++) {
+                    const __m512i al = _mm512_set1_epi32(load_i32(tok[t][b].qs + 4 * k));
+                    const __m512i ah = _mm512_set1_epi32(load_i32(tok[t][b].qs + 16 + 4 * k));
 #pragma GCC unroll 8
-                for (int p = 0; p < NP; p++) {
-                    acc[0][p][t] = _mm512_dpbusd_epi32(acc[0][p][t], wl[p], al);
-                    acc[NC - 1][p][t] = _mm512_dpbusd_epi32(acc[NC - 1][p][t], wh[p], ah);
+                    for (int p = 0; p < NP; p++) {
+                        acc[0][p][t] = _mm512_dpbusd_epi32(acc[0][p][t], wl[p], al);
+                        acc[NC - 1][p][t] = _mm512_dpbusd_epi32(acc[NC - 1][p][t], wh[p], ah);
+                    }
+                }
+            }
+        } else {
+            // Q8_0: the eight words in their order, so the lines are read in
+            // theirs (words 0-3 one chain, 4-7 the other).
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) {
+                __m512i w[NP];
+#pragma GCC unroll 8
+                for (int p = 0; p < NP; p++)
+                    w[p] = _mm512_loadu_si512(pan[p] + at.words + k * kWordBytes);
+#pragma GCC unroll 8
+                for (int t = 0; t < NT; t++) {
+                    const __m512i av = _mm512_set1_epi32(load_i32(tok[t][b].qs + 4 * k));
+#pragma GCC unroll 8
+                    for (int p = 0; p < NP; p++) {
+                        __m512i& c = acc[k < 4 ? 0 : NC - 1][p][t];
+                        c = _mm512_dpbusd_epi32(c, w[p], av);
+                    }
                 }
             }
         }
