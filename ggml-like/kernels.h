@@ -47,8 +47,9 @@ using GemmFn = void(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, 
 // bytes (rows past a matrix's end are zero): panel p of a matrix starts
 // p * kPackedPanelRows rows' bytes in, as row 16 p of the plain matrix does.
 // Within a panel its n / 32 blocks come in pairs (the last alone if their
-// count is odd), so that a panel is one stream of whole 64-byte lines: the
-// pair's two blocks' words, then their sixteen fp16 scales each (32 bytes).
+// count is odd), so that a panel is one stream of whole 64-byte lines (but
+// where n / 32 is odd, when every other panel starts 32 bytes into one):
+// the pair's two blocks' words, then their sixteen fp16 scales each.
 //   Q4_0: a block's four 64-byte words (word k, lane r: bytes 4k..4k+3 of qs
 //         of row r's block; their low nibbles are elements 4k..4k+3, their
 //         high nibbles elements 16+4k..19+4k).

@@ -128,7 +128,7 @@ int run_batch(int argc, char** argv) {
 
     const StopPoint stop_point;
     const auto t0 = std::chrono::steady_clock::now();
-    auto lm = LoadedModel::load(o.common.model, layers_home(o.common));
+    auto lm = LoadedModel::load(o.common.model, layers_home(o.common), !o.common.precise);
     const Hparams& hp = lm->model.hp;
 
     // Read every line first: -c auto and --parallel are sized from them.

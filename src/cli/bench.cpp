@@ -309,7 +309,8 @@ int run_bench(int argc, char** argv) {
         placement.device = device;
         placement.n_gpu_layers = offload.n_gpu_layers;
         placement.kv_gpu_window = offload.kv_gpu_window;
-        auto lm = LoadedModel::load(path, layers_home(placement));
+        placement.precise = precise;
+        auto lm = LoadedModel::load(path, layers_home(placement), !placement.precise);
         const Hparams& hp = lm->model.hp;
         const std::string name = path.substr(path.find_last_of('/') + 1);
         const ModelSummary summary = summarize_model(lm->file);

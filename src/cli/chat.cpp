@@ -380,7 +380,7 @@ int run_chat(int argc, char** argv) {
     }
 
     const StopPoint stop_point; // its loops poll interrupted()
-    auto lm = LoadedModel::load(o.common.model, layers_home(o.common));
+    auto lm = LoadedModel::load(o.common.model, layers_home(o.common), !o.common.precise);
     ChatTemplate tmpl = ChatTemplate::for_model(lm->file, lm->tokenizer, o.chat_template);
     const int threads = resolve_threads(o.common.threads);
     ContextRequest req = types;

@@ -33,7 +33,7 @@ int run_logits(int argc, char** argv) {
     set_cache_types(c, req, false);
     const gl::Type tk = req.type_k, tv = req.type_v;
 
-    auto lm = LoadedModel::load(c.model, layers_home(c));
+    auto lm = LoadedModel::load(c.model, layers_home(c), !c.precise);
     const Hparams& hp = lm->model.hp;
     std::vector<int32_t> ids = *t_opt ? parse_token_list(tokens_s) : lm->tokenizer.encode(read_prompt(prompt, "", true), true, true);
     for (int32_t id : ids)

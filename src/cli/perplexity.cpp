@@ -45,7 +45,7 @@ int run_perplexity(int argc, char** argv) {
     const gl::Type tk = req.type_k, tv = req.type_v;
     const std::string text = read_prompt("", file, false);
     const StopPoint stop_point; // its loops poll interrupted()
-    auto lm = LoadedModel::load(c.model, layers_home(c));
+    auto lm = LoadedModel::load(c.model, layers_home(c), !c.precise);
     const Hparams& hp = lm->model.hp;
     const std::vector<int32_t> tokens = lm->tokenizer.encode(text, true, false);
     int64_t n_chunks = static_cast<int64_t>(tokens.size()) / n_ctx;

@@ -270,7 +270,7 @@ int run_generate(int argc, char** argv) {
         fail(Exit::usage, "nothing to answer: the chat message is empty");
     const StopPoint stop_point; // its loops poll interrupted()
     const auto t_load = Clock::now();
-    auto lm = LoadedModel::load(o.common.model, layers_home(o.common));
+    auto lm = LoadedModel::load(o.common.model, layers_home(o.common), !o.common.precise);
     const Hparams& hp = lm->model.hp;
     const Tokenizer& tok = lm->tokenizer;
     std::vector<int32_t> tokens;

@@ -45,13 +45,14 @@ bool want_huge_pages(const GgufFile& f) {
 
 } // namespace
 
-std::unique_ptr<LoadedModel> LoadedModel::load(const std::string& path, Layers layers) {
+std::unique_ptr<LoadedModel> LoadedModel::load(const std::string& path, Layers layers,
+                                               bool pack_matrices) {
     GgufFile f = GgufFile::open(path);
     // All but an untied token embedding, of which a token reads one row: the
     // mapping serves it as well, and a copy would make the whole table
     // resident (+37 MB for TinyLlama Q4_0, +70 MB Q8_0).
     const bool tied = f.tensor(std::string(tensor_names::output)) == nullptr;
-    const bool pack = layers == Layers::cpu;
+    const bool pack = pack_matrices && layers == Layers::cpu;
     if (layers != Layers::gpu && want_huge_pages(f))
         // Tables read a row per token stay in the mapping: an untied
         // embedding, and Gemma 4's per-layer embeddings (E2B: 1.3 GB in Q4_0,

@@ -25,8 +25,10 @@ struct LoadedModel {
     // pages if they can, see loader.cpp, and the matrices are packed),
     // split between a GPU and the CPU (huge pages only: a GPU layer's
     // packed copy would be memory no one reads), or all on a GPU.
+    // pack: false under --precise, whose F32 activations read the plain rows.
     enum class Layers { cpu, split, gpu };
-    static std::unique_ptr<LoadedModel> load(const std::string& path, Layers layers = Layers::cpu);
+    static std::unique_ptr<LoadedModel> load(const std::string& path, Layers layers = Layers::cpu,
+                                             bool pack = true);
 };
 
 } // namespace kvrun

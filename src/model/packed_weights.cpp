@@ -8,6 +8,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "error.h"
+#include "ggml-like/cpu/gemm.h"
 #include "ggml-like/kernels.h"
 
 namespace kvrun {
@@ -18,7 +20,11 @@ bool PackedWeights::enabled() {
 }
 
 bool PackedWeights::packs(gl::Type type) {
-    return enabled() && gl::packable(type) && gl::cpu::has_packed_gemm(type);
+    // Where AMX tiles take prompts (Xeons from Sapphire Rapids on), they are
+    // faster than the packed GEMM and read the plain rows: nothing is packed,
+    // so the weights are not held twice.
+    return enabled() && gl::packable(type) && gl::cpu::has_packed_gemm(type) &&
+           gl::gemm::path_for(type, 4096, 512) != gl::gemm::Path::Amx;
 }
 
 PackedWeights PackedWeights::pack(Model& m, const GgufFile& f) {
@@ -35,15 +41,22 @@ PackedWeights PackedWeights::pack(Model& m, const GgufFile& f) {
         uint64_t at;
     };
     std::vector<Job> jobs;
-    std::unordered_map<const void*, uint64_t> seen;
+    struct Seen {
+        uint64_t at;
+        int64_t ne0, ne1;
+    };
+    std::unordered_map<const void*, Seen> seen;
     uint64_t total = 0;
     for (gl::Tensor* w : mats) {
         if (!packs(w->type) || w->row_bytes != gl::row_size(w->type, w->ne0)) continue;
         if (auto it = seen.find(w->data); it != seen.end()) {
-            jobs.push_back({w, it->second});
+            // The same rows seen before (never another shape: the binder
+            // rejects overlapping tensors, and views start apart).
+            KV_ASSERT(it->second.ne0 == w->ne0 && it->second.ne1 == w->ne1);
+            jobs.push_back({w, it->second.at});
             continue;
         }
-        seen[w->data] = total;
+        seen[w->data] = {total, w->ne0, w->ne1};
         jobs.push_back({w, total});
         total += (gl::packed_bytes(w->type, w->ne0, w->ne1) + 63) / 64 * 64;
     }
@@ -80,6 +93,7 @@ PackedWeights PackedWeights::pack(Model& m, const GgufFile& f) {
         }
     };
     std::vector<std::thread> helpers;
+    helpers.reserve(n_threads); // no allocation while threads run
     for (unsigned i = 1; i < n_threads; i++) {
         try {
             helpers.emplace_back(work, i);

@@ -273,13 +273,6 @@ struct PackedArith {
 
 KVRUN_CHAIN_GEMMS(KVRUN_DEFINE_CHAIN_GEMM)
 
-void gemm_packed_q4_0(int64_t n, const void* panels, int64_t n_rows, const Q8Tokens& a, float* y,
-                      size_t y_stride) {
-    gemm_packed<PackedArith, PackedQ4>(n, panels, n_rows, a, y, y_stride);
-}
-void gemm_packed_q8_0(int64_t n, const void* panels, int64_t n_rows, const Q8Tokens& a, float* y,
-                      size_t y_stride) {
-    gemm_packed<PackedArith, PackedQ8>(n, panels, n_rows, a, y, y_stride);
-}
+KVRUN_DEFINE_PACKED_GEMMS(PackedArith)
 
 } // namespace gl::avx2_chain

@@ -173,3 +173,15 @@ void gemm_packed(int64_t n, const void* panels, int64_t n_rows, const Q8Tokens& 
 } // namespace chain
 } // namespace
 } // namespace gl
+
+// In a 256-bit ISA file's namespace: its packed GEMMs, the driver above over
+// the file's arithmetic `Arith` (chain_gemms.h declares them).
+#define KVRUN_DEFINE_PACKED_GEMMS(Arith)                                                           \
+    void gemm_packed_q4_0(int64_t n, const void* panels, int64_t n_rows, const Q8Tokens& a,        \
+                          float* y, size_t y_stride) {                                             \
+        gemm_packed<Arith, PackedQ4>(n, panels, n_rows, a, y, y_stride);                           \
+    }                                                                                              \
+    void gemm_packed_q8_0(int64_t n, const void* panels, int64_t n_rows, const Q8Tokens& a,        \
+                          float* y, size_t y_stride) {                                             \
+        gemm_packed<Arith, PackedQ8>(n, panels, n_rows, a, y, y_stride);                           \
+    }
