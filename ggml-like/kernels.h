@@ -58,8 +58,7 @@ using GemmFn = void(int64_t n, const void* w, size_t row_bytes, int64_t n_rows, 
 // A table's packed GEMM computes exactly the block-chain arithmetic (below),
 // as its gemm does: a token's outputs are the same bits whatever its batch,
 // one token or many, and the same as ref::gemm's on the plain rows.
-inline constexpr int64_t kPackedPanelRows = 16;
-static_assert(Tensor::kPanelRows == kPackedPanelRows);
+inline constexpr int64_t kPackedPanelRows = Tensor::kPanelRows; // 16
 constexpr bool packable(Type weight) {
     return weight == Type::Q4_0 || weight == Type::Q8_0;
 }

@@ -162,9 +162,8 @@ bool packed_applies(const Tensor& w, MatmulPaths paths) {
 }
 
 BatchPath batch_path(Type weight, int64_t n_in, int64_t n_tok, MatmulPaths paths) {
-    const gemm::Path tile_path = paths.tiles && !paths.rows_exact
-                                     ? gemm::path_for(weight, n_in, n_tok)
-                                     : gemm::Path::None;
+    const gemm::Path tile_path =
+        paths.tiles && !paths.rows_exact ? gemm::path_for(weight, n_in, n_tok) : gemm::Path::None;
     const bool int8 = int8_applies(weight, n_tok, paths);
     // AMX tiles before the integer GEMM (faster where they exist); the
     // integer GEMM before OpenBLAS.
@@ -197,20 +196,25 @@ std::string batch_paths_summary() {
     const std::string chain = batch_path_name(Type::Q4_0, 4096, 512);
     // F16 has no integer GEMM: it stands for the types that take the rest.
     const std::string rest = batch_path_name(Type::F16, 4096, 512);
-    std::string packed;
-    for (Type t : {Type::Q4_0, Type::Q8_0})
-        if (cpu::has_packed_gemm(t))
-            packed += (packed.empty() ? "" : ", ") + std::string(t == Type::Q4_0 ? "Q4_0" : "Q8_0");
+    constexpr Type kChainTypes[] = {Type::Q4_0, Type::Q4_1,   Type::Q5_0, Type::Q5_1,
+                                    Type::Q8_0, Type::IQ4_NL, Type::Q2_K, Type::Q3_K,
+                                    Type::Q4_K, Type::Q5_K,   Type::Q6_K};
+    // "Q4_0, Q8_0": the types of kChainTypes that keep(t) takes, as files name them.
+    auto names = [&](auto keep) {
+        std::string list;
+        for (Type t : kChainTypes)
+            if (keep(t)) {
+                std::string name = type_name(t);
+                for (char& c : name)
+                    c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+                list += (list.empty() ? "" : ", ") + name;
+            }
+        return list;
+    };
+    std::string packed = names([](Type t) { return packable(t) && cpu::has_packed_gemm(t); });
     if (!packed.empty()) packed = " (" + packed + " packed at load: generation too)";
     if (chain == rest) return chain + packed;
-    std::string types;
-    for (Type t : {Type::Q4_0, Type::Q4_1, Type::Q5_0, Type::Q5_1, Type::Q8_0, Type::IQ4_NL,
-                   Type::Q2_K, Type::Q3_K, Type::Q4_K, Type::Q5_K, Type::Q6_K})
-        if (batch_path_name(t, 4096, 512) == chain) {
-            std::string name = type_name(t);
-            for (char& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-            types += (types.empty() ? "" : ", ") + name;
-        }
+    const std::string types = names([&](Type t) { return batch_path_name(t, 4096, 512) == chain; });
     return chain + " for " + types + packed + "; " + rest + " for the rest";
 }
 

@@ -35,53 +35,45 @@ PackedWeights PackedWeights::pack(Model& m, const GgufFile& f) {
         for (gl::Tensor* w : L.matrices()) mats.push_back(w);
     for (gl::Tensor* w : {&m.output, &m.per_layer_model_proj})
         if (*w) mats.push_back(w);
-    // Each distinct matrix once (views of the same rows share a copy), 64-byte aligned.
+    // Each distinct matrix once (views of the same rows share a copy),
+    // 64-byte aligned, in pieces of whole panels up to 8 MiB each, shared
+    // among up to four threads: new pages' faults are much of the time.
     struct Job {
         gl::Tensor* t;
         uint64_t at;
     };
-    std::vector<Job> jobs;
-    struct Seen {
+    struct Piece {
+        const gl::Tensor* t;
         uint64_t at;
-        int64_t ne0, ne1;
+        int64_t r0, n;
     };
-    std::unordered_map<const void*, Seen> seen;
+    std::vector<Job> jobs;
+    std::vector<Piece> pieces;
+    std::unordered_map<const void*, const Job*> seen;
+    jobs.reserve(mats.size());
     uint64_t total = 0;
     for (gl::Tensor* w : mats) {
         if (!packs(w->type) || w->row_bytes != gl::row_size(w->type, w->ne0)) continue;
         if (auto it = seen.find(w->data); it != seen.end()) {
             // The same rows seen before (never another shape: the binder
             // rejects overlapping tensors, and views start apart).
-            KV_ASSERT(it->second.ne0 == w->ne0 && it->second.ne1 == w->ne1);
-            jobs.push_back({w, it->second.at});
+            KV_ASSERT(it->second->t->ne0 == w->ne0 && it->second->t->ne1 == w->ne1);
+            jobs.push_back({w, it->second->at});
             continue;
         }
-        seen[w->data] = {total, w->ne0, w->ne1};
         jobs.push_back({w, total});
+        seen[w->data] = &jobs.back();
+        const int64_t step =
+            std::max<int64_t>(1, (int64_t{8} << 20) /
+                                     static_cast<int64_t>(gl::kPackedPanelRows * w->row_bytes)) *
+            gl::kPackedPanelRows;
+        for (int64_t r0 = 0; r0 < w->ne1; r0 += step)
+            pieces.push_back({w, total, r0, std::min(step, w->ne1 - r0)});
         total += (gl::packed_bytes(w->type, w->ne0, w->ne1) + 63) / 64 * 64;
     }
     if (total == 0) return out;
     out.block_ = allocate_huge(total);
     if (!out.block_) return out;
-    // Pieces of whole panels, up to 8 MiB each, shared among up to four
-    // threads: new pages' faults are much of the time.
-    struct Piece {
-        const gl::Tensor* t;
-        uint64_t at;
-        int64_t r0, n;
-    };
-    std::vector<Piece> pieces;
-    std::unordered_map<const void*, bool> queued;
-    for (const Job& j : jobs) {
-        if (queued[j.t->data]) continue;
-        queued[j.t->data] = true;
-        const size_t panel_rows_bytes = gl::kPackedPanelRows * j.t->row_bytes;
-        const int64_t step =
-            std::max<int64_t>(1, (int64_t{8} << 20) / static_cast<int64_t>(panel_rows_bytes)) *
-            gl::kPackedPanelRows;
-        for (int64_t r0 = 0; r0 < j.t->ne1; r0 += step)
-            pieces.push_back({j.t, j.at, r0, std::min(step, j.t->ne1 - r0)});
-    }
     const unsigned n_threads = std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
     auto work = [&](unsigned first) {
         for (size_t k = first; k < pieces.size(); k += n_threads) {
@@ -104,8 +96,6 @@ PackedWeights PackedWeights::pack(Model& m, const GgufFile& f) {
     work(0);
     for (std::thread& h : helpers) h.join();
     for (const Job& j : jobs) j.t->packed = out.block_.get() + j.at;
-    out.bytes_ = total;
-    out.matrices_ = static_cast<int>(seen.size());
     return out;
 }
 

@@ -33,13 +33,8 @@ class PackedWeights {
     // when packing is off or the memory cannot be had (the plain paths run).
     static PackedWeights pack(Model& m, const GgufFile& f);
 
-    uint64_t bytes() const { return bytes_; }
-    int matrices() const { return matrices_; }
-
   private:
     HugeBytes block_;
-    uint64_t bytes_ = 0;
-    int matrices_ = 0;
 };
 
 } // namespace kvrun

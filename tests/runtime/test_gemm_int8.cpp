@@ -115,6 +115,18 @@ bool same_bits(float a, float b) {
     return std::memcmp(&a, &b, sizeof a) == 0;
 }
 
+// y[t * n_rows + r]: the reference's dot product of weight row r (rows of n
+// elements of type t) with token t of a.
+std::vector<float> reference_outputs(Type t, int64_t n, const std::vector<uint8_t>& w,
+                                     int64_t n_rows, const Tokens& a) {
+    const size_t rb = gl::row_size(t, n);
+    std::vector<float> y(static_cast<size_t>(a.n_tok * n_rows));
+    for (int64_t tk = 0; tk < a.n_tok; tk++)
+        for (int64_t r = 0; r < n_rows; r++)
+            y[tk * n_rows + r] = gl::ref::vec_dot(t, n, w.data() + r * rb, a.row(tk));
+    return y;
+}
+
 } // namespace
 
 TEST_CASE("block chain: every table's gemm gives the reference's bits, 1 to 33 tokens") {
@@ -129,11 +141,7 @@ TEST_CASE("block chain: every table's gemm gives the reference's bits, 1 to 33 t
                 const auto w = random_rows(t, n, n_rows, seed++);
                 const int64_t n_tok = 33;
                 const Tokens a(t, n, n_tok, seed++);
-                std::vector<float> want(static_cast<size_t>(n_tok * n_rows));
-                for (int64_t tk = 0; tk < n_tok; tk++)
-                    for (int64_t r = 0; r < n_rows; r++)
-                        want[tk * n_rows + r] =
-                            gl::ref::vec_dot(t, n, w.data() + r * rb, a.row(tk));
+                const auto want = reference_outputs(t, n, w, n_rows, a);
                 for (int i = 0; i < gl::kernel_table_count(); i++) {
                     const gl::KernelTable& k = gl::kernel_table(i);
                     const auto id = static_cast<uint32_t>(t);
@@ -243,16 +251,11 @@ TEST_CASE("packed weights: every table's packed gemm gives the reference's bits,
             for (int64_t n_rows : {1, 15, 16, 17, 33, 47, 70}) {
                 CHECK(gl::packed_bytes(t, n, n_rows) ==
                       static_cast<size_t>((n_rows + 15) / 16 * 16) * gl::row_size(t, n));
-                const size_t rb = gl::row_size(t, n);
                 const auto w = random_rows(t, n, n_rows, seed++);
                 const PackedRows packed(t, n, w, n_rows);
                 const int64_t n_tok = 33;
                 const Tokens a(t, n, n_tok, seed++);
-                std::vector<float> want(static_cast<size_t>(n_tok * n_rows));
-                for (int64_t tk = 0; tk < n_tok; tk++)
-                    for (int64_t r = 0; r < n_rows; r++)
-                        want[tk * n_rows + r] =
-                            gl::ref::vec_dot(t, n, w.data() + r * rb, a.row(tk));
+                const auto want = reference_outputs(t, n, w, n_rows, a);
                 for (int i = 0; i < gl::kernel_table_count(); i++) {
                     const gl::KernelTable& k = gl::kernel_table(i);
                     auto f = k.gemm_packed[static_cast<uint32_t>(t)];
