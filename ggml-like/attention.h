@@ -43,6 +43,21 @@ struct AttentionArgs {
     // of slot s at v_slots + h * v_head_bytes + s * v_slot_bytes. 0 = the row
     // layout above (K and V each on its own).
     size_t k_head_bytes = 0, v_slot_bytes = 0, v_head_bytes = 0;
+    // Paged slots (src/engine/kv_pool.h). The layouts above then hold
+    // pool_slots slots (a multiple of block_slots, key tiles laid over all of
+    // them), and slot s of the ring is pool slot
+    //     slot_block[s / block_slots] * block_slots + s % block_slots.
+    // slot_block null: slot s is pool slot s (the ring's blocks in order).
+    // pool_slots 0: n_ctx. block_slots is a multiple of kKeyTile, so a block
+    // is whole key tiles.
+    const int32_t* slot_block = nullptr;
+    int block_slots = 0;
+    int pool_slots = 0;
+    int64_t pool_slot(int64_t s) const {
+        return slot_block ? slot_block[s / block_slots] * int64_t{block_slots} + s % block_slots
+                          : s;
+    }
+    int tiled_slots() const { return pool_slots ? pool_slots : n_ctx; }
     const int64_t* slot_pos = nullptr; // [n_ctx], position held by each slot, -1 = empty;
                                        // all are < pos[0] (the batch is written after)
     const void* k_new = nullptr;       // [n_tok] rows, the batch's own keys (rotated) and values

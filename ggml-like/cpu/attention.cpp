@@ -89,7 +89,18 @@ int run_end(const int64_t* sp, int s, int end, int64_t lo, int64_t hi) {
     return s;
 }
 
-int visible_runs(const AttentionArgs& a, const KeySubset& keys, int t, KeyRun* out) {
+// How far a run's keys are from where its slot indices say (a run within
+// one block, AttentionArgs::slot_block): added to the slots' base address.
+int64_t pool_shift(const AttentionArgs& a, const KeyRun& run) {
+    return run.kind == RunKind::Batch ? 0 : a.pool_slot(run.b) - run.b;
+}
+
+// The runs of keys token t sees. With cut_blocks, slot runs end at every
+// block boundary (AttentionArgs::block_slots): each is then one stretch of
+// pool slots wherever its block is, and a lone cache (blocks in order) gets
+// the same runs, so the same sums, as a sequence of a shared pool.
+int visible_runs(const AttentionArgs& a, const KeySubset& keys, int t, KeyRun* out,
+                 bool cut_blocks) {
     const int64_t p = a.pos[t];
     const bool slid = p >= a.n_ctx;
     const int64_t lo = slid ? p - a.window + 1 : 0;
@@ -122,8 +133,12 @@ int visible_runs(const AttentionArgs& a, const KeySubset& keys, int t, KeyRun* o
         // sinks are ordinary keys.
         const int e =
             run_end(a.slot_pos, s + 1, s_end, std::max<int64_t>(keys.pos_begin, lo), keys.pos_end);
-        out[n++] = {s, e, RunKind::Slots};
-        s = e;
+        for (; s < e;) {
+            const int bs = a.block_slots;
+            const int c = cut_blocks && bs > 0 ? std::min(e, (s / bs + 1) * bs) : e;
+            out[n++] = {s, c, RunKind::Slots};
+            s = c;
+        }
     }
     auto batch_seen = [&](int u) {
         const int64_t up = a.pos[u];
@@ -194,7 +209,9 @@ void attend_one(const AttentionArgs& a, int t, int h, const KeyRun* runs, int n_
             const float* k = a.sink_k + sp * a.n_head_kv * hd + kvh * hd;
             sc[run.b] = cpu::vec_dot(Type::F32, hd, k, qu) * a.scale;
         } else {
-            score_rows(run.kind == RunKind::Batch ? k_new : k_slots, run.b, run.e, dst);
+            score_rows(run.kind == RunKind::Batch ? k_new
+                                                  : k_slots + pool_shift(a, run) * a.k_row_bytes,
+                       run.b, run.e, dst);
         }
         for (int i = run.b; i < run.e; i++) mx = dst[i] > mx ? dst[i] : mx;
     }
@@ -211,7 +228,8 @@ void attend_one(const AttentionArgs& a, int t, int h, const KeyRun* runs, int n_
     if (lse_out) *lse_out = mx + std::log(sum);
     for (int r = 0; r < n_runs; r++) {
         const bool batch = runs[r].kind == RunKind::Batch;
-        add_rows(batch ? v_new : v_slots, batch ? scn : sc, runs[r].b, runs[r].e);
+        add_rows(batch ? v_new : v_slots + pool_shift(a, runs[r]) * a.v_row_bytes, batch ? scn : sc,
+                 runs[r].b, runs[r].e);
     }
     const float inv = 1.0f / sum;
     for (int i = 0; i < hd; i++) out[i] *= inv;
@@ -283,8 +301,12 @@ void attend_heads(const AttentionArgs& a, const uint8_t* new_tiles, int t, int h
     const int hd = a.head_dim;
     const int kvh = h0 / (a.n_head / a.n_head_kv);
     const size_t ke = type_info(a.k_type).type_size, ve = type_info(a.v_type).type_size;
-    const int chunk_keys = static_cast<int>(
-        std::clamp<int64_t>(kAttentionTileFloats / (2 * static_cast<int64_t>(hd)), 1, kChunkKeys));
+    // Chunks never cross a block (AttentionArgs::block_slots): each is read
+    // from one address, and they are the same chunks whether the blocks are
+    // in order (a lone cache) or anywhere in a shared pool, so the same sums.
+    const int align = a.block_slots > 0 ? a.block_slots : kChunkKeys;
+    const int chunk_keys = static_cast<int>(std::clamp<int64_t>(
+        kAttentionTileFloats / (2 * static_cast<int64_t>(hd)), 1, std::min(align, kChunkKeys)));
     float* k_tile = work;
     float* v_tile = work + static_cast<int64_t>(chunk_keys) * hd;
     float m[kSubGroup], l[kSubGroup];
@@ -361,7 +383,7 @@ void attend_heads(const AttentionArgs& a, const uint8_t* new_tiles, int t, int h
         // slot values in either layout, the batch's own values rows.
         const bool k_tiles = batch ? new_tiles != nullptr : a.k_head_bytes != 0;
         const bool v_hm = !batch && a.v_slot_bytes;
-        const int tiled_keys = batch ? a.n_tok : a.n_ctx;
+        const int tiled_keys = batch ? a.n_tok : a.tiled_slots();
         // Bytes from one key to the next in a row layout; in tiles, a chunk of
         // whole tiles from key c0 takes the same bytes as rows of hd elements
         // would (only the prefetch below uses this for them).
@@ -373,16 +395,20 @@ void attend_heads(const AttentionArgs& a, const uint8_t* new_tiles, int t, int h
                     : static_cast<const uint8_t*>(batch ? a.k_new : a.k_slots) + kvh * hd * ke;
         const auto* v_base = static_cast<const uint8_t*>(batch ? a.v_new : a.v_slots) +
                              kvh * (v_hm ? a.v_head_bytes : hd * ve);
+        // Key or value i of the run where it is: a batch row, or a slot's
+        // pool slot (AttentionArgs::slot_block; a chunk is within one block).
+        auto k_at = [&](int64_t i) { return k_base + (batch ? i : a.pool_slot(i)) * k_stride; };
+        auto v_at = [&](int64_t i) { return v_base + (batch ? i : a.pool_slot(i)) * v_stride; };
         if (run.kind == RunKind::Sink) {
             const float* k = a.sink_k + a.slot_pos[run.b] * a.n_head_kv * hd + kvh * hd;
             for (int j = 0; j < nh; j++)
                 sc[j * kChunkKeys] = cpu::vec_dot(Type::F32, hd, k, qu[j]) * a.scale;
-            fold(v_base + run.b * v_stride, v_stride, 1);
+            fold(v_at(run.b), v_stride, 1);
             continue;
         }
         int k_until = run.b; // keys prefetched by the half kernels' scheme, up to
         for (int c0 = run.b; c0 < run.e;) {
-            int c1 = std::min(run.e, c0 + chunk_keys);
+            int c1 = std::min({run.e, c0 + chunk_keys, (c0 / align + 1) * align});
             if (k_tiles && c1 < run.e && c1 / kKeyTile * kKeyTile > c0)
                 c1 = c1 / kKeyTile * kKeyTile; // the next chunk starts on a tile
             const int n = c1 - c0;
@@ -409,22 +435,25 @@ void attend_heads(const AttentionArgs& a, const uint8_t* new_tiles, int t, int h
             if (pf_in_kernels) {
                 const size_t kb = static_cast<size_t>(hd) * ke; // a key's bytes in tiles
                 for (; k_until < next_end; k_until++)           // the next chunk's keys, once a run
-                    for (size_t b = 0; b < kb; b += 64)
-                        __builtin_prefetch(k_base + k_until * kb + b);
+                    for (size_t b = 0; b < kb; b += 64) __builtin_prefetch(k_at(k_until) + b);
                 const int k_end = std::min(run.e, next_end + chunk_keys);
-                during_scores = {v_base + c1 * v_stride,
+                // (Each a chunk, so within one block.)
+                during_scores = {c1 < next_end ? v_at(c1) : nullptr,
                                  static_cast<int>((next_end - c1) * v_stride / 64)};
-                during_values = {k_base + next_end * kb,
+                during_values = {next_end < k_end ? k_at(next_end) : nullptr,
                                  static_cast<int>((k_end - next_end) * kb / 64)};
                 k_until = k_end; // >= next_end, where the burst above stopped
             }
             auto prefetch_some = [&] {
                 if (!prefetch || pf_in_kernels) return;
-                for (int stop = std::min(next_end, next + per_step); next < stop; next++)
+                for (int stop = std::min(next_end, next + per_step); next < stop; next++) {
+                    const uint8_t* kp = k_at(next);
+                    const uint8_t* vp = v_at(next);
                     for (int bb = 0; bb < hd * static_cast<int>(ke); bb += 64) {
-                        __builtin_prefetch(k_base + next * k_stride + bb);
-                        __builtin_prefetch(v_base + next * v_stride + bb);
+                        __builtin_prefetch(kp + bb);
+                        __builtin_prefetch(vp + bb);
                     }
+                }
             };
             prefetch_some();
             if (k_tiles) {
@@ -436,8 +465,7 @@ void attend_heads(const AttentionArgs& a, const uint8_t* new_tiles, int t, int h
                     // Two whole tiles at a time (32 keys, one half vector).
                     if (half_k && lo == 0 && t0 + 2 * kKeyTile <= c1 &&
                         key_tile_width(t0 + kKeyTile, tiled_keys) == kKeyTile) {
-                        const auto* ta = reinterpret_cast<const uint16_t*>(
-                            k_base + static_cast<size_t>(t0) * hd * ke);
+                        const auto* ta = reinterpret_cast<const uint16_t*>(k_at(t0));
                         const uint8_t* pf = during_scores.p;
                         const int pf_n = during_scores.take(hd);
                         if (fp16::score_tiles(hd, ta, ta + kKeyTile * hd, q16, nh, sc + (t0 - c0),
@@ -448,13 +476,11 @@ void attend_heads(const AttentionArgs& a, const uint8_t* new_tiles, int t, int h
                         }
                     }
 #endif
-                    cpu::dot_tile(a.k_type, hd, k_base + static_cast<size_t>(t0) * hd * ke,
-                                  key_tile_width(t0, tiled_keys), lo, hi, q[0], nh, a.scale,
-                                  sc + (t0 + lo - c0), kChunkKeys);
+                    cpu::dot_tile(a.k_type, hd, k_at(t0), key_tile_width(t0, tiled_keys), lo, hi,
+                                  q[0], nh, a.scale, sc + (t0 + lo - c0), kChunkKeys);
                 }
             } else {
-                const RowsF32 k =
-                    rows_f32(a.k_type, hd, k_base + c0 * k_stride, k_stride, n, k_tile);
+                const RowsF32 k = rows_f32(a.k_type, hd, k_at(c0), k_stride, n, k_tile);
                 for (int j = 0; j < nh; j++) {
                     prefetch_some();
                     cpu::dot_rows(Type::F32, hd, k.p, k.stride, n, q[j], a.scale,
@@ -462,7 +488,7 @@ void attend_heads(const AttentionArgs& a, const uint8_t* new_tiles, int t, int h
                 }
             }
             prefetch_some();
-            fold(v_base + c0 * v_stride, v_stride, n);
+            fold(v_at(c0), v_stride, n);
             during_scores.flush();
             during_values.flush();
             c0 = c1;
@@ -532,7 +558,8 @@ bool prompt_on_tiles(ThreadPool& pool, const AttentionArgs& a, const KeySubset& 
         return false;
     if (a.k_type != Type::F16 || a.v_type != Type::F16 || hd % 32 != 0 || hd > 256 ||
         n_rep > amx::kAttnRows || a.n_tok < kAttentionPromptBatch ||
-        (a.slot_pos && !a.k_head_bytes) || a.pos[a.n_tok - 1] >= a.n_ctx || !gemm::amx_enabled())
+        (a.slot_pos && !a.k_head_bytes) || a.slot_block || a.pos[a.n_tok - 1] >= a.n_ctx ||
+        !gemm::amx_enabled())
         return false;
     const int tokens = amx::kAttnRows / n_rep; // per item
     const int64_t blocks = (a.n_tok + tokens - 1) / tokens;
@@ -560,7 +587,8 @@ bool prompt_on_tiles(ThreadPool& pool, const AttentionArgs& a, const KeySubset& 
                     amx::AttnKeys& k = segs[n_segs++];
                     k.k = reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(a.k_slots) +
                                                             g * a.k_head_bytes);
-                    k.n_keys = k.end = a.n_ctx;
+                    k.n_keys = a.tiled_slots();
+                    k.end = a.n_ctx;
                     k.v = static_cast<const uint8_t*>(a.v_slots) +
                           g * (a.v_slot_bytes ? a.v_head_bytes : hd * e);
                     k.v_stride = a.v_slot_bytes ? a.v_slot_bytes : a.v_row_bytes;
@@ -610,7 +638,7 @@ void attend_in_order(const AttentionArgs& a, int t, int h0, int nh, int32_t* at,
     std::fill(at, at + n_at, -1);
     for (int s = 0; a.slot_pos && s < a.n_ctx; s++) {
         const int64_t i = a.slot_pos[s] >= 0 ? index(a.slot_pos[s]) : -1;
-        if (i >= 0) at[i] = s;
+        if (i >= 0) at[i] = static_cast<int32_t>(a.pool_slot(s));
     }
     for (int u = 0; u <= t; u++) {
         const int64_t i = index(a.pos[u]);
@@ -817,7 +845,7 @@ void attend_all(ThreadPool& pool, const AttentionArgs& a, const KeySubset& keys,
                         ks.slot_end = std::min(keys.slot_end, bound[split + 1]);
                         ks.with_new = keys.with_new && split == splits - 1;
                     }
-                    n_runs = visible_runs(a, ks, t, runs);
+                    n_runs = visible_runs(a, ks, t, runs, !grouped);
                     runs_of = w / per_tok;
                 }
                 if (grouped) {

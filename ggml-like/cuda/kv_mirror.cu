@@ -4,6 +4,7 @@
 // with --kv-gpu-window the mirror holds only the sinks and the newest window
 // and the older ("cold") positions are attended on the CPU and merged by
 // log-sum-exp. docs/cuda.md ("Design": The KV ring, Hot/cold KV) says why.
+#include <cstdlib>
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -29,6 +30,10 @@ uint64_t row_sample(const uint8_t* k, size_t kb, const uint8_t* v, size_t vb) {
 // ---- attention -----------------------------------------------------------------
 
 void CudaBackend::attend(const AttentionArgs& a) {
+    // The mirror copies the ring's slots in order: one sequence's blocks in
+    // order (a lone cache), never a shared pool's (kvrun batch refuses -ngl
+    // with more than one sequence).
+    if (a.slot_block) std::abort();
     const int64_t kvd = static_cast<int64_t>(a.n_head_kv) * a.head_dim;
     const size_t qb = sizeof(float) * static_cast<size_t>(a.n_tok) * a.n_head * a.head_dim;
     const int64_t n_q = static_cast<int64_t>(a.n_tok) * a.n_head;

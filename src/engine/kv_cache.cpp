@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "error.h"
@@ -77,7 +78,9 @@ int64_t KvCache::max_ctx_for_bytes(const KvCacheConfig& c, uint64_t bytes) {
     return static_cast<int64_t>((bytes - swa * static_cast<uint64_t>(c.swa_window)) / global);
 }
 
-KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg) {
+namespace {
+// Throws Error where the config cannot make a cache.
+void check_config(const KvCacheConfig& cfg) {
     if (cfg.n_ctx < 2) fail(Exit::usage, "context size {} is too small (at least 2)", cfg.n_ctx);
     KV_ASSERT(cfg.swa_layers.empty() ||
               (static_cast<int>(cfg.swa_layers.size()) == cfg.n_layer && cfg.swa_window >= 1));
@@ -100,44 +103,119 @@ KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg) {
         for (int l = 0; l < cfg.n_layer; l++)
             KV_ASSERT(rot == 0 || (rot <= gl::kHadamardMaxBlock && (rot & (rot - 1)) == 0 &&
                                    cfg.head_dim_of(l) % rot == 0));
-    for (int l = 0; l < cfg.n_layer; l++) {
-        const bool own = cfg.owns(l);
-        row_k_.push_back(own ? gl::row_size(cfg.type_k, cfg.kv_dim_of(l)) : 0);
-        row_v_.push_back(own ? gl::row_size(cfg.type_v, cfg.kv_dim_of(l)) : 0);
+}
+
+std::shared_ptr<KvPool> pool_for(const KvCacheConfig& cfg) {
+    check_config(cfg);
+    return std::make_shared<KvPool>(cfg, KvPool::ring_blocks(cfg));
+}
+} // namespace
+
+KvCache::KvCache(const KvCacheConfig& cfg) : cfg_(cfg), pool_(pool_for(cfg)), own_pool_(true) {
+    init_rings();
+    // Every block, in order: the table is the identity and the pool's
+    // layout is exactly a plain ring's.
+    for (size_t ri = 0; ri < rings_.size(); ri++) {
+        if (pool_->blocks(static_cast<int>(ri)) == 0) continue; // no layer of that kind owns slots
+        for (int32_t& b : rings_[ri].table) b = pool_->take(static_cast<int>(ri));
+        for (size_t j = 0; j < rings_[ri].table.size(); j++)
+            KV_ASSERT(rings_[ri].table[j] == static_cast<int32_t>(j));
+        rings_[ri].in_order = true;
     }
-    // One block for every layer's K and V slots, each 64-byte aligned (SIMD
-    // loads of a row never split a cache line needlessly), on huge pages
-    // (allocate_huge): a decode step reads every layer's slots from DRAM
-    // (`kvrun-lab attention`, TinyLlama Q4_0 at depth 4096: a plain read
-    // of the ring 20.5 -> 27-28 GB/s, attention 7.0-7.4 -> 6.3-6.8 ms a token).
-    auto aligned = [](size_t n) { return (n + 63) / 64 * 64; };
-    size_t used = 0;
-    for (int l = 0; l < cfg.n_layer; l++) {
-        layer_at_.push_back(used);
-        k_bytes_.push_back(aligned(row_k_[l] * slots(l)));
-        used += k_bytes_.back() + aligned(row_v_[l] * slots(l));
-    }
-    block_bytes_ = used;
-    block_ = allocate_huge(used);
-    if (!block_) fail(Exit::out_of_memory, "cannot allocate {} bytes for the KV cache", used);
-    std::memset(block_.get(), 0, used);
-    rings_.push_back(Ring{cfg.n_ctx, cfg.keep, std::vector<int64_t>(cfg.n_ctx, -1)});
-    if (cfg.swa_count() > 0) {
-        const int s = std::min(cfg.swa_window, cfg.n_ctx);
-        rings_.push_back(Ring{s, 0, std::vector<int64_t>(s, -1)});
+}
+
+KvCache::KvCache(const KvCacheConfig& cfg, std::shared_ptr<KvPool> pool)
+    : cfg_(cfg), pool_(std::move(pool)) {
+    check_config(cfg);
+    init_rings();
+}
+
+KvCache::~KvCache() {
+    release_blocks();
+}
+
+void KvCache::init_rings() {
+    const int bs = KvPool::kBlockSlots;
+    auto table = [&](int slots) { return std::vector<int32_t>((slots + bs - 1) / bs, -1); };
+    rings_.push_back(
+        Ring{cfg_.n_ctx, cfg_.keep, std::vector<int64_t>(cfg_.n_ctx, -1), table(cfg_.n_ctx)});
+    if (cfg_.swa_count() > 0) {
+        const int s = std::min(cfg_.swa_window, cfg_.n_ctx);
+        rings_.push_back(Ring{s, 0, std::vector<int64_t>(s, -1), table(s)});
     }
     size_t sinks = 0;
-    for (int l = 0; l < cfg.n_layer; l++) {
+    for (int l = 0; l < cfg_.n_layer; l++) {
         sink_at_.push_back(sinks);
-        if (cfg.owns(l)) sinks += static_cast<size_t>(cfg.keep_of(l)) * cfg.kv_dim_of(l);
+        if (cfg_.owns(l)) sinks += static_cast<size_t>(cfg_.keep_of(l)) * cfg_.kv_dim_of(l);
     }
     sink_k_.assign(sinks, 0.0f);
     size_t states = 0;
-    for (int l = 0; l < cfg.n_layer; l++) {
+    for (int l = 0; l < cfg_.n_layer; l++) {
         state_at_.push_back(states);
-        if (cfg.is_recurrent(l)) states += static_cast<size_t>(cfg.conv_floats + cfg.ssm_floats);
+        if (cfg_.is_recurrent(l)) states += static_cast<size_t>(cfg_.conv_floats + cfg_.ssm_floats);
     }
     state_.assign(states, 0.0f);
+}
+
+void KvCache::release_blocks() {
+    for (size_t ri = 0; ri < rings_.size(); ri++) {
+        for (int32_t& b : rings_[ri].table)
+            if (b >= 0) pool_->release(static_cast<int>(ri), std::exchange(b, -1));
+        rings_[ri].in_order = false;
+    }
+}
+
+int KvCache::held_blocks(int kind) const {
+    if (kind >= static_cast<int>(rings_.size())) return 0;
+    const std::vector<int32_t>& t = rings_[kind].table;
+    return static_cast<int>(std::count_if(t.begin(), t.end(), [](int32_t b) { return b >= 0; }));
+}
+
+bool KvCache::own_block(size_t ri, size_t j) {
+    int32_t& b = rings_[ri].table[j];
+    const int kind = static_cast<int>(ri);
+    if (b >= 0 && pool_->refs(kind, b) == 1) return true;
+    const int32_t fresh = pool_->take(kind);
+    if (fresh < 0) return false;
+    if (b >= 0) { // shared: copy on write
+        pool_->copy_block(kind, *pool_, b, fresh);
+        pool_->release(kind, b);
+    }
+    b = fresh;
+    rings_[ri].in_order = false;
+    return true;
+}
+
+bool KvCache::reserve(int64_t pos0, int n) {
+    KV_ASSERT(pos0 == n_past_ && n >= 0);
+    if (own_pool_) return true; // every block held, never shared
+    const int bs = KvPool::kBlockSlots;
+    for (size_t ri = 0; ri < rings_.size(); ri++) {
+        const Ring& r = rings_[ri];
+        // Positions past the window's worth of the batch are never written (write()).
+        const int64_t first = n > r.window() ? pos0 + n - r.window() : pos0;
+        int last_block = -1;
+        for (int64_t p = pos0; p < pos0 + n; p++) {
+            if (p < first && p >= r.keep) continue;
+            const int j = r.slot_of(p) / bs;
+            if (j == last_block) continue;
+            last_block = j;
+            if (!own_block(ri, static_cast<size_t>(j))) return false;
+        }
+    }
+    return true;
+}
+
+size_t KvCache::max_row_bytes_k() const {
+    size_t m = 0;
+    for (int l = 0; l < cfg_.n_layer; l++) m = std::max(m, row_bytes_k(l));
+    return m;
+}
+
+size_t KvCache::max_row_bytes_v() const {
+    size_t m = 0;
+    for (int l = 0; l < cfg_.n_layer; l++) m = std::max(m, row_bytes_v(l));
+    return m;
 }
 
 size_t KvCache::ring_bytes() const {
@@ -153,9 +231,12 @@ void KvCache::attention_slots(int layer, gl::AttentionArgs& a) const {
     a.n_ctx = r.slots;
     a.k_slots = k_slots(layer);
     a.v_slots = v_slots(layer);
+    a.pool_slots = pool_slots(layer);
+    a.block_slots = KvPool::kBlockSlots;
+    a.slot_block = r.in_order ? nullptr : r.table.data();
     // 0 = rows (see gl::AttentionArgs)
     a.k_head_bytes = head_bytes_k(layer);
-    a.v_slot_bytes = head_major_ ? slot_bytes_v(layer) : 0;
+    a.v_slot_bytes = head_major() ? slot_bytes_v(layer) : 0;
     a.v_head_bytes = head_bytes_v(layer);
     a.slot_pos = r.pos.data();
     a.n_sink = r.keep;
@@ -203,18 +284,21 @@ void KvCache::write_row(int layer, int64_t pos, const void* k_row, const void* v
 void KvCache::set_head_major(bool on) {
     on = on && gl::type_info(cfg_.type_k).block_size == 1 &&
          gl::type_info(cfg_.type_v).block_size == 1;
-    if (on == head_major_) return;
-    if (n_past_ == 0) { // nothing cached to move (Forward sets the layout on a fresh cache)
-        head_major_ = on;
+    if (on == head_major()) return;
+    // A shared pool's layout is every sequence's: it may change only while
+    // this cache is all it holds (Forward sets it on fresh caches).
+    for (int k = 0; k < KvPool::kKinds; k++) KV_ASSERT(pool_->held_blocks(k) == held_blocks(k));
+    if (n_past_ == 0) { // nothing cached to move
+        pool_->set_head_major(on);
         return;
     }
     // Each layer out as rows in the old layout, back in the new one.
     std::vector<uint8_t> k(cfg_.n_ctx * max_row_bytes_k()), v(cfg_.n_ctx * max_row_bytes_v());
     for (int l = 0; l < cfg_.n_layer; l++) {
         if (!cfg_.owns(l)) continue;
-        head_major_ = !on;
+        pool_->set_head_major(!on);
         read_rows(l, slots(l), k.data(), v.data());
-        head_major_ = on;
+        pool_->set_head_major(on);
         restore_rows(l, slots(l), k.data(), v.data());
     }
 }
@@ -225,46 +309,13 @@ void KvCache::put_row(int layer, int s, const uint8_t* kr, const uint8_t* vr, co
 
 template <class Copy>
 void KvCache::put_row_with(int layer, int s, const uint8_t* kr, const uint8_t* vr, Copy&& copy) {
-    layer = cfg_.source(layer);
-    uint8_t* kb = k_at(layer);
-    uint8_t* vb = kb + k_bytes_[layer];
-    const size_t rk = row_k_[layer], rv = row_v_[layer];
-    if (!head_major_) {
-        copy(kb + s * rk, kr, rk);
-        copy(vb + s * rv, vr, rv);
-        return;
-    }
-    const size_t hv = slot_bytes_v(layer), hbk = head_bytes_k(layer), hbv = head_bytes_v(layer);
-    for (int h = 0; h < cfg_.n_head_kv; h++) copy(vb + h * hbv + s * hv, vr + h * hv, hv);
-    // Keys element by element into their tiles: a key's elements are a tile
-    // width apart. (Not through a staged row: `copy` may complete later.)
-    const size_t e = gl::type_info(cfg_.type_k).type_size;
-    const int hd = cfg_.head_dim_of(layer), n_slots = slots(layer);
-    for (int h = 0; h < cfg_.n_head_kv; h++)
-        for (int k = 0; k < hd; k++)
-            copy(kb + h * hbk + gl::key_tile_index(s, k, hd, n_slots) * e,
-                 kr + (static_cast<size_t>(h) * hd + k) * e, e);
+    const Ring& r = ring(layer);
+    KV_ASSERT(pool_->refs(cfg_.is_swa(layer) ? 1 : 0, r.table[s / KvPool::kBlockSlots]) == 1);
+    pool_->put_row(cfg_.source(layer), pool_slot(layer, s), kr, vr, std::forward<Copy>(copy));
 }
 
 void KvCache::get_row(int layer, int s, uint8_t* ko, uint8_t* vo) const {
-    layer = cfg_.source(layer);
-    const uint8_t* kb = k_at(layer);
-    const uint8_t* vb = kb + k_bytes_[layer];
-    const size_t rk = row_k_[layer], rv = row_v_[layer];
-    if (!head_major_) {
-        std::memcpy(ko, kb + s * rk, rk);
-        std::memcpy(vo, vb + s * rv, rv);
-        return;
-    }
-    const size_t hv = slot_bytes_v(layer), e = gl::type_info(cfg_.type_k).type_size;
-    const size_t hbk = head_bytes_k(layer), hbv = head_bytes_v(layer);
-    const int hd = cfg_.head_dim_of(layer), n_slots = slots(layer);
-    for (int h = 0; h < cfg_.n_head_kv; h++) {
-        std::memcpy(vo + h * hv, vb + h * hbv + s * hv, hv);
-        for (int k = 0; k < hd; k++)
-            std::memcpy(ko + (static_cast<size_t>(h) * hd + k) * e,
-                        kb + h * hbk + gl::key_tile_index(s, k, hd, n_slots) * e, e);
-    }
+    pool_->get_row(cfg_.source(layer), pool_slot(layer, s), ko, vo);
 }
 
 void KvCache::read_rows(int layer, int n, void* k_rows, void* v_rows) const {
@@ -303,6 +354,7 @@ void KvCache::commit(int64_t pos0, int n) {
 
 void KvCache::clear() {
     checkpoint_.pos0 = -1;
+    if (!own_pool_) release_blocks();
     std::fill(state_.begin(), state_.end(), 0.0f);
     for (Ring& r : rings_) std::fill(r.pos.begin(), r.pos.end(), -1);
     n_past_ = 0;
@@ -313,10 +365,18 @@ void KvCache::copy_from(const KvCache& src) {
     const KvCacheConfig& b = src.cfg_;
     KV_ASSERT(a.n_layer == b.n_layer && a.n_ctx == b.n_ctx && a.keep == b.keep &&
               a.type_k == b.type_k && a.type_v == b.type_v && a.k_rotate == b.k_rotate &&
-              a.v_rotate == b.v_rotate && block_bytes_ == src.block_bytes_ &&
-              head_major_ == src.head_major_ && state_.size() == src.state_.size());
-    std::memcpy(block_.get(), src.block_.get(), block_bytes_);
-    rings_ = src.rings_;
+              a.v_rotate == b.v_rotate && head_major() == src.head_major() &&
+              rings_.size() == src.rings_.size() && state_.size() == src.state_.size());
+    for (size_t ri = 0; ri < rings_.size(); ri++) {
+        const std::vector<int32_t>& from = src.rings_[ri].table;
+        for (size_t j = 0; j < from.size(); j++) {
+            if (from[j] < 0) continue;
+            if (!own_block(ri, j))
+                fail(Exit::out_of_memory, "the KV pool has no free block for a copy");
+            pool_->copy_block(static_cast<int>(ri), *src.pool_, from[j], rings_[ri].table[j]);
+        }
+        rings_[ri].pos = src.rings_[ri].pos;
+    }
     sink_k_ = src.sink_k_;
     state_ = src.state_;
     n_past_ = src.n_past_;
@@ -437,8 +497,8 @@ void KvCache::store_sinks(int layer, int64_t pos0, int n, const float* k_unrot, 
                 sn[p] *= f2;
             }
         }
-        gl::ops::rope(dst, cfg_.n_head_kv, cfg_.head_dim_of(layer), rope.dims, cs.data(),
-                      sn.data(), rope.neox);
+        gl::ops::rope(dst, cfg_.n_head_kv, cfg_.head_dim_of(layer), rope.dims, cs.data(), sn.data(),
+                      rope.neox);
         if (cfg_.k_rotate > 0) gl::hadamard_rows(dst, 1, kvd, cfg_.k_rotate);
     }
 }

@@ -26,8 +26,10 @@
 #include <span>
 #include <vector>
 
+#include "error.h"
 #include "ggml-like/attention.h"
 #include "ggml-like/types.h"
+#include "kv_pool.h"
 #include "model.h"
 #include "system_memory.h"
 
@@ -113,7 +115,23 @@ const char* kv_cache_type_names();
 
 class KvCache {
   public:
-    explicit KvCache(const KvCacheConfig& cfg); // throws Error on an invalid config
+    // A lone cache: a pool of its own holding its rings whole, every block
+    // taken in order. Throws Error on an invalid config.
+    explicit KvCache(const KvCacheConfig& cfg);
+    // A sequence over a shared pool (made for the same config): it holds no
+    // block until reserve() takes them.
+    KvCache(const KvCacheConfig& cfg, std::shared_ptr<KvPool> pool);
+    KvCache(const KvCache&) = delete;
+    KvCache& operator=(const KvCache&) = delete;
+    ~KvCache();
+    KvPool& pool() const { return *pool_; }
+    // Before positions pos0 .. pos0 + n - 1 are written (n_past() == pos0):
+    // hold a block for every slot they map to, and copy first any block
+    // another sequence also holds (copy on write). False when the pool has
+    // no free block left (the blocks taken so far stay held).
+    bool reserve(int64_t pos0, int n);
+    // The blocks this cache holds, per kind.
+    int held_blocks(int kind) const;
     const KvCacheConfig& config() const { return cfg_; }
     // The context: the global layers' ring (every layer's, for most models).
     int n_ctx() const { return cfg_.n_ctx; }
@@ -165,14 +183,23 @@ class KvCache {
     // Session's snapshots). False, nothing changed, where a ring cannot.
     std::span<const float> states() const { return state_; }
     bool truncate_with_states(int64_t n, std::span<const float> states);
-    size_t row_bytes_k(int layer) const { return row_k_[cfg_.source(layer)]; }
-    size_t row_bytes_v(int layer) const { return row_v_[cfg_.source(layer)]; }
+    size_t row_bytes_k(int layer) const { return pool_->row_bytes_k(cfg_.source(layer)); }
+    size_t row_bytes_v(int layer) const { return pool_->row_bytes_v(cfg_.source(layer)); }
     // The largest rows of any layer (a batch's staging buffers).
-    size_t max_row_bytes_k() const { return *std::max_element(row_k_.begin(), row_k_.end()); }
-    size_t max_row_bytes_v() const { return *std::max_element(row_v_.begin(), row_v_.end()); }
+    size_t max_row_bytes_k() const;
+    size_t max_row_bytes_v() const;
 
-    const void* k_slots(int layer) const { return k_at(layer); }
-    const void* v_slots(int layer) const { return k_at(layer) + k_bytes_[cfg_.source(layer)]; }
+    // A layer's K and V areas in the pool (pool_slots(layer) slots each).
+    const void* k_slots(int layer) const { return pool_->k_base(cfg_.source(layer)); }
+    const void* v_slots(int layer) const { return pool_->v_base(cfg_.source(layer)); }
+    int pool_slots(int layer) const { return pool_->layer_slots(cfg_.source(layer)); }
+    // Where slot s of a layer's ring is in its pool areas (its block held).
+    int64_t pool_slot(int layer, int s) const {
+        const Ring& r = ring(layer);
+        const int32_t b = r.table[s / KvPool::kBlockSlots];
+        KV_ASSERT(b >= 0);
+        return int64_t{b} * KvPool::kBlockSlots + s % KvPool::kBlockSlots;
+    }
     // Head-major slots instead of rows: per layer, each KV head's keys and
     // values are one contiguous stream, not a head_dim slice of every row
     // (TinyLlama shape, depth 4096: attention 8.9 instead of 11.7 ms per
@@ -183,17 +210,12 @@ class KvCache {
     // (Forward asks; the CUDA backend mirrors rows). Switching moves any
     // cached tokens over. KV head h's tiles start at k_slots + h * head_bytes_k,
     // its values at v_slots + h * head_bytes_v, slot_bytes_v apart.
+    // (In a pool the layout is the pool's: over pool_slots(layer) slots.)
     void set_head_major(bool on);
-    bool head_major() const { return head_major_; }
-    size_t slot_bytes_v(int layer) const {
-        return head_major_ ? row_bytes_v(layer) / cfg_.n_head_kv : row_bytes_v(layer);
-    }
-    size_t head_bytes_k(int layer) const {
-        return head_major_ ? row_bytes_k(layer) / cfg_.n_head_kv * slots(layer) : 0;
-    }
-    size_t head_bytes_v(int layer) const {
-        return head_major_ ? slot_bytes_v(layer) * slots(layer) : 0;
-    }
+    bool head_major() const { return pool_->head_major(); }
+    size_t slot_bytes_v(int layer) const { return pool_->slot_bytes_v(cfg_.source(layer)); }
+    size_t head_bytes_k(int layer) const { return pool_->head_bytes_k(cfg_.source(layer)); }
+    size_t head_bytes_v(int layer) const { return pool_->head_bytes_v(cfg_.source(layer)); }
     // A layer's cached slots for gl::attention: the cache fields of `a`
     // (types, row sizes, n_ctx, slots in either layout, the positions they
     // hold, the sinks); the caller fills the batch's own.
@@ -291,7 +313,7 @@ class KvCache {
     int64_t checkpoint_offset(int n) const {
         const Checkpoint& c = checkpoint_;
         return c.pos0 >= 0 && n_past_ >= c.pos0 && n_past_ + n <= c.pos0 + c.n ? n_past_ - c.pos0
-                                                                                 : -1;
+                                                                               : -1;
     }
 
     // A saved state back (prompt-cache files): slots [0, n) of a layer from
@@ -301,10 +323,13 @@ class KvCache {
     void restore_positions(int64_t n);
 
   private:
-    // The slot bookkeeping shared by the layers of one kind.
+    // The slot bookkeeping shared by the layers of one kind (ring i is pool
+    // kind i).
     struct Ring {
         int slots = 0, keep = 0;
-        std::vector<int64_t> pos; // [slots], -1 = empty
+        std::vector<int64_t> pos;   // [slots], -1 = empty
+        std::vector<int32_t> table; // [ceil(slots / kBlockSlots)] pool blocks, -1 = none held
+        bool in_order = false;      // table[i] == i for every i (a lone cache's)
         int64_t window() const { return slots - keep; }
         int slot_of(int64_t p) const {
             return p < keep ? static_cast<int>(p) : static_cast<int>(keep + (p - keep) % window());
@@ -315,8 +340,13 @@ class KvCache {
     const Ring& ring(int layer) const { return rings_[cfg_.is_swa(layer) ? 1 : 0]; }
 
     KvCacheConfig cfg_;
-    std::vector<size_t> row_k_, row_v_; // [n_layer] (0 for a layer that shares)
-    bool head_major_ = false;
+    std::shared_ptr<KvPool> pool_;
+    bool own_pool_ = false; // a lone cache's: every block held in order, for good
+    void init_rings();
+    void release_blocks();
+    // Hold a block of its own for ring ri's table entry j (a copy of the one
+    // it shares, if any). False when the pool has none free.
+    bool own_block(size_t ri, size_t j);
     void put_row(int layer, int slot, const uint8_t* k_row, const uint8_t* v_row,
                  const RowCopy& copy);
     // put_row with any callable (a plain memcpy inlines: head-major keys are
@@ -346,14 +376,8 @@ class KvCache {
         std::vector<int64_t> held; // [ring][n]
         std::vector<float> state;  // the recurrent states at pos0
     } checkpoint_;
-    // All layers' slots (allocate_huge): layer l's K slots at layer_at_[l],
-    // its V slots k_bytes_[l] further.
-    HugeBytes block_;
-    size_t block_bytes_ = 0;
-    std::vector<size_t> layer_at_, k_bytes_;
-    uint8_t* k_at(int layer) const { return block_.get() + layer_at_[cfg_.source(layer)]; }
-    std::vector<Ring> rings_;   // [0]: global layers; [1]: sliding-window layers, if any
-    std::vector<float> sink_k_; // per global layer that owns slots: [keep][kv_dim]
+    std::vector<Ring> rings_;     // [0]: global layers; [1]: sliding-window layers, if any
+    std::vector<float> sink_k_;   // per global layer that owns slots: [keep][kv_dim]
     std::vector<size_t> sink_at_; // [n_layer] where a layer's sinks start in sink_k_
     std::vector<float> state_;    // the recurrent layers' states, state_at_[l] each
     std::vector<size_t> state_at_;

@@ -29,12 +29,13 @@ void KvCache::checkpoint(int64_t pos0, int n) {
     // their bytes are never read.
     if (!any_held) return;
     size_t bytes = 0; // n K rows then n V rows of each layer that owns slots
-    for (int l = 0; l < cfg_.n_layer; l++) bytes += static_cast<size_t>(n) * (row_k_[l] + row_v_[l]);
+    for (int l = 0; l < cfg_.n_layer; l++)
+        if (cfg_.owns(l)) bytes += static_cast<size_t>(n) * (row_bytes_k(l) + row_bytes_v(l));
     c.rows.resize(bytes); // grows to the largest batch once
     uint8_t* k = c.rows.data();
     for (int l = 0; l < cfg_.n_layer; l++) {
         if (!cfg_.owns(l)) continue;
-        const size_t rk = row_k_[l], rv = row_v_[l];
+        const size_t rk = row_bytes_k(l), rv = row_bytes_v(l);
         uint8_t* v = k + static_cast<size_t>(n) * rk;
         for (int i = 0; i < n; i++) get_row(l, slot_of(l, pos0 + i), k + i * rk, v + i * rv);
         k = v + static_cast<size_t>(n) * rv;
@@ -83,7 +84,7 @@ void KvCache::rollback(int64_t m) {
         const uint8_t* k = c.rows.data();
         for (int l = 0; l < cfg_.n_layer; l++) {
             if (!cfg_.owns(l)) continue;
-            const size_t rk = row_k_[l], rv = row_v_[l];
+            const size_t rk = row_bytes_k(l), rv = row_bytes_v(l);
             const uint8_t* v = k + static_cast<size_t>(n) * rk;
             for (int64_t p = m; p < n_past_; p++) {
                 const size_t i = static_cast<size_t>(p - c.pos0);

@@ -173,7 +173,9 @@ TEST_CASE("kv ring: head-major slots hold each row's head slices (keys in tiles)
     };
     for (const Case& c : cases) {
         INFO("heads ", c.n_head_kv, " hd ", c.head_dim);
-        const int n_ctx = 37, keep = 2, n_layer = 2; // two whole key tiles and one of 5
+        // The lone cache's pool rounds the ring up to whole blocks (64 slots):
+        // its key tiles are all whole, laid over the pool's slots.
+        const int n_ctx = 37, keep = 2, n_layer = 2;
         KvCache rows({n_layer, c.n_head_kv, c.head_dim, n_ctx, keep, c.tk, c.tv});
         KvCache heads({n_layer, c.n_head_kv, c.head_dim, n_ctx, keep, c.tk, c.tv});
         heads.set_head_major(true);
@@ -207,13 +209,15 @@ TEST_CASE("kv ring: head-major slots hold each row's head slices (keys in tiles)
                 const auto* hv = static_cast<const uint8_t*>(heads.v_slots(l));
                 const size_t sv = heads.slot_bytes_v(l), e = gl::type_info(c.tk).type_size;
                 CHECK(sv * c.n_head_kv == rv);
-                CHECK(heads.head_bytes_k(l) * c.n_head_kv == n_ctx * rk);
+                const int n_pool = heads.pool_slots(l);
+                CHECK(n_pool == 64);
+                CHECK(heads.head_bytes_k(l) * c.n_head_kv == n_pool * rk);
                 int wrong = 0;
                 for (int s = 0; s < n_ctx; s++)
                     for (int h = 0; h < c.n_head_kv; h++) {
                         for (int d = 0; d < c.head_dim; d++)
                             wrong += std::memcmp(hk + h * heads.head_bytes_k(l) +
-                                                     gl::key_tile_index(s, d, c.head_dim, n_ctx) * e,
+                                                     gl::key_tile_index(s, d, c.head_dim, n_pool) * e,
                                                  k1.data() + s * rk + (h * c.head_dim + d) * e, e) != 0;
                         wrong += std::memcmp(hv + h * heads.head_bytes_v(l) + s * sv,
                                              v1.data() + s * rv + h * sv, sv) != 0;
