@@ -254,7 +254,7 @@ int run_batch(int argc, char** argv) {
                    "[kvrun batch] {} requests ({} done, {} malformed) | {} at once | prompt {} "
                    "tok, {:.1f} tok/s | generated {} tok, decode passes {:.1f} tok/s | {:.1f} s "
                    "in all | {} decode steps in {} passes | prefix cache {} of {} prompt tokens "
-                   "({:.0f}%) | KV peak {} ({} sequences × {})\n",
+                   "({:.0f}%) | KV peak {} in blocks ({} sequences; {} each unshared)\n",
                    parsed.size(), finished, parsed.size() - n_ok, st.peak_running, st.prompt_tokens,
                    st.prompt_s > 0 ? st.prompt_tokens / st.prompt_s : 0.0, st.generated,
                    st.decode_s > 0 ? st.decoded / st.decode_s : 0.0, wall, st.steps, st.passes,
@@ -262,7 +262,7 @@ int run_batch(int argc, char** argv) {
                    st.reused + st.prompt_tokens > 0
                        ? 100.0 * st.reused / static_cast<double>(st.reused + st.prompt_tokens)
                        : 0.0,
-                   human_bytes(st.peak_cache_bytes()), st.peak_running, human_bytes(per_seq));
+                   human_bytes(st.peak_kv_bytes()), st.peak_running, human_bytes(per_seq));
     return interrupted() ? interrupted_status() : 0;
 }
 

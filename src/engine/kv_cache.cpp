@@ -174,7 +174,10 @@ int KvCache::held_blocks(int kind) const {
 bool KvCache::own_block(size_t ri, size_t j) {
     int32_t& b = rings_[ri].table[j];
     const int kind = static_cast<int>(ri);
-    if (b >= 0 && pool_->refs(kind, b) == 1) return true;
+    if (b >= 0 && pool_->refs(kind, b) == 1) {
+        pool_->forget(kind, b); // about to change: no longer the prefix it was indexed as
+        return true;
+    }
     const int32_t fresh = pool_->take(kind);
     if (fresh < 0) return false;
     if (b >= 0) { // shared: copy on write
@@ -184,6 +187,87 @@ bool KvCache::own_block(size_t ri, size_t j) {
     b = fresh;
     rings_[ri].in_order = false;
     return true;
+}
+
+namespace {
+uint64_t mix64(uint64_t x) { // splitmix64's finalizer
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+} // namespace
+
+uint64_t KvCache::chain_seed() const {
+    // Blocks are only ever shared within one pool, whose caches share a
+    // config; the seed keeps chains of other configs apart all the same.
+    uint64_t h = 0x6b7672756e;
+    for (const int64_t v :
+         {int64_t{cfg_.n_layer}, int64_t{cfg_.n_ctx}, int64_t{cfg_.keep},
+          static_cast<int64_t>(cfg_.type_k), static_cast<int64_t>(cfg_.type_v),
+          int64_t{cfg_.k_rotate}, int64_t{cfg_.v_rotate}, int64_t{cfg_.swa_window}})
+        h = mix64(h ^ static_cast<uint64_t>(v));
+    return h;
+}
+
+int64_t KvCache::unwrapped() const {
+    int64_t n = cfg_.n_ctx;
+    for (const Ring& r : rings_) n = std::min<int64_t>(n, r.slots);
+    return n;
+}
+
+int64_t KvCache::attach_prefix(std::span<const int32_t> tokens) {
+    KV_ASSERT(n_past_ == 0 && !own_pool_);
+    if (!state_.empty() || tokens.empty()) return 0;
+    const int bs = KvPool::kBlockSlots;
+    const int64_t most = std::min<int64_t>(static_cast<int64_t>(tokens.size()) - 1, unwrapped());
+    uint64_t h = chain_seed();
+    int64_t j = 0;
+    for (; (j + 1) * bs <= most; j++) {
+        const std::span<const int32_t> t = tokens.subspan(static_cast<size_t>(j * bs), bs);
+        uint64_t next = h;
+        for (const int32_t id : t) next = mix64(next ^ static_cast<uint32_t>(id));
+        const KvPool::Prefix* p = pool_->find(next, h, t);
+        if (!p) break;
+        for (size_t ri = 0; ri < rings_.size(); ri++) {
+            const int32_t b = p->block[ri];
+            if (b < 0) continue; // no layer of that kind owns slots
+            KV_ASSERT(rings_[ri].table[j] < 0);
+            pool_->hold(static_cast<int>(ri), b);
+            rings_[ri].table[j] = b;
+        }
+        if (j == 0 && !p->sinks.empty()) sink_k_ = p->sinks;
+        h = next;
+    }
+    const int64_t n = j * bs;
+    for (Ring& r : rings_)
+        for (int64_t q = 0; q < n; q++) r.pos[r.slot_of(q)] = q;
+    n_past_ = n;
+    published_ = j;
+    chain_ = h;
+    checkpoint_.pos0 = -1;
+    return n;
+}
+
+void KvCache::publish_prefix(std::span<const int32_t> tokens) {
+    if (own_pool_ || !state_.empty() || n_past_ > unwrapped()) return;
+    KV_ASSERT(static_cast<int64_t>(tokens.size()) >= n_past_);
+    const int bs = KvPool::kBlockSlots;
+    if (published_ == 0) chain_ = chain_seed();
+    for (int64_t j = published_; (j + 1) * bs <= n_past_; j++) {
+        const std::span<const int32_t> t = tokens.subspan(static_cast<size_t>(j * bs), bs);
+        uint64_t next = chain_;
+        for (const int32_t id : t) next = mix64(next ^ static_cast<uint32_t>(id));
+        KvPool::Prefix p;
+        p.parent = chain_;
+        p.tokens.assign(t.begin(), t.end());
+        for (size_t ri = 0; ri < rings_.size(); ri++) p.block[ri] = rings_[ri].table[j];
+        if (j == 0) p.sinks = sink_k_;
+        pool_->publish(next, std::move(p)); // false: indexed already (another copy)
+        chain_ = next;
+        published_ = j + 1;
+    }
 }
 
 bool KvCache::reserve(int64_t pos0, int n) {
@@ -354,6 +438,7 @@ void KvCache::commit(int64_t pos0, int n) {
 
 void KvCache::clear() {
     checkpoint_.pos0 = -1;
+    published_ = 0;
     if (!own_pool_) release_blocks();
     std::fill(state_.begin(), state_.end(), 0.0f);
     for (Ring& r : rings_) std::fill(r.pos.begin(), r.pos.end(), -1);
@@ -381,6 +466,7 @@ void KvCache::copy_from(const KvCache& src) {
     state_ = src.state_;
     n_past_ = src.n_past_;
     checkpoint_.pos0 = -1;
+    published_ = 0; // rehashed from the start when next published
 }
 
 bool KvCache::truncate(int64_t n) {
@@ -394,6 +480,7 @@ bool KvCache::truncate_with_states(int64_t n, std::span<const float> states) {
     if (n > n_past_ || (n < n_past_ && !truncate_rings(n))) return false;
     std::copy(states.begin(), states.end(), state_.begin());
     checkpoint_.pos0 = -1;
+    published_ = 0; // rehashed from the start when next published
     return true;
 }
 
@@ -415,6 +502,7 @@ bool KvCache::can_truncate(int64_t n) const {
 bool KvCache::truncate_rings(int64_t n) {
     if (!rings_hold(n)) return false;
     checkpoint_.pos0 = -1;
+    published_ = 0; // rehashed from the start when next published
     for (Ring& r : rings_)
         for (int64_t& p : r.pos)
             if (p >= n) p = -1;
@@ -429,6 +517,7 @@ bool KvCache::drop(int64_t from, int64_t to, const Model& m) {
     if (from < cfg_.keep) return false; // the sinks' copies are fixed by position
     if (!state_.empty()) return false;  // nor can a recurrent state forget a span
     checkpoint_.pos0 = -1;
+    published_ = 0; // rehashed from the start when next published
     // After the drop a ring holds what a run of n tokens leaves in it
     // (restore_positions' rule); each of those must be in the ring now.
     auto held_after = [n](const Ring& r, int64_t p) { return p < r.keep || p >= n - r.window(); };

@@ -132,6 +132,18 @@ class KvCache {
     bool reserve(int64_t pos0, int n);
     // The blocks this cache holds, per kind.
     int held_blocks(int kind) const;
+
+    // Shared prefixes (a cache over a shared pool; KvPool's prefix index).
+    // attach_prefix, on an empty cache: hold the indexed blocks of the
+    // longest run of whole blocks that begins `tokens`, at most all but its
+    // last token (whose logits start an answer) and within every ring
+    // before it wraps; the cache then holds those positions. Returns how
+    // many (a multiple of kBlockSlots; 0 with recurrent layers, whose
+    // states are not in blocks). publish_prefix: index this cache's whole
+    // blocks of positions [0, n_past()) not indexed yet, while no ring has
+    // wrapped; `tokens` holds (at least) the tokens at those positions.
+    int64_t attach_prefix(std::span<const int32_t> tokens);
+    void publish_prefix(std::span<const int32_t> tokens);
     const KvCacheConfig& config() const { return cfg_; }
     // The context: the global layers' ring (every layer's, for most models).
     int n_ctx() const { return cfg_.n_ctx; }
@@ -342,6 +354,13 @@ class KvCache {
     KvCacheConfig cfg_;
     std::shared_ptr<KvPool> pool_;
     bool own_pool_ = false; // a lone cache's: every block held in order, for good
+    // Blocks [0, published_) are indexed (by this cache or another);
+    // chain_ is the hash at the end of the last of them.
+    int64_t published_ = 0;
+    uint64_t chain_ = 0;
+    uint64_t chain_seed() const;
+    // Positions a prefix can cover: before any ring wraps.
+    int64_t unwrapped() const;
     void init_rings();
     void release_blocks();
     // Hold a block of its own for ring ri's table entry j (a copy of the one

@@ -94,6 +94,7 @@ void KvCache::rollback(int64_t m) {
         }
     }
     n_past_ = m;
+    published_ = 0;
 }
 
 } // namespace kvrun

@@ -53,12 +53,15 @@ KvPool::KvPool(const KvCacheConfig& cfg, Blocks blocks) : blocks_(blocks) {
     for (int k = 0; k < kKinds; k++) {
         block_bytes_[k] = block_bytes_for(cfg, k);
         refs_[k].assign(static_cast<size_t>(blocks_[k]), 0);
+        hash_of_[k].assign(static_cast<size_t>(blocks_[k]), 0);
+        indexed_[k].assign(static_cast<size_t>(blocks_[k]), 0);
         for (int32_t b = blocks_[k] - 1; b >= 0; b--) free_[k].push_back(b);
     }
     bytes_ = used;
     mem_ = allocate_huge(std::max<size_t>(used, 64));
     if (!mem_) fail(Exit::out_of_memory, "cannot allocate {} bytes for the KV cache", used);
-    std::memset(mem_.get(), 0, used);
+    // No memset here: take() zeroes each block it gives, so a large shared
+    // pool's pages become resident only as sequences use them.
 }
 
 size_t KvPool::slot_bytes_v(int layer) const {
@@ -94,25 +97,101 @@ void KvPool::get_row(int layer, int64_t ps, uint8_t* ko, uint8_t* vo) const {
 }
 
 int32_t KvPool::take(int kind) {
+    while (free_[kind].empty() && !lru_.empty()) drop_entry(lru_.front());
     if (free_[kind].empty()) return -1;
     const int32_t b = free_[kind].back();
     free_[kind].pop_back();
     refs_[kind][b] = 1;
+    held_[kind]++;
     note_held();
+    copy_block(kind, *this, -1, b);
     return b;
+}
+
+void KvPool::hold(int kind, int32_t b) {
+    if (refs_[kind][b]++ > 0) return;
+    held_[kind]++; // an indexed block nobody held: out of the LRU list
+    if (indexed(kind, b)) {
+        Entry& e = index_.at(hash_of_[kind][b]);
+        if (e.in_lru) lru_.erase(e.lru);
+        e.in_lru = false;
+    }
+    note_held();
 }
 
 void KvPool::release(int kind, int32_t b) {
     KV_ASSERT(refs_[kind][b] > 0);
-    if (--refs_[kind][b] == 0) free_[kind].push_back(b);
+    if (--refs_[kind][b] > 0) return;
+    held_[kind]--;
+    if (!indexed(kind, b)) {
+        free_[kind].push_back(b);
+        return;
+    }
+    Entry& e = index_.at(hash_of_[kind][b]);
+    if (!e.in_lru && unheld(e.p)) {
+        e.lru = lru_.insert(lru_.end(), hash_of_[kind][b]);
+        e.in_lru = true;
+    }
+}
+
+bool KvPool::unheld(const Prefix& p) const {
+    for (int k = 0; k < kKinds; k++)
+        if (p.block[k] >= 0 && refs_[k][p.block[k]] > 0) return false;
+    return true;
+}
+
+const KvPool::Prefix* KvPool::find(uint64_t hash, uint64_t parent,
+                                   std::span<const int32_t> tokens) const {
+    const auto it = index_.find(hash);
+    if (it == index_.end() || it->second.p.parent != parent ||
+        !std::equal(tokens.begin(), tokens.end(), it->second.p.tokens.begin(),
+                    it->second.p.tokens.end()))
+        return nullptr;
+    return &it->second.p;
+}
+
+bool KvPool::publish(uint64_t hash, Prefix p) {
+    if (index_.count(hash)) return false;
+    for (int k = 0; k < kKinds; k++)
+        if (p.block[k] >= 0 && indexed(k, p.block[k])) return false;
+    for (int k = 0; k < kKinds; k++)
+        if (p.block[k] >= 0) {
+            indexed_[k][p.block[k]] = 1;
+            hash_of_[k][p.block[k]] = hash;
+        }
+    Entry& e = index_[hash];
+    e.p = std::move(p);
+    if (unheld(e.p)) {
+        e.lru = lru_.insert(lru_.end(), hash);
+        e.in_lru = true;
+    }
+    return true;
+}
+
+void KvPool::forget(int kind, int32_t b) {
+    if (indexed(kind, b)) drop_entry(hash_of_[kind][b]);
+}
+
+void KvPool::drop_entry(uint64_t hash) {
+    const auto it = index_.find(hash);
+    KV_ASSERT(it != index_.end());
+    if (it->second.in_lru) lru_.erase(it->second.lru);
+    for (int k = 0; k < kKinds; k++) {
+        const int32_t b = it->second.p.block[k];
+        if (b < 0) continue;
+        indexed_[k][b] = 0;
+        if (refs_[k][b] == 0) free_[k].push_back(b);
+    }
+    index_.erase(it);
 }
 
 void KvPool::note_held() {
     size_t held = 0;
-    for (int k = 0; k < kKinds; k++) held += static_cast<size_t>(held_blocks(k)) * block_bytes_[k];
+    for (int k = 0; k < kKinds; k++) held += static_cast<size_t>(held_[k]) * block_bytes_[k];
     peak_held_bytes_ = std::max(peak_held_bytes_, held);
 }
 
+// (from -1: zeroes block `to`.)
 void KvPool::copy_block(int kind, const KvPool& src, int32_t from, int32_t to) {
     KV_ASSERT(src.head_major_ == head_major_ && src.row_k_ == row_k_);
     // A block is a contiguous stretch of each area (per KV head when
@@ -124,10 +203,15 @@ void KvPool::copy_block(int kind, const KvPool& src, int32_t from, int32_t to) {
         const int heads = head_major_ ? n_head_kv_ : 1;
         const size_t k_span = row_k_[l] / heads * bs, v_span = row_v_[l] / heads * bs;
         for (int h = 0; h < heads; h++) {
-            std::memcpy(k_base(li) + h * head_bytes_k(li) + to * k_span,
-                        src.k_base(li) + h * src.head_bytes_k(li) + from * k_span, k_span);
-            std::memcpy(v_base(li) + h * head_bytes_v(li) + to * v_span,
-                        src.v_base(li) + h * src.head_bytes_v(li) + from * v_span, v_span);
+            uint8_t* k = k_base(li) + h * head_bytes_k(li) + to * k_span;
+            uint8_t* v = v_base(li) + h * head_bytes_v(li) + to * v_span;
+            if (from < 0) {
+                std::memset(k, 0, k_span);
+                std::memset(v, 0, v_span);
+                continue;
+            }
+            std::memcpy(k, src.k_base(li) + h * src.head_bytes_k(li) + from * k_span, k_span);
+            std::memcpy(v, src.v_base(li) + h * src.head_bytes_v(li) + from * v_span, v_span);
         }
     }
 }

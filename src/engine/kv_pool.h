@@ -18,6 +18,9 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <list>
+#include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "ggml-like/kv_layout.h"
@@ -75,18 +78,46 @@ class KvPool {
     void get_row(int layer, int64_t ps, uint8_t* k_row, uint8_t* v_row) const;
 
     // ---- blocks ----
-    // A free block of `kind`, held once; -1 when none is free.
+    // A free block of `kind`, held once; -1 when none is free and no cached
+    // prefix block is left to evict (the least recently used goes first).
     int32_t take(int kind);
-    void hold(int kind, int32_t b) { refs_[kind][b]++; }
-    // One hold less; the block is free again at none.
+    void hold(int kind, int32_t b);
+    // One hold less. At none the block is free again, or, if it holds a
+    // cached prefix (below), stays findable until its memory is needed.
     void release(int kind, int32_t b);
     int refs(int kind, int32_t b) const { return refs_[kind][b]; }
-    int free_blocks(int kind) const { return static_cast<int>(free_[kind].size()); }
-    int held_blocks(int kind) const { return blocks_[kind] - free_blocks(kind); }
-    // The most bytes of blocks held at once since the pool was made.
+    // Blocks some sequence holds, and blocks take() can still give.
+    int held_blocks(int kind) const { return held_[kind]; }
+    int free_blocks(int kind) const { return blocks_[kind] - held_[kind]; }
+    // The most bytes of blocks sequences held at once since the pool was made.
     size_t peak_held_bytes() const { return peak_held_bytes_; }
+
+    // ---- the prefix index ----
+    // A full block of a prompt prefix, found by a hash chained over every
+    // token up to its end (KvCache computes it; its seed covers the cache's
+    // config) and checked against its own tokens and its parent's hash, so
+    // a collision can only serve a wrong block if two 64-bit chains collide
+    // with the same last tokens. One block per kind (-1 where the pool has
+    // no layer of that kind) holds the positions; the first block of a chain
+    // also keeps the sinks' pre-rotated copies (KvCache::sink_k).
+    struct Prefix {
+        uint64_t parent = 0;
+        std::vector<int32_t> tokens; // kBlockSlots
+        std::array<int32_t, kKinds> block{-1, -1};
+        std::vector<float> sinks;
+    };
+    // The entry for `hash` whose tokens and parent match, or null.
+    const Prefix* find(uint64_t hash, uint64_t parent, std::span<const int32_t> tokens) const;
+    // Index blocks held by the caller under `hash` (false, nothing done,
+    // where the hash is indexed already or a block is indexed under another).
+    bool publish(uint64_t hash, Prefix p);
+    // Take a block out of the index (its holder is about to write it).
+    void forget(int kind, int32_t b);
+    bool indexed(int kind, int32_t b) const { return indexed_[kind][b] != 0; }
+    size_t prefixes() const { return index_.size(); }
     // Every layer's K and V of block `from` of `src` (a pool of the same
-    // config and layout; this one for a copy on write) into block `to`.
+    // config and layout; this one for a copy on write) into block `to`;
+    // `from` -1: zeroes it.
     void copy_block(int kind, const KvPool& src, int32_t from, int32_t to);
 
   private:
@@ -100,8 +131,23 @@ class KvPool {
     size_t bytes_ = 0;
     std::array<std::vector<int32_t>, kKinds> free_; // taken from the back: lowest first
     std::array<std::vector<int32_t>, kKinds> refs_;
+    std::array<int, kKinds> held_{};
     size_t peak_held_bytes_ = 0;
     void note_held();
+    // The index: entries by hash; for each block, the hash it is indexed
+    // under (indexed_: whether it is); entries none of whose blocks is held,
+    // least recently used first.
+    struct Entry {
+        Prefix p;
+        bool in_lru = false;
+        std::list<uint64_t>::iterator lru;
+    };
+    std::unordered_map<uint64_t, Entry> index_;
+    std::array<std::vector<uint64_t>, kKinds> hash_of_;
+    std::array<std::vector<uint8_t>, kKinds> indexed_;
+    std::list<uint64_t> lru_;
+    bool unheld(const Prefix& p) const;
+    void drop_entry(uint64_t hash); // its blocks that nobody holds become free
 };
 
 template <class Copy>

@@ -17,94 +17,87 @@ Scheduler::Sequence::Sequence(size_t i, SeqRequest r, Slot* s, const LoadedModel
     : index(i), req(std::move(r)), slot(s), sampler(req.sampling, lm.model.hp.n_vocab),
       answer(std::make_unique<Answer>(lm.tokenizer, req.gen)) {}
 
+namespace {
+// The pool: `parallel` sequences' whole rings, or as many as `budget` bytes
+// (0: no limit) or memory hold, at least one; `parallel` becomes that many.
+std::shared_ptr<KvPool> make_pool(const KvCacheConfig& cfg, int& parallel, uint64_t budget,
+                                  bool& capped) {
+    const uint64_t per = KvCache::ring_bytes_for(cfg) + KvCache::state_bytes_for(cfg);
+    int n = parallel;
+    if (budget > 0)
+        n = static_cast<int>(std::clamp<uint64_t>(budget / std::max<uint64_t>(per, 1), 1, n));
+    for (;; n = std::max(1, n / 2)) {
+        try {
+            KvPool::Blocks b = KvPool::ring_blocks(cfg);
+            for (int& k : b) k *= n;
+            auto pool = std::make_shared<KvPool>(cfg, b);
+            capped = n < parallel;
+            parallel = n;
+            return pool;
+        } catch (const Error& e) {
+            if (e.code() != Exit::out_of_memory || n == 1) throw;
+        } catch (const std::bad_alloc&) {
+            if (n == 1) throw;
+        }
+    }
+}
+} // namespace
+
 Scheduler::Scheduler(const LoadedModel& lm, const KvCacheConfig& cfg, Placement placement,
                      int max_batch, int parallel, bool share_prefixes, uint64_t cache_budget)
-    : lm_(lm), cfg_(cfg), home_(cfg), fwd_(lm.model, home_, std::move(placement), max_batch),
-      max_batch_(max_batch), parallel_(std::max(1, parallel)), share_prefixes_(share_prefixes),
-      cache_budget_(cache_budget) {
+    : lm_(lm), cfg_(cfg), max_batch_(max_batch), parallel_(std::max(1, parallel)),
+      cache_budget_(cache_budget), pool_(make_pool(cfg, parallel_, cache_budget_, memory_capped_)),
+      home_(cfg, pool_), fwd_(lm.model, home_, std::move(placement), max_batch),
+      share_prefixes_(share_prefixes) {
     slots_.reserve(static_cast<size_t>(parallel_));
-    slots_.push_back(Slot{&home_, {}, false, false, 0});
+    slots_.push_back(Slot{nullptr, &home_, {}, false});
     stats_.cache_bytes = KvCache::ring_bytes_for(cfg) + KvCache::state_bytes_for(cfg);
+    stats_.state_bytes = KvCache::state_bytes_for(cfg);
+    stats_.pool_bytes = pool_->bytes();
+    stats_.memory_capped = memory_capped_;
 }
 
-Scheduler::Slot* Scheduler::take_slot(const std::vector<int32_t>& prompt) {
-    Slot* best = nullptr;
-    size_t best_prefix = 0;
-    for (Slot& s : slots_) {
-        if (s.busy) continue;
-        const size_t m = share_prefixes_ ? common_prefix(s.tokens, prompt) : 0;
-        if (!best || m > best_prefix || (m == best_prefix && s.last_used < best->last_used))
-            best = &s, best_prefix = m;
-    }
-    if ((!best || best_prefix == 0) && slots_.size() < static_cast<size_t>(parallel_)) {
-        // Out of memory for one more cache: as many at once as there are,
-        // the rest wait their turn (never an abort mid-run).
-        std::unique_ptr<KvCache> c;
-        const bool fits = cache_budget_ == 0 || (slots_.size() + 1) * stats_.cache_bytes <= cache_budget_;
-        try {
-            if (fits) c = std::make_unique<KvCache>(cfg_);
-        } catch (const Error& e) {
-            if (e.code() != Exit::out_of_memory) throw;
-        } catch (const std::bad_alloc&) {
+Scheduler::Slot* Scheduler::take_slot() {
+    for (Slot& s : slots_)
+        if (!s.busy) {
+            s.busy = true;
+            return &s;
         }
-        if (c) {
-            caches_.push_back(std::move(c));
-            fwd_.adopt(*caches_.back());
-            slots_.push_back(Slot{caches_.back().get(), {}, false, false, 0});
-            best = &slots_.back();
-        } else {
-            parallel_ = static_cast<int>(slots_.size());
-            stats_.memory_capped = true;
-        }
-    }
-    if (!best) return nullptr;
-    best->busy = true;
-    best->last_used = ++clock_;
-    return best;
+    if (slots_.size() >= static_cast<size_t>(parallel_)) return nullptr;
+    auto c = std::make_unique<KvCache>(cfg_, pool_);
+    fwd_.adopt(*c);
+    KvCache* kv = c.get();
+    slots_.push_back(Slot{std::move(c), kv, {}, true});
+    return &slots_.back();
 }
 
 void Scheduler::note_token(Slot& slot, int32_t token) {
-    // Past n_ctx the ring slides: no prefix beyond the sinks is left to find.
-    if (slot.tokens.size() >= static_cast<size_t>(cfg_.n_ctx)) {
-        slot.tokens.resize(std::min<size_t>(slot.tokens.size(), static_cast<size_t>(cfg_.keep)));
-        slot.slid = true;
-        return;
-    }
-    if (!slot.slid) slot.tokens.push_back(token);
+    // Blocks are indexed only before a ring wraps (KvCache::publish_prefix).
+    if (slot.tokens.size() < static_cast<size_t>(cfg_.n_ctx)) slot.tokens.push_back(token);
 }
 
 void Scheduler::start_from_prefix(Sequence& s) {
-    const std::vector<int32_t>& prompt = s.req.prompt;
     Slot& own = *s.slot;
-    // The longest prefix of at least kMinShared tokens (fewer cost less to
-    // evaluate than a copy) that a cache can go back to, and at most all
-    // but the prompt's last token (its logits start the answer).
-    const size_t cap = prompt.size() - 1;
-    auto usable = [&](const Slot& o) -> size_t {
-        if (!share_prefixes_) return 0;
-        const size_t m = std::min(cap, common_prefix(o.tokens, prompt));
-        return m >= kMinShared && o.kv->can_truncate(static_cast<int64_t>(m)) ? m : 0;
-    };
-    const size_t m_own = usable(own);
-    const Slot* donor = nullptr;
-    size_t m_donor = 0;
-    for (const Slot& o : slots_)
-        if (&o != &own)
-            if (const size_t m = usable(o); m > m_donor) donor = &o, m_donor = m;
-    size_t m = m_own;
-    if (donor && m_donor > m_own) {
-        own.kv->copy_from(*donor->kv);
-        own.tokens = donor->tokens;
-        m = m_donor;
-    }
-    own.slid = false;
-    if (m > 0 && own.kv->truncate(static_cast<int64_t>(m))) {
-        own.tokens.resize(m);
-        s.prompt_done = s.cached = m;
-        return;
-    }
-    own.kv->clear();
+    own.kv->clear(); // its blocks back to the pool (indexed ones stay findable)
     own.tokens.clear();
+    if (!share_prefixes_) return;
+    const std::vector<int32_t>& prompt = s.req.prompt;
+    const int64_t m = own.kv->attach_prefix(prompt);
+    own.tokens.assign(prompt.begin(), prompt.begin() + m);
+    s.prompt_done = static_cast<size_t>(m);
+    s.cached = m;
+}
+
+void Scheduler::reserve(Sequence& s, int n) {
+    // The pool holds `parallel` whole rings, and a sequence never holds more
+    // than its rings' blocks: a block is always there (evicting indexed
+    // prefixes nobody holds, least recently used first).
+    if (!s.kv().reserve(s.kv().n_past(), n))
+        fail(Exit::error, "internal: the KV pool has no free block (a bug: please report it)");
+}
+
+void Scheduler::publish(Sequence& s) {
+    if (share_prefixes_) s.kv().publish_prefix(s.slot->tokens);
 }
 
 void Scheduler::end(Sequence& s, const char* why) {
@@ -147,9 +140,11 @@ void Scheduler::prompt_chunk(Sequence& s) {
     }
     const int n = static_cast<int>(std::min<size_t>(max_batch_, prompt.size() - s.prompt_done));
     const auto t0 = std::chrono::steady_clock::now();
+    reserve(s, n);
     const float* logits = fwd_.eval(s.kv(), prompt.data() + s.prompt_done, n, false);
     stats_.prompt_s += seconds_since(t0);
     for (int i = 0; i < n; i++) note_token(*s.slot, prompt[s.prompt_done + static_cast<size_t>(i)]);
+    publish(s);
     s.prompt_done += static_cast<size_t>(n);
     stats_.prompt_tokens += n;
     // Forward's logits are overwritten by the next pass: the first token now.
@@ -199,7 +194,7 @@ void Scheduler::step(const std::function<void(SeqResult)>& on_done) {
     cancelled_.clear();
     // Join: as many as there are caches for.
     while (!interrupt_ && !queue_.empty() && live_.size() < static_cast<size_t>(parallel_)) {
-        Slot* slot = take_slot(queue_.front().second.prompt);
+        Slot* slot = take_slot();
         if (!slot) break; // every cache is busy
         live_.push_back(std::make_unique<Sequence>(queue_.front().first,
                                                    std::move(queue_.front().second), slot, lm_));
@@ -217,10 +212,15 @@ void Scheduler::step(const std::function<void(SeqResult)>& on_done) {
     for (size_t i = 0; i < gen_.size(); i += per_pass) {
         const size_t m = std::min<size_t>(per_pass, gen_.size() - i);
         rows_.clear();
-        for (size_t j = 0; j < m; j++) rows_.push_back({gen_[i + j]->slot->kv, gen_[i + j]->pending});
+        for (size_t j = 0; j < m; j++)
+            rows_.push_back({gen_[i + j]->slot->kv, gen_[i + j]->pending});
         const auto t0 = std::chrono::steady_clock::now();
+        for (size_t j = 0; j < m; j++) reserve(*gen_[i + j], 1);
         auto* logits = const_cast<float*>(fwd_.eval_generated(rows_));
-        for (size_t j = 0; j < m; j++) note_token(*gen_[i + j]->slot, gen_[i + j]->pending);
+        for (size_t j = 0; j < m; j++) {
+            note_token(*gen_[i + j]->slot, gen_[i + j]->pending);
+            publish(*gen_[i + j]);
+        }
         stats_.decode_s += seconds_since(t0);
         stats_.passes++;
         stats_.decoded += static_cast<int64_t>(m);
@@ -245,11 +245,13 @@ void Scheduler::step(const std::function<void(SeqResult)>& on_done) {
             ++it;
             continue;
         }
-        s.slot->busy = false; // its tokens stay findable until the slot is taken
+        s.kv().clear(); // its blocks back (indexed ones stay findable until needed)
+        s.slot->busy = false;
         on_done(SeqResult{s.index, std::move(s.answer->result()), std::move(s.text),
                           static_cast<int64_t>(s.req.prompt.size()), s.cached});
         it = live_.erase(it);
     }
+    stats_.peak_block_bytes = pool_->peak_held_bytes();
     if (idle()) interrupt_ = false;
 }
 

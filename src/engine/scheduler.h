@@ -1,21 +1,19 @@
 // Many sequences on one model at once (kvrun batch): continuous batching.
 //
-// Each sequence has a cache of its own (a KvCache of the Forward's config,
-// reused by the next sequence when it ends), its own sampler and its own
-// answer (answer.h). Every step evaluates the next token of every running
-// sequence, in passes of up to max_batch rows (one read of the weights per
-// pass, not per sequence), then one chunk of at most max_batch
-// prompt tokens of the oldest sequence still reading its prompt; sequences
-// join and leave between steps, up to `parallel` at once.
+// Each sequence has a cache of its own (a KvCache of the Forward's config
+// over one shared KvPool, its blocks taken as it grows and given back when
+// it ends), its own sampler and its own answer (answer.h). Every step evaluates the next token of
+// every running sequence, in passes of up to max_batch rows (one read of the weights per pass, not
+// per sequence), then one chunk of at most max_batch prompt tokens of the oldest sequence still
+// reading its prompt; sequences join and leave between steps, up to `parallel` at once.
 //
-// Shared prefixes: a cache keeps what it held after its sequence left, and
-// is found by its tokens until another sequence takes it over. A sequence
-// about to read its prompt starts from the longest prefix any cache holds
-// (its own, one left behind, or a running sequence's, copied over) and
-// evaluates only the rest. Prefixes are copied, not shared in place: the
-// block pool that stores them once is not built yet (docs/batch.md).
-// Recurrent states hold only their end: a Qwen 3.5 prefix is reused only
-// where a cache holds exactly it.
+// Shared prefixes: every whole block of a prompt (and of an answer) is
+// indexed in the pool by a hash of the tokens up to its end. A sequence
+// about to read its prompt holds the indexed blocks of its longest such
+// prefix, a running sequence's or one left behind (the pool keeps them
+// until their memory is needed), and evaluates only the rest: a prefix N
+// sequences share is stored once. Not for recurrent states (Qwen 3.5),
+// which are not in blocks, nor past a ring's wrap.
 //
 // The same answer as a lone run: a prompt is evaluated alone, in the
 // batches Session::eval would use, and a generated row takes the one-token
@@ -56,31 +54,36 @@ struct SeqRequest {
 };
 
 struct SeqResult {
-    size_t index = 0;      // of the request, in the order given
-    GenerateResult gen;    // tokens, stop reason, matched stop string
-    std::string text;      // the answer's text (stop strings left out)
+    size_t index = 0;   // of the request, in the order given
+    GenerateResult gen; // tokens, stop reason, matched stop string
+    std::string text;   // the answer's text (stop strings left out)
     int64_t n_prompt = 0;
-    int64_t cached = 0;    // prompt tokens a cache held already (not evaluated)
+    int64_t cached = 0; // prompt tokens a cache held already (not evaluated)
 };
 
 struct SchedulerStats {
-    int64_t steps = 0, passes = 0;        // decode steps, and the Forward passes they took
+    int64_t steps = 0, passes = 0; // decode steps, and the Forward passes they took
     int64_t prompt_tokens = 0, generated = 0;
-    int64_t decoded = 0;                  // tokens evaluated in decode passes
-    int64_t reused = 0;                   // prompt tokens found in a cache (not evaluated)
-    double decode_s = 0, prompt_s = 0;    // seconds in decode passes, in prompt chunks
-    int peak_running = 0;                 // sequences holding a cache at once, at most
-    bool memory_capped = false;           // a cache could not be had: fewer at once than asked
-    size_t cache_bytes = 0;               // one sequence's cache (ring and states)
-    size_t peak_cache_bytes() const { return cache_bytes * static_cast<size_t>(peak_running); }
+    int64_t decoded = 0;               // tokens evaluated in decode passes
+    int64_t reused = 0;                // prompt tokens found in a cache (not evaluated)
+    double decode_s = 0, prompt_s = 0; // seconds in decode passes, in prompt chunks
+    int peak_running = 0;              // sequences holding a cache at once, at most
+    bool memory_capped = false;        // fewer caches fit than asked: fewer at once
+    size_t cache_bytes = 0;            // one sequence's whole rings and states, unshared
+    size_t pool_bytes = 0;             // the pool: `parallel` sequences' whole rings
+    size_t peak_block_bytes = 0;       // the most the sequences' blocks held at once
+    size_t state_bytes = 0;            // one sequence's recurrent states
+    size_t peak_kv_bytes() const {
+        return peak_block_bytes + state_bytes * static_cast<size_t>(peak_running);
+    }
 };
 
 class Scheduler {
   public:
     // Every sequence's cache has config `cfg`; `max_batch` prompt tokens per
-    // pass; at most `parallel` sequences at once, and no more caches than
-    // `cache_budget` bytes hold (0: no limit; the first is always made);
-    // `share_prefixes`: start from the longest prefix a cache holds.
+    // pass; at most `parallel` sequences at once, and no more whole rings in
+    // the pool than `cache_budget` bytes hold (0: no limit; at least one);
+    // `share_prefixes`: start from the longest indexed prefix.
     Scheduler(const LoadedModel& lm, const KvCacheConfig& cfg, Placement placement, int max_batch,
               int parallel, bool share_prefixes = true, uint64_t cache_budget = 0);
 
@@ -108,18 +111,15 @@ class Scheduler {
         on_text_ = std::move(f);
     }
     const SchedulerStats& stats() const { return stats_; }
-    // Shorter common prefixes are evaluated again (cheaper than a copy).
-    static constexpr size_t kMinShared = 16;
 
   private:
-    // A cache and the tokens it holds; it keeps them after its sequence
-    // leaves, for the next prompts that share them.
+    // A cache over the pool, and the tokens at its positions (indexing its
+    // blocks needs them; kept up to n_ctx).
     struct Slot {
+        std::unique_ptr<KvCache> own; // null for the Forward's home_
         KvCache* kv = nullptr;
         std::vector<int32_t> tokens;
         bool busy = false;
-        bool slid = false; // past n_ctx: tokens no longer tracked (nothing to find)
-        uint64_t last_used = 0;
     };
     // A token now in slot's cache.
     void note_token(Slot& slot, int32_t token);
@@ -130,20 +130,23 @@ class Scheduler {
         Sampler sampler;
         std::unique_ptr<Answer> answer;
         std::string text;
-        size_t prompt_done = 0;  // prompt tokens in the cache
-        int64_t cached = 0;      // of those, found there
-        int32_t pending = -1;    // sampled, not evaluated yet
-        bool started = false;    // the prompt's first chunk is behind
+        size_t prompt_done = 0; // prompt tokens in the cache
+        int64_t cached = 0;     // of those, found there
+        int32_t pending = -1;   // sampled, not evaluated yet
+        bool started = false;   // the prompt's first chunk is behind
         bool done = false;
         Sequence(size_t i, SeqRequest r, Slot* s, const LoadedModel& lm);
         KvCache& kv() { return *slot->kv; }
     };
-    // A free slot for `prompt`: the one holding the longest prefix of it,
-    // else the least recently used (a new one while fewer than `parallel`
-    // and memory allows); null when every slot is busy.
-    Slot* take_slot(const std::vector<int32_t>& prompt);
-    // Before its first prompt chunk: the longest prefix any slot holds.
+    // A free slot (a new one while fewer than `parallel`); null when every
+    // slot is busy.
+    Slot* take_slot();
+    // Before its first prompt chunk: the longest indexed prefix.
     void start_from_prefix(Sequence& s);
+    // Blocks for a sequence's next n positions (always there: the pool holds
+    // `parallel` whole rings), and its whole blocks indexed after them.
+    void reserve(Sequence& s, int n);
+    void publish(Sequence& s);
     // A sequence's next prompt chunk; after the last one, its first token.
     void prompt_chunk(Sequence& s);
     // Sample from `logits` and take the token (or end the sequence).
@@ -153,22 +156,22 @@ class Scheduler {
 
     const LoadedModel& lm_;
     KvCacheConfig cfg_;
+    int max_batch_, parallel_;
+    uint64_t cache_budget_;
+    bool memory_capped_ = false;
+    std::shared_ptr<KvPool> pool_;
     KvCache home_; // the Forward's own cache: also the first slot's
     Forward fwd_;
-    int max_batch_, parallel_;
     bool share_prefixes_;
-    uint64_t cache_budget_;
-    std::vector<std::unique_ptr<KvCache>> caches_; // the other slots'
-    std::vector<Slot> slots_;                      // reserved: Sequence points into it
-    uint64_t clock_ = 0;
+    std::vector<Slot> slots_; // reserved: Sequence points into it
     SchedulerStats stats_;
     std::deque<std::pair<size_t, SeqRequest>> queue_; // submitted, not joined
-    std::vector<std::unique_ptr<Sequence>> live_;      // joined, in the order they joined
-    std::vector<size_t> cancelled_;                    // cancel() since the last step
+    std::vector<std::unique_ptr<Sequence>> live_;     // joined, in the order they joined
+    std::vector<size_t> cancelled_;                   // cancel() since the last step
     size_t next_index_ = 0;
     bool interrupt_ = false;
     std::function<void(size_t, const std::string&)> on_text_;
-    std::vector<Sequence*> gen_;                       // step()'s scratch
+    std::vector<Sequence*> gen_; // step()'s scratch
     std::vector<Forward::SeqToken> rows_;
 };
 

@@ -47,9 +47,10 @@ std::vector<SeqRequest> mixed_requests(const LoadedModel& lm, int count, int n_c
     std::mt19937 rng(seed);
     const char* texts[] = {"Once upon a time", "The little dog", "Lily wanted to", "One day, a",
                            "Tom and Sue went", "The sun was"};
-    // Half the prompts start with one shared "system prompt" (a quarter of -c).
+    // Half the prompts start with one shared "system prompt" (a quarter of
+    // -c; from -c 96 on, a whole block of 32 with BOS).
     std::vector<int32_t> system;
-    for (int j = 0; j < n_ctx / 4; j++)
+    for (int j = 0; j < (n_ctx >= 96 ? 36 : n_ctx / 4); j++)
         system.push_back(static_cast<int32_t>(rng() % lm.model.hp.n_vocab));
     std::vector<SeqRequest> out;
     for (int i = 0; i < count; i++) {
