@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "ggml-like/cpu/gemm.h"
 #include "ggml-like/cpu/ops.h"
@@ -558,8 +559,8 @@ bool prompt_on_tiles(ThreadPool& pool, const AttentionArgs& a, const KeySubset& 
         return false;
     if (a.k_type != Type::F16 || a.v_type != Type::F16 || hd % 32 != 0 || hd > 256 ||
         n_rep > amx::kAttnRows || a.n_tok < kAttentionPromptBatch ||
-        (a.slot_pos && !a.k_head_bytes) || a.slot_block || a.pos[a.n_tok - 1] >= a.n_ctx ||
-        !gemm::amx_enabled())
+        (a.slot_pos && !a.k_head_bytes) || a.pos[a.n_tok - 1] >= a.n_ctx ||
+        (a.slot_block && a.block_slots % amx::kAttnBlockKeys != 0) || !gemm::amx_enabled())
         return false;
     const int tokens = amx::kAttnRows / n_rep; // per item
     const int64_t blocks = (a.n_tok + tokens - 1) / tokens;
@@ -568,6 +569,7 @@ bool prompt_on_tiles(ThreadPool& pool, const AttentionArgs& a, const KeySubset& 
         a.n_head_kv * blocks,
         [&](int64_t b, int64_t end, int ith) {
             amx::AttnRows rows;
+            std::vector<amx::AttnKeys> segs;
             for (int64_t w = b; w < end; w++) {
                 const int g = static_cast<int>(w / blocks);
                 const int t0 = static_cast<int>(w % blocks) * tokens;
@@ -581,27 +583,36 @@ bool prompt_on_tiles(ThreadPool& pool, const AttentionArgs& a, const KeySubset& 
                         rows.out[rows.n] = a.out + qi;
                         rows.pos[rows.n] = a.pos[t];
                     }
-                amx::AttnKeys segs[2];
-                int n_segs = 0;
-                if (a.slot_pos) {
-                    amx::AttnKeys& k = segs[n_segs++];
+                // The ring's slots: one segment, or one per held block
+                // where the blocks are anywhere in a pool (each a step of
+                // kAttnBlockKeys keys at the same positions: the same sums).
+                segs.clear();
+                const int bs = a.slot_block ? a.block_slots : std::max(a.n_ctx, 1);
+                for (int b0 = 0; a.slot_pos && b0 < a.n_ctx; b0 += bs) {
+                    if (a.slot_block && a.slot_block[b0 / bs] < 0) continue;
+                    const int64_t shift = a.pool_slot(b0) - b0;
+                    amx::AttnKeys& k = segs.emplace_back();
                     k.k = reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(a.k_slots) +
-                                                            g * a.k_head_bytes);
+                                                            g * a.k_head_bytes) +
+                          shift * hd;
                     k.n_keys = a.tiled_slots();
-                    k.end = a.n_ctx;
-                    k.v = static_cast<const uint8_t*>(a.v_slots) +
-                          g * (a.v_slot_bytes ? a.v_head_bytes : hd * e);
+                    k.begin = b0;
+                    k.end = std::min(a.n_ctx, b0 + bs);
                     k.v_stride = a.v_slot_bytes ? a.v_slot_bytes : a.v_row_bytes;
+                    k.v = static_cast<const uint8_t*>(a.v_slots) +
+                          g * (a.v_slot_bytes ? a.v_head_bytes : hd * e) +
+                          shift * static_cast<int64_t>(k.v_stride);
                     k.pos = a.slot_pos;
                 }
-                amx::AttnKeys& k = segs[n_segs++];
+                amx::AttnKeys& k = segs.emplace_back();
                 k.k = reinterpret_cast<const uint16_t*>(new_tiles + g * a.n_tok * hd * e);
                 k.n_keys = a.n_tok;
                 k.end = t1;
                 k.v = static_cast<const uint8_t*>(a.v_new) + g * hd * e;
                 k.v_stride = a.v_row_bytes;
                 k.pos = a.pos;
-                amx::attend_rows(rows, hd, a.scale, segs, n_segs, slot(ith));
+                amx::attend_rows(rows, hd, a.scale, segs.data(), static_cast<int>(segs.size()),
+                                 slot(ith));
             }
         },
         static_cast<int64_t>(a.n_tok) * (a.n_ctx + a.n_tok) * a.n_head * hd * 2);

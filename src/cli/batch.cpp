@@ -185,17 +185,18 @@ int run_batch(int argc, char** argv) {
     const uint64_t budget = batch_cache_budget(available);
     int parallel = o.parallel;
     if (parallel == 0)
-        parallel = static_cast<int>(
-            std::clamp<uint64_t>(batch_sequences_that_fit(available, per_seq), 1,
-                                 std::max<size_t>(1, std::min<size_t>(16, n_ok))));
+        parallel =
+            static_cast<int>(std::clamp<uint64_t>(batch_sequences_that_fit(available, per_seq), 1,
+                                                  std::max<size_t>(1, std::min<size_t>(16, n_ok))));
     const Backends backends = make_backends(o.common, threads, hp);
     if (backends.gpu && o.parallel == 0) parallel = 1; // one sequence on CUDA, for now
     if (backends.gpu && parallel > 1)
         fail(Exit::usage, "kvrun batch runs more than one sequence on the CPU only for now: with "
                           "-ngl give --parallel 1");
     if (o.common.verbose)
-        fmt::print(stderr, "kvrun: batch: {} requests ({} malformed), {} at once, n_ctx {}, {} "
-                           "per sequence's cache, {} threads\n",
+        fmt::print(stderr,
+                   "kvrun: batch: {} requests ({} malformed), {} at once, n_ctx {}, {} "
+                   "per sequence's cache, {} threads\n",
                    parsed.size(), parsed.size() - n_ok, parallel, kc.n_ctx, human_bytes(per_seq),
                    threads);
 
@@ -210,7 +211,10 @@ int run_batch(int argc, char** argv) {
         line_of.push_back(i);
         requests.push_back(std::move(*parsed[i].req));
     }
-    Scheduler sched(*lm, kc, backends.placement(), plan.batch, parallel, !o.no_prefix, budget);
+    // With -ngl (one sequence) no prefix is attached: the CUDA mirror reads
+    // a cache whose blocks are in order, as a lone run's.
+    Scheduler sched(*lm, kc, backends.placement(), plan.batch, parallel,
+                    !o.no_prefix && !backends.gpu, budget);
     size_t finished = 0;
     std::vector<bool> reported(requests.size());
     const bool progress = ::isatty(2) != 0;
@@ -238,16 +242,19 @@ int run_batch(int argc, char** argv) {
     // Ctrl-C: those that never started say so (a pipeline tells "not run" from "lost").
     for (size_t i = 0; i < reported.size(); i++)
         if (!reported[i])
-            out.put(line_of[i], json{{"id", parsed[line_of[i]].id},
-                                     {"error", "not run: interrupted"}});
+            out.put(line_of[i],
+                    json{{"id", parsed[line_of[i]].id}, {"error", "not run: interrupted"}});
     if (stdout_failed()) return static_cast<int>(Exit::error);
 
     if (sched.stats().memory_capped)
-        fmt::print(stderr, "kvrun: batch: memory held only {} caches of {}: {} sequences ran at "
-                           "once, not {}\n",
-                   sched.stats().peak_running, human_bytes(per_seq), sched.stats().peak_running,
-                   parallel);
-    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        fmt::print(stderr,
+                   "kvrun: batch: memory held KV blocks for {:.1f} whole caches of {}, "
+                   "not {}: sequences took blocks as they grew, {} at once at most, {} "
+                   "preempted and recomputed\n",
+                   sched.stats().pool_rings, human_bytes(per_seq), parallel,
+                   sched.stats().peak_running, sched.stats().preempted);
+    const double wall =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const SchedulerStats& st = sched.stats();
     if (!o.quiet)
         fmt::print(stderr,

@@ -159,10 +159,24 @@ void KvCache::init_rings() {
 
 void KvCache::release_blocks() {
     for (size_t ri = 0; ri < rings_.size(); ri++) {
-        for (int32_t& b : rings_[ri].table)
-            if (b >= 0) pool_->release(static_cast<int>(ri), std::exchange(b, -1));
-        rings_[ri].in_order = false;
+        // Last block first: a free list given back in this order hands the
+        // next sequence its blocks in order again (take() pops the lowest).
+        std::vector<int32_t>& t = rings_[ri].table;
+        for (auto it = t.rbegin(); it != t.rend(); ++it)
+            if (*it >= 0) pool_->release(static_cast<int>(ri), std::exchange(*it, -1));
+        note_order(ri);
     }
+}
+
+void KvCache::note_order(size_t ri) {
+    // In order: table entry j, where held, is block j, and the pool has a
+    // block j for every entry (the attention kernels and the CUDA mirror
+    // then read the ring as one stretch of slots).
+    Ring& r = rings_[ri];
+    bool in_order = pool_->blocks(static_cast<int>(ri)) >= static_cast<int>(r.table.size());
+    for (size_t j = 0; j < r.table.size() && in_order; j++)
+        in_order = r.table[j] < 0 || r.table[j] == static_cast<int32_t>(j);
+    r.in_order = in_order;
 }
 
 int KvCache::held_blocks(int kind) const {
@@ -185,7 +199,7 @@ bool KvCache::own_block(size_t ri, size_t j) {
         pool_->release(kind, b);
     }
     b = fresh;
-    rings_[ri].in_order = false;
+    note_order(ri);
     return true;
 }
 
@@ -240,6 +254,7 @@ int64_t KvCache::attach_prefix(std::span<const int32_t> tokens) {
         if (j == 0 && !p->sinks.empty()) sink_k_ = p->sinks;
         h = next;
     }
+    for (size_t ri = 0; ri < rings_.size(); ri++) note_order(ri);
     const int64_t n = j * bs;
     for (Ring& r : rings_)
         for (int64_t q = 0; q < n; q++) r.pos[r.slot_of(q)] = q;
@@ -255,7 +270,8 @@ void KvCache::publish_prefix(std::span<const int32_t> tokens) {
     KV_ASSERT(static_cast<int64_t>(tokens.size()) >= n_past_);
     const int bs = KvPool::kBlockSlots;
     if (published_ == 0) chain_ = chain_seed();
-    for (int64_t j = published_; (j + 1) * bs <= n_past_; j++) {
+    // Block 0 carries the sinks' copies: only once every sink is there.
+    for (int64_t j = published_; (j + 1) * bs <= n_past_ && n_past_ >= cfg_.keep; j++) {
         const std::span<const int32_t> t = tokens.subspan(static_cast<size_t>(j * bs), bs);
         uint64_t next = chain_;
         for (const int32_t id : t) next = mix64(next ^ static_cast<uint32_t>(id));
@@ -275,6 +291,7 @@ bool KvCache::reserve(int64_t pos0, int n) {
     if (own_pool_) return true; // every block held, never shared
     const int bs = KvPool::kBlockSlots;
     for (size_t ri = 0; ri < rings_.size(); ri++) {
+        if (pool_->blocks(static_cast<int>(ri)) == 0) continue; // no layer of that kind owns slots
         const Ring& r = rings_[ri];
         // Positions past the window's worth of the batch are never written (write()).
         const int64_t first = n > r.window() ? pos0 + n - r.window() : pos0;
@@ -376,6 +393,7 @@ void KvCache::set_head_major(bool on) {
         pool_->set_head_major(on);
         return;
     }
+    KV_ASSERT(own_pool_); // moves every slot: a lone cache's
     // Each layer out as rows in the old layout, back in the new one.
     std::vector<uint8_t> k(cfg_.n_ctx * max_row_bytes_k()), v(cfg_.n_ctx * max_row_bytes_v());
     for (int l = 0; l < cfg_.n_layer; l++) {
@@ -455,7 +473,7 @@ void KvCache::copy_from(const KvCache& src) {
     for (size_t ri = 0; ri < rings_.size(); ri++) {
         const std::vector<int32_t>& from = src.rings_[ri].table;
         for (size_t j = 0; j < from.size(); j++) {
-            if (from[j] < 0) continue;
+            if (from[j] < 0 || pool_->blocks(static_cast<int>(ri)) == 0) continue;
             if (!own_block(ri, j))
                 fail(Exit::out_of_memory, "the KV pool has no free block for a copy");
             pool_->copy_block(static_cast<int>(ri), *src.pool_, from[j], rings_[ri].table[j]);
@@ -514,6 +532,7 @@ bool KvCache::drop(int64_t from, int64_t to, const Model& m) {
     KV_ASSERT(from >= 0 && from <= to && to <= n_past_);
     const int64_t d = to - from, n = n_past_ - d;
     if (d == 0) return true;
+    KV_ASSERT(own_pool_);               // moves rows in place: a lone cache's, never shared blocks
     if (from < cfg_.keep) return false; // the sinks' copies are fixed by position
     if (!state_.empty()) return false;  // nor can a recurrent state forget a span
     checkpoint_.pos0 = -1;

@@ -363,6 +363,7 @@ class KvCache {
     int64_t unwrapped() const;
     void init_rings();
     void release_blocks();
+    void note_order(size_t ri); // sets rings_[ri].in_order from its table
     // Hold a block of its own for ring ri's table entry j (a copy of the one
     // it shares, if any). False when the pool has none free.
     bool own_block(size_t ri, size_t j);

@@ -9,7 +9,7 @@
 namespace kvrun {
 
 void KvCache::checkpoint(int64_t pos0, int n) {
-    KV_ASSERT(pos0 == n_past_ && n >= 0);
+    KV_ASSERT(pos0 == n_past_ && n >= 0 && own_pool_); // a lone cache's (speculative decoding)
     // Two positions of the batch in one slot would save the slot twice and
     // restore the older copy last: a batch must fit every ring's window.
     for (const Ring& r : rings_) KV_ASSERT(n <= r.window() || pos0 + n <= r.slots);

@@ -98,6 +98,10 @@ void KvPool::get_row(int layer, int64_t ps, uint8_t* ko, uint8_t* vo) const {
 
 int32_t KvPool::take(int kind) {
     while (free_[kind].empty() && !lru_.empty()) drop_entry(lru_.front());
+    // An entry one of whose blocks a sequence still holds (it copied the
+    // other on write) is in no list, and its unheld block is free to take.
+    for (int32_t b = 0; free_[kind].empty() && b < blocks_[kind]; b++)
+        if (refs_[kind][b] == 0 && indexed(kind, b)) drop_entry(hash_of_[kind][b]);
     if (free_[kind].empty()) return -1;
     const int32_t b = free_[kind].back();
     free_[kind].pop_back();

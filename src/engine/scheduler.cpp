@@ -19,25 +19,26 @@ Scheduler::Sequence::Sequence(size_t i, SeqRequest r, Slot* s, const LoadedModel
 
 namespace {
 // The pool: `parallel` sequences' whole rings, or as many as `budget` bytes
-// (0: no limit) or memory hold, at least one; `parallel` becomes that many.
-std::shared_ptr<KvPool> make_pool(const KvCacheConfig& cfg, int& parallel, uint64_t budget,
-                                  bool& capped) {
+// (0: no limit) or memory hold, at least one; `rings` says how many.
+std::shared_ptr<KvPool> make_pool(const KvCacheConfig& cfg, int parallel, uint64_t budget,
+                                  double& rings) {
     const uint64_t per = KvCache::ring_bytes_for(cfg) + KvCache::state_bytes_for(cfg);
-    int n = parallel;
+    rings = parallel;
     if (budget > 0)
-        n = static_cast<int>(std::clamp<uint64_t>(budget / std::max<uint64_t>(per, 1), 1, n));
-    for (;; n = std::max(1, n / 2)) {
+        rings = std::clamp(static_cast<double>(budget) /
+                               static_cast<double>(std::max<uint64_t>(per, 1)),
+                           1.0, rings);
+    for (;; rings = std::max(1.0, rings / 2)) {
         try {
-            KvPool::Blocks b = KvPool::ring_blocks(cfg);
-            for (int& k : b) k *= n;
-            auto pool = std::make_shared<KvPool>(cfg, b);
-            capped = n < parallel;
-            parallel = n;
-            return pool;
+            const KvPool::Blocks ring = KvPool::ring_blocks(cfg);
+            KvPool::Blocks b{};
+            for (int k = 0; k < KvPool::kKinds; k++)
+                b[k] = std::max(ring[k], static_cast<int>(rings * ring[k]));
+            return std::make_shared<KvPool>(cfg, b);
         } catch (const Error& e) {
-            if (e.code() != Exit::out_of_memory || n == 1) throw;
+            if (e.code() != Exit::out_of_memory || rings <= 1.0) throw;
         } catch (const std::bad_alloc&) {
-            if (n == 1) throw;
+            if (rings <= 1.0) throw;
         }
     }
 }
@@ -46,7 +47,7 @@ std::shared_ptr<KvPool> make_pool(const KvCacheConfig& cfg, int& parallel, uint6
 Scheduler::Scheduler(const LoadedModel& lm, const KvCacheConfig& cfg, Placement placement,
                      int max_batch, int parallel, bool share_prefixes, uint64_t cache_budget)
     : lm_(lm), cfg_(cfg), max_batch_(max_batch), parallel_(std::max(1, parallel)),
-      cache_budget_(cache_budget), pool_(make_pool(cfg, parallel_, cache_budget_, memory_capped_)),
+      cache_budget_(cache_budget), pool_(make_pool(cfg, parallel_, cache_budget_, pool_rings_)),
       home_(cfg, pool_), fwd_(lm.model, home_, std::move(placement), max_batch),
       share_prefixes_(share_prefixes) {
     slots_.reserve(static_cast<size_t>(parallel_));
@@ -54,7 +55,8 @@ Scheduler::Scheduler(const LoadedModel& lm, const KvCacheConfig& cfg, Placement 
     stats_.cache_bytes = KvCache::ring_bytes_for(cfg) + KvCache::state_bytes_for(cfg);
     stats_.state_bytes = KvCache::state_bytes_for(cfg);
     stats_.pool_bytes = pool_->bytes();
-    stats_.memory_capped = memory_capped_;
+    stats_.pool_rings = pool_rings_;
+    stats_.memory_capped = pool_rings_ < parallel_;
 }
 
 Scheduler::Slot* Scheduler::take_slot() {
@@ -80,24 +82,65 @@ void Scheduler::start_from_prefix(Sequence& s) {
     Slot& own = *s.slot;
     own.kv->clear(); // its blocks back to the pool (indexed ones stay findable)
     own.tokens.clear();
+    s.prompt_done = 0;
     if (!share_prefixes_) return;
     const std::vector<int32_t>& prompt = s.req.prompt;
     const int64_t m = own.kv->attach_prefix(prompt);
     own.tokens.assign(prompt.begin(), prompt.begin() + m);
     s.prompt_done = static_cast<size_t>(m);
-    s.cached = m;
 }
 
-void Scheduler::reserve(Sequence& s, int n) {
-    // The pool holds `parallel` whole rings, and a sequence never holds more
-    // than its rings' blocks: a block is always there (evicting indexed
-    // prefixes nobody holds, least recently used first).
-    if (!s.kv().reserve(s.kv().n_past(), n))
-        fail(Exit::error, "internal: the KV pool has no free block (a bug: please report it)");
+bool Scheduler::room_to_start(size_t prompt_tokens) const {
+    // Blocks for its prompt and first token, and one to grow for each
+    // running sequence (fewer preemptions right after a start).
+    for (int k = 0; k < KvPool::kKinds; k++) {
+        if (pool_->blocks(k) == 0) continue;
+        const int slots = k == 0 ? cfg_.n_ctx : std::min(cfg_.swa_window, cfg_.n_ctx);
+        const int64_t tokens = std::min<int64_t>(static_cast<int64_t>(prompt_tokens) + 1, slots);
+        const int64_t need = (tokens + KvPool::kBlockSlots - 1) / KvPool::kBlockSlots +
+                             static_cast<int64_t>(live_.size());
+        if (pool_->free_blocks(k) < need) return false;
+    }
+    return true;
+}
+
+void Scheduler::preempt(Sequence& v) {
+    v.kv().clear();
+    v.slot->tokens.clear();
+    v.slot->busy = false;
+    v.slot = nullptr;
+    v.paused = true;
+    v.attached = false;
+    v.prompt_done = 0;
+    v.pending = -1;
+    v.replay = 0; // every token it took is fed again
+    stats_.preempted++;
+}
+
+bool Scheduler::make_room(Sequence& s, int n) {
+    while (!s.kv().reserve(s.kv().n_past(), n)) {
+        // The youngest running sequence (the last to join) gives way. Alone,
+        // a sequence always has room: the pool holds a whole ring.
+        Sequence* youngest = nullptr;
+        for (auto& o : live_)
+            if (!o->done && !o->paused) youngest = o.get();
+        KV_ASSERT(youngest && (youngest != &s || live_.size() > 1));
+        preempt(*youngest);
+        if (youngest == &s) return false;
+    }
+    return true;
 }
 
 void Scheduler::publish(Sequence& s) {
     if (share_prefixes_) s.kv().publish_prefix(s.slot->tokens);
+}
+
+void Scheduler::advance(Sequence& s, float* logits) {
+    if (s.replay < s.taken.size()) {
+        s.pending = s.taken[s.replay++];
+        return;
+    }
+    sample(s, logits);
 }
 
 void Scheduler::end(Sequence& s, const char* why) {
@@ -128,6 +171,8 @@ void Scheduler::sample(Sequence& s, float* logits) {
     // than sliding on (Session::generate's on_full in kvrun -p).
     if (p.n_predict < 0 && s.kv().n_past() >= s.kv().n_ctx()) return end(s, "context full");
     s.pending = id;
+    s.taken.push_back(id);
+    s.replay = s.taken.size();
 }
 
 void Scheduler::prompt_chunk(Sequence& s) {
@@ -135,12 +180,19 @@ void Scheduler::prompt_chunk(Sequence& s) {
     if (!s.started) {
         s.started = true;
         for (int32_t t : prompt) s.sampler.accept(t);
+    }
+    if (!s.attached) {
+        s.attached = true;
+        const bool first = s.taken.empty() && s.cached == 0;
         start_from_prefix(s);
-        stats_.reused += s.cached;
+        if (first) { // a preempted sequence's second start is not a new hit
+            s.cached = static_cast<int64_t>(s.prompt_done);
+            stats_.reused += s.cached;
+        }
     }
     const int n = static_cast<int>(std::min<size_t>(max_batch_, prompt.size() - s.prompt_done));
     const auto t0 = std::chrono::steady_clock::now();
-    reserve(s, n);
+    if (!make_room(s, n)) return; // paused: it starts again later
     const float* logits = fwd_.eval(s.kv(), prompt.data() + s.prompt_done, n, false);
     stats_.prompt_s += seconds_since(t0);
     for (int i = 0; i < n; i++) note_token(*s.slot, prompt[s.prompt_done + static_cast<size_t>(i)]);
@@ -148,7 +200,7 @@ void Scheduler::prompt_chunk(Sequence& s) {
     s.prompt_done += static_cast<size_t>(n);
     stats_.prompt_tokens += n;
     // Forward's logits are overwritten by the next pass: the first token now.
-    if (s.prompt_done == prompt.size()) sample(s, const_cast<float*>(logits));
+    if (s.prompt_done == prompt.size()) advance(s, const_cast<float*>(logits));
 }
 
 size_t Scheduler::submit(SeqRequest r) {
@@ -190,12 +242,34 @@ void Scheduler::step(const std::function<void(SeqResult)>& on_done) {
             }
         for (auto& s : live_)
             if (s->index == index && !s->done) end(*s, "cancelled");
+        for (auto it = paused_.begin(); it != paused_.end(); ++it)
+            if ((*it)->index == index) { // reported with the text it had
+                end(**it, "cancelled");
+                live_.push_back(std::move(*it));
+                paused_.erase(it);
+                break;
+            }
     }
     cancelled_.clear();
-    // Join: as many as there are caches for.
-    while (!interrupt_ && !queue_.empty() && live_.size() < static_cast<size_t>(parallel_)) {
+    // Join: preempted sequences first, while the pool has blocks for them
+    // (a sequence alone always has room: the pool holds a whole ring).
+    while (!interrupt_ && (!paused_.empty() || !queue_.empty()) &&
+           live_.size() < static_cast<size_t>(parallel_)) {
+        const bool resume = !paused_.empty();
+        const size_t tokens =
+            resume ? paused_.front()->req.prompt.size() + paused_.front()->taken.size()
+                   : queue_.front().second.prompt.size();
+        if (!live_.empty() && !room_to_start(tokens)) break;
         Slot* slot = take_slot();
         if (!slot) break; // every cache is busy
+        if (resume) {
+            std::unique_ptr<Sequence> s = std::move(paused_.front());
+            paused_.pop_front();
+            s->slot = slot;
+            s->paused = false;
+            live_.push_back(std::move(s));
+            continue;
+        }
         live_.push_back(std::make_unique<Sequence>(queue_.front().first,
                                                    std::move(queue_.front().second), slot, lm_));
         queue_.pop_front();
@@ -210,43 +284,59 @@ void Scheduler::step(const std::function<void(SeqResult)>& on_done) {
         if (!s->done && s->pending >= 0) gen_.push_back(s.get());
     if (!gen_.empty()) stats_.steps++;
     for (size_t i = 0; i < gen_.size(); i += per_pass) {
-        const size_t m = std::min<size_t>(per_pass, gen_.size() - i);
-        rows_.clear();
-        for (size_t j = 0; j < m; j++)
-            rows_.push_back({gen_[i + j]->slot->kv, gen_[i + j]->pending});
         const auto t0 = std::chrono::steady_clock::now();
-        for (size_t j = 0; j < m; j++) reserve(*gen_[i + j], 1);
+        pass_.clear();
+        for (size_t j = i; j < std::min(gen_.size(), i + per_pass); j++)
+            if (!gen_[j]->paused && make_room(*gen_[j], 1)) pass_.push_back(gen_[j]);
+        // (A later one's room may have paused an earlier one of the pass.)
+        std::erase_if(pass_, [](const Sequence* q) { return q->paused; });
+        if (pass_.empty()) continue;
+        rows_.clear();
+        for (Sequence* q : pass_) rows_.push_back({q->slot->kv, q->pending});
         auto* logits = const_cast<float*>(fwd_.eval_generated(rows_));
-        for (size_t j = 0; j < m; j++) {
-            note_token(*gen_[i + j]->slot, gen_[i + j]->pending);
-            publish(*gen_[i + j]);
+        for (Sequence* q : pass_) {
+            note_token(*q->slot, q->pending);
+            publish(*q);
         }
         stats_.decode_s += seconds_since(t0);
         stats_.passes++;
-        stats_.decoded += static_cast<int64_t>(m);
-        for (size_t j = 0; j < m; j++) {
-            gen_[i + j]->pending = -1;
-            sample(*gen_[i + j], logits + j * n_vocab);
+        stats_.decoded += static_cast<int64_t>(pass_.size());
+        for (size_t j = 0; j < pass_.size(); j++) {
+            pass_[j]->pending = -1;
+            advance(*pass_[j], logits + j * n_vocab);
         }
     }
     // One prompt chunk: the oldest sequence still reading its prompt.
     for (auto& s : live_)
-        if (!s->done && s->prompt_done < s->req.prompt.size()) {
+        if (!s->done && !s->paused && s->prompt_done < s->req.prompt.size()) {
             prompt_chunk(*s);
             break;
         }
-    if (interrupt_)
+    if (interrupt_) {
         for (auto& s : live_)
             if (!s->done) end(*s, "interrupted");
-    // Leave: report, and give the cache to the next.
+        for (auto& s : paused_) {
+            end(*s, "interrupted");
+            live_.push_back(std::move(s));
+        }
+        paused_.clear();
+    }
+    // Leave: report, and give the cache to the next; the preempted wait.
     for (auto it = live_.begin(); it != live_.end();) {
         Sequence& s = **it;
+        if (s.paused && !s.done) {
+            paused_.push_back(std::move(*it));
+            it = live_.erase(it);
+            continue;
+        }
         if (!s.done) {
             ++it;
             continue;
         }
-        s.kv().clear(); // its blocks back (indexed ones stay findable until needed)
-        s.slot->busy = false;
+        if (s.slot) {       // (none for a preempted one cancelled or interrupted)
+            s.kv().clear(); // its blocks back (indexed ones stay findable until needed)
+            s.slot->busy = false;
+        }
         on_done(SeqResult{s.index, std::move(s.answer->result()), std::move(s.text),
                           static_cast<int64_t>(s.req.prompt.size()), s.cached});
         it = live_.erase(it);

@@ -68,7 +68,9 @@ struct SchedulerStats {
     int64_t reused = 0;                // prompt tokens found in a cache (not evaluated)
     double decode_s = 0, prompt_s = 0; // seconds in decode passes, in prompt chunks
     int peak_running = 0;              // sequences holding a cache at once, at most
-    bool memory_capped = false;        // fewer caches fit than asked: fewer at once
+    bool memory_capped = false;        // the pool holds fewer whole rings than `parallel`
+    double pool_rings = 0;             // whole rings' worth of blocks in the pool
+    int64_t preempted = 0;             // sequences paused for want of blocks, recomputed
     size_t cache_bytes = 0;            // one sequence's whole rings and states, unshared
     size_t pool_bytes = 0;             // the pool: `parallel` sequences' whole rings
     size_t peak_block_bytes = 0;       // the most the sequences' blocks held at once
@@ -81,8 +83,10 @@ struct SchedulerStats {
 class Scheduler {
   public:
     // Every sequence's cache has config `cfg`; `max_batch` prompt tokens per
-    // pass; at most `parallel` sequences at once, and no more whole rings in
-    // the pool than `cache_budget` bytes hold (0: no limit; at least one);
+    // pass; at most `parallel` sequences at once. The pool holds `parallel`
+    // whole rings, or what `cache_budget` bytes hold (0: no limit; at least
+    // one ring): sequences then start while it has blocks for their prompt
+    // and are preempted when it has none for them to grow.
     // `share_prefixes`: start from the longest indexed prefix.
     Scheduler(const LoadedModel& lm, const KvCacheConfig& cfg, Placement placement, int max_batch,
               int parallel, bool share_prefixes = true, uint64_t cache_budget = 0);
@@ -105,7 +109,7 @@ class Scheduler {
     void step(const std::function<void(SeqResult)>& on_done);
     void cancel(size_t index);
     void interrupt() { interrupt_ = true; }
-    bool idle() const { return queue_.empty() && live_.empty(); }
+    bool idle() const { return queue_.empty() && live_.empty() && paused_.empty(); }
     // Each sequence's text as it is released (streaming), called in step().
     void set_on_text(std::function<void(size_t index, const std::string& text)> f) {
         on_text_ = std::move(f);
@@ -131,10 +135,17 @@ class Scheduler {
         std::unique_ptr<Answer> answer;
         std::string text;
         size_t prompt_done = 0; // prompt tokens in the cache
-        int64_t cached = 0;     // of those, found there
+        int64_t cached = 0;     // of those, found there (when it first started)
         int32_t pending = -1;   // sampled, not evaluated yet
-        bool started = false;   // the prompt's first chunk is behind
+        bool started = false;   // the sampler has seen the prompt
+        bool attached = false;  // its cache starts from the longest indexed prefix
         bool done = false;
+        bool paused = false; // preempted this step: back to the queue
+        // Every token it has taken; after a preemption the first `replay`
+        // of them are fed again (not sampled) as its cache is rebuilt, so it
+        // goes on exactly where it was.
+        std::vector<int32_t> taken;
+        size_t replay = 0;
         Sequence(size_t i, SeqRequest r, Slot* s, const LoadedModel& lm);
         KvCache& kv() { return *slot->kv; }
     };
@@ -143,10 +154,18 @@ class Scheduler {
     Slot* take_slot();
     // Before its first prompt chunk: the longest indexed prefix.
     void start_from_prefix(Sequence& s);
-    // Blocks for a sequence's next n positions (always there: the pool holds
-    // `parallel` whole rings), and its whole blocks indexed after them.
-    void reserve(Sequence& s, int n);
-    void publish(Sequence& s);
+    // Blocks for a sequence's next n positions. Where the pool has none
+    // left, the youngest running sequence is preempted (its blocks given
+    // back, itself queued again), until they are there or s itself was the
+    // youngest (false: s is paused).
+    bool make_room(Sequence& s, int n);
+    void preempt(Sequence& s);
+    // Whether the pool has room for a sequence with this prompt to start.
+    bool room_to_start(size_t prompt_tokens) const;
+    void publish(Sequence& s); // its whole blocks indexed
+    // The next token after `logits`: the one it took before a preemption,
+    // else sampled.
+    void advance(Sequence& s, float* logits);
     // A sequence's next prompt chunk; after the last one, its first token.
     void prompt_chunk(Sequence& s);
     // Sample from `logits` and take the token (or end the sequence).
@@ -158,7 +177,7 @@ class Scheduler {
     KvCacheConfig cfg_;
     int max_batch_, parallel_;
     uint64_t cache_budget_;
-    bool memory_capped_ = false;
+    double pool_rings_ = 0; // set by make_pool, before pool_
     std::shared_ptr<KvPool> pool_;
     KvCache home_; // the Forward's own cache: also the first slot's
     Forward fwd_;
@@ -166,12 +185,14 @@ class Scheduler {
     std::vector<Slot> slots_; // reserved: Sequence points into it
     SchedulerStats stats_;
     std::deque<std::pair<size_t, SeqRequest>> queue_; // submitted, not joined
+    std::deque<std::unique_ptr<Sequence>> paused_;    // preempted, to join again first
     std::vector<std::unique_ptr<Sequence>> live_;     // joined, in the order they joined
     std::vector<size_t> cancelled_;                   // cancel() since the last step
     size_t next_index_ = 0;
     bool interrupt_ = false;
     std::function<void(size_t, const std::string&)> on_text_;
     std::vector<Sequence*> gen_; // step()'s scratch
+    std::vector<Sequence*> pass_;
     std::vector<Forward::SeqToken> rows_;
 };
 

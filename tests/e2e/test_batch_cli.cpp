@@ -159,9 +159,9 @@ TEST_CASE("batch: a shared prefix is evaluated once; --deterministic answers sta
     }
 }
 
-// The issue's "out of memory": a budget too small for every sequence at once
-// runs fewer at once, says so, and answers every request as before.
-TEST_CASE("batch: too little memory for --parallel runs fewer at once, never aborts") {
+// The issue's "out of memory": a budget too small for every sequence's whole
+// ring says so; the sequences share its blocks and answer every request as before.
+TEST_CASE("batch: too little memory for --parallel whole caches shares the blocks, never aborts") {
     std::string in;
     for (int i = 0; i < 6; i++)
         in += json{{"prompt", "Once upon a time " + std::to_string(i)}, {"max_tokens", 8},
@@ -174,8 +174,9 @@ TEST_CASE("batch: too little memory for --parallel runs fewer at once, never abo
                          "-c", "16384", "--parallel", "6", "--ordered"},
         &in);
     REQUIRE(r.status == 0);
-    CHECK(r.err.find("memory held only 4 caches of 10.00 MiB") != std::string::npos);
-    CHECK(r.err.find("| 4 at once |") != std::string::npos);
+    CHECK(r.err.find("memory held KV blocks for 4.0 whole caches of 10.00 MiB, not 6") !=
+          std::string::npos);
+    CHECK(r.err.find("| 6 at once |") != std::string::npos);
     const auto one = kvtest::run_kvrun(
         {"batch", "-m", kStories, "-c", "16384", "--parallel", "1", "--ordered"}, &in);
     REQUIRE(one.status == 0);

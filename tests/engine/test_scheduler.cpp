@@ -45,8 +45,8 @@ Lone lone(const LoadedModel& lm, const KvCacheConfig& cfg, gl::Backend& be, int 
 
 std::vector<SeqRequest> mixed_requests(const LoadedModel& lm, int count, int n_ctx, uint32_t seed) {
     std::mt19937 rng(seed);
-    const char* texts[] = {"Once upon a time", "The little dog", "Lily wanted to", "One day, a",
-                           "Tom and Sue went", "The sun was"};
+    const char* texts[] = {"Once upon a time", "The little dog",   "Lily wanted to",
+                           "One day, a",       "Tom and Sue went", "The sun was"};
     // Half the prompts start with one shared "system prompt" (a quarter of
     // -c; from -c 96 on, a whole block of 32 with BOS).
     std::vector<int32_t> system;
@@ -83,17 +83,23 @@ std::vector<SeqRequest> mixed_requests(const LoadedModel& lm, int count, int n_c
 // run's prompt: bit for bit the same only on the batch-invariant backend.
 enum class Mode { plain, shared_deterministic };
 
+// budget_rings > 0: a pool of that many whole rings' bytes (fewer than
+// `parallel`: sequences preempted for want of blocks).
 void check_against_lone(const LoadedModel& lm, int count, int n_ctx, int max_batch, int parallel,
-                        const std::string& what, Mode mode = Mode::plain) {
+                        const std::string& what, Mode mode = Mode::plain, double budget_rings = 0) {
     CAPTURE(what);
     const bool shared = mode == Mode::shared_deterministic;
     CAPTURE(shared);
     auto be = gl::make_cpu_backend(2, shared);
     const KvCacheConfig cfg =
         KvCacheConfig::for_model(lm.model.hp, n_ctx, 4, gl::Type::F16, gl::Type::F16);
-    const std::vector<SeqRequest> reqs = mixed_requests(lm, count, n_ctx, 11);
-    Scheduler sched(lm, cfg, Placement::all(*be, lm.model.hp.n_layer), max_batch, parallel,
-                    shared);
+    std::vector<SeqRequest> reqs = mixed_requests(lm, count, n_ctx, 11);
+    if (budget_rings > 0) // long answers, so that sequences outgrow the pool
+        for (SeqRequest& r : reqs) r.gen.n_predict = std::max<int64_t>(r.gen.n_predict, 40);
+    const uint64_t budget = static_cast<uint64_t>(
+        budget_rings * (KvCache::ring_bytes_for(cfg) + KvCache::state_bytes_for(cfg)));
+    Scheduler sched(lm, cfg, Placement::all(*be, lm.model.hp.n_layer), max_batch, parallel, shared,
+                    budget);
     std::vector<SeqResult> got(reqs.size());
     std::vector<size_t> order;
     sched.run(reqs, [&](SeqResult r) {
@@ -118,7 +124,9 @@ void check_against_lone(const LoadedModel& lm, int count, int n_ctx, int max_bat
     const bool reusable = lm.model.hp.recurrent_layers.empty() && lm.model.hp.swa_window == 0;
     if (shared && reusable) CHECK(st.reused > 0);
     if (!shared) CHECK(st.reused == 0);
-    CHECK(st.peak_running == std::min(parallel, count));
+    if (budget_rings == 0) CHECK(st.peak_running == std::min(parallel, count));
+    if (budget_rings > 0) CHECK(st.preempted > 0);
+    if (budget_rings == 0) CHECK(st.preempted == 0);
     // Sequences shared passes: fewer passes than tokens generated.
     CHECK(st.passes < st.generated);
     // They finished out of order (joined and left between steps).
@@ -179,6 +187,16 @@ TEST_CASE("scheduler: real models answer as lone sessions do (SmolLM2, Gemma 3)"
         auto lm = LoadedModel::load(kvtest::real_model(name));
         check_against_lone(*lm, 12, 96, 32, 10, name);
     }
+}
+
+TEST_CASE("scheduler: a pool too small for every sequence preempts the youngest and recomputes "
+          "it; every answer is still a lone run's") {
+    auto lm = LoadedModel::load(kvtest::shared("models/stories260K.gguf"));
+    check_against_lone(*lm, 16, 96, 16, 6, "stories260K, 1.5 rings for 6", Mode::plain, 1.5);
+    check_against_lone(*lm, 16, 96, 16, 6, "stories260K, shared prefixes",
+                       Mode::shared_deterministic, 1.5);
+    auto qwen35 = LoadedModel::load(kvtest::shared("models/next/tiny-qwen35-Q4_K_M.gguf"));
+    check_against_lone(*qwen35, 12, 64, 8, 6, "qwen35, 1.5 rings for 6", Mode::plain, 1.5);
 }
 
 // A server's use: requests submitted while others run, one cancelled while
