@@ -206,8 +206,30 @@ int run_info(int argc, char** argv) {
     // Quantized weights' path (float weights skip AMX's bf16 tiles).
     const std::string prompt_path = gl::ops::batch_paths_summary();
     const MemoryPlan plan = plan_memory(file, hp, n_ctx, tk, tv, 512, resolve_threads(0));
-    // kvrun batch: a ring and the recurrent states (kv_total) per sequence.
+    // kvrun batch: a ring and the recurrent states (kv_total) per sequence;
+    // its pool holds the budget's worth of whole rings in blocks, which
+    // sequences take as they grow: sequences of L tokens (prompt and answer,
+    // nothing shared) that fit at once.
     const uint64_t per_sequence = kv_total;
+    const uint64_t budget = batch_cache_budget(plan.mem_available);
+    const KvPool::Blocks ring_blocks = KvPool::ring_blocks(kv_cfg);
+    const double budget_rings =
+        per_sequence > 0 ? static_cast<double>(budget) / static_cast<double>(per_sequence) : 0;
+    auto fit_of_length = [&](int64_t len) {
+        int64_t fit = -1;
+        for (int k = 0; k < KvPool::kKinds; k++) {
+            if (ring_blocks[k] == 0) continue;
+            const int64_t slots = int64_t{ring_blocks[k]} * KvPool::kBlockSlots;
+            const int64_t need =
+                (std::min(len, slots) + KvPool::kBlockSlots - 1) / KvPool::kBlockSlots;
+            const auto pool = static_cast<int64_t>(budget_rings * ring_blocks[k]);
+            fit = fit < 0 ? pool / need : std::min(fit, pool / need);
+        }
+        // States are a sequence's whole: no fewer bytes for a shorter one.
+        if (KvCache::state_bytes_for(kv_cfg) > 0)
+            fit = std::min<int64_t>(fit, static_cast<int64_t>(budget / per_sequence));
+        return std::max<int64_t>(fit, 0);
+    };
     // The GPU side: the plan for -ngl / --kv-gpu-window (metadata only, so it
     // also works in a build or on a machine without CUDA), and the device's
     // memory when there is one.
@@ -264,6 +286,20 @@ int run_info(int argc, char** argv) {
                              {{"bytes_per_sequence", per_sequence},
                               {"sequences_that_fit",
                                batch_sequences_that_fit(plan.mem_available, per_sequence)}}}};
+        nlohmann::json pool = {{"block_slots", KvPool::kBlockSlots},
+                               {"budget_bytes", budget},
+                               {"kinds", nlohmann::json::array()},
+                               {"sequences_of_length", nlohmann::json::object()}};
+        for (int k = 0; k < KvPool::kKinds; k++)
+            if (ring_blocks[k] > 0)
+                pool["kinds"].push_back(
+                    {{"kind", k == 0 ? "global" : "sliding_window"},
+                     {"block_bytes", KvPool::block_bytes_for(kv_cfg, k)},
+                     {"blocks_per_sequence", ring_blocks[k]},
+                     {"blocks", static_cast<int64_t>(budget_rings * ring_blocks[k])}});
+        for (const int64_t len : {int64_t{512}, int64_t{2048}, int64_t{n_ctx}})
+            pool["sequences_of_length"][std::to_string(len)] = fit_of_length(len);
+        j["batch"]["pool"] = pool;
         nlohmann::json layer_kinds = nlohmann::json::array();
         for (const KvKind& k : kinds)
             layer_kinds.push_back({{"kind", k.kind},
@@ -377,9 +413,9 @@ int run_info(int argc, char** argv) {
                plan.fits() ? fmt::format("fits (up to -c {})", plan.max_ctx_that_fits)
                            : "does not fit: " + memory_advice(plan, hp, 0));
     fmt::print("batch:        {} sequences of -c {} at once in half the memory available "
-               "(kvrun batch: a cache of {} each)\n",
+               "(kvrun batch: a cache of {} each); in blocks of {} tokens, {} of 512 tokens\n",
                batch_sequences_that_fit(plan.mem_available, per_sequence), n_ctx,
-               human_bytes(per_sequence));
+               human_bytes(per_sequence), KvPool::kBlockSlots, fit_of_length(512));
     fmt::print("kernels:      {}; prompt batches on {} ({})\n", gl::cpu::isa_name(), prompt_path,
                gl::gemm::blas_description());
     if (gp.n_gpu_layers > 0) {

@@ -188,7 +188,10 @@ int KvCache::held_blocks(int kind) const {
 bool KvCache::own_block(size_t ri, size_t j) {
     int32_t& b = rings_[ri].table[j];
     const int kind = static_cast<int>(ri);
-    if (b >= 0 && pool_->refs(kind, b) == 1) {
+    // Its own: written in place, out of the index, unless it is an indexed
+    // prefix and a block is spare: then copied, so the prefix stays findable
+    // (a window ring wrapping over a system prompt's blocks).
+    if (b >= 0 && pool_->refs(kind, b) == 1 && !(pool_->indexed(kind, b) && pool_->spare(kind))) {
         pool_->forget(kind, b); // about to change: no longer the prefix it was indexed as
         return true;
     }
@@ -254,8 +257,40 @@ int64_t KvCache::attach_prefix(std::span<const int32_t> tokens) {
         if (j == 0 && !p->sinks.empty()) sink_k_ = p->sinks;
         h = next;
     }
+    // Then part of the next block: a copy of an indexed block that follows
+    // the same chain and begins with the same tokens (a shared system prompt
+    // seldom ends on a block boundary). The copy is this cache's own: its
+    // slots past the common tokens are written over as it goes on.
+    int common = 0;
+    const int64_t rest = std::min<int64_t>(bs, most - j * bs);
+    const KvPool::Prefix* p =
+        rest > 0 ? pool_->best_child(h, tokens.subspan(static_cast<size_t>(j * bs), rest), common)
+                 : nullptr;
+    if (p) {
+        const KvPool::Prefix from = *p; // (a take() below may evict it from the index)
+        for (size_t ri = 0; ri < rings_.size(); ri++) // not evicted while copied
+            if (from.block[ri] >= 0) pool_->hold(static_cast<int>(ri), from.block[ri]);
+        bool all = true;
+        for (size_t ri = 0; ri < rings_.size() && all; ri++) {
+            if (from.block[ri] < 0) continue;
+            const int32_t fresh = pool_->take(static_cast<int>(ri));
+            all = fresh >= 0;
+            if (all) {
+                pool_->copy_block(static_cast<int>(ri), *pool_, from.block[ri], fresh);
+                rings_[ri].table[j] = fresh;
+            }
+        }
+        for (size_t ri = 0; ri < rings_.size(); ri++) {
+            if (from.block[ri] >= 0) pool_->release(static_cast<int>(ri), from.block[ri]);
+            if (!all && rings_[ri].table[j] >= 0)
+                pool_->release(static_cast<int>(ri), std::exchange(rings_[ri].table[j], -1));
+        }
+        if (!all) common = 0;
+        if (all && j == 0 && !from.sinks.empty())
+            sink_k_ = from.sinks; // those past `common`: written again
+    }
     for (size_t ri = 0; ri < rings_.size(); ri++) note_order(ri);
-    const int64_t n = j * bs;
+    const int64_t n = j * bs + common;
     for (Ring& r : rings_)
         for (int64_t q = 0; q < n; q++) r.pos[r.slot_of(q)] = q;
     n_past_ = n;

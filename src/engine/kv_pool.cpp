@@ -154,6 +154,21 @@ const KvPool::Prefix* KvPool::find(uint64_t hash, uint64_t parent,
     return &it->second.p;
 }
 
+const KvPool::Prefix* KvPool::best_child(uint64_t parent, std::span<const int32_t> want,
+                                         int& common) const {
+    const Prefix* best = nullptr;
+    common = 0;
+    const auto [b, e] = children_.equal_range(parent);
+    for (auto it = b; it != e; ++it) {
+        const Prefix& p = index_.at(it->second).p;
+        const auto n = static_cast<int>(
+            std::mismatch(want.begin(), want.end(), p.tokens.begin(), p.tokens.end()).first -
+            want.begin());
+        if (n > common) best = &p, common = n;
+    }
+    return best;
+}
+
 bool KvPool::publish(uint64_t hash, Prefix p) {
     if (index_.count(hash)) return false;
     for (int k = 0; k < kKinds; k++)
@@ -163,6 +178,7 @@ bool KvPool::publish(uint64_t hash, Prefix p) {
             indexed_[k][p.block[k]] = 1;
             hash_of_[k][p.block[k]] = hash;
         }
+    children_.emplace(p.parent, hash);
     Entry& e = index_[hash];
     e.p = std::move(p);
     if (unheld(e.p)) {
@@ -180,6 +196,12 @@ void KvPool::drop_entry(uint64_t hash) {
     const auto it = index_.find(hash);
     KV_ASSERT(it != index_.end());
     if (it->second.in_lru) lru_.erase(it->second.lru);
+    const auto [cb, ce] = children_.equal_range(it->second.p.parent);
+    for (auto c = cb; c != ce; ++c)
+        if (c->second == hash) {
+            children_.erase(c);
+            break;
+        }
     for (int k = 0; k < kKinds; k++) {
         const int32_t b = it->second.p.block[k];
         if (b < 0) continue;

@@ -108,12 +108,17 @@ class KvPool {
     };
     // The entry for `hash` whose tokens and parent match, or null.
     const Prefix* find(uint64_t hash, uint64_t parent, std::span<const int32_t> tokens) const;
+    // Of the entries that follow `parent`, the one whose tokens begin with
+    // the longest run of `want` (its length in `common`); null for none.
+    const Prefix* best_child(uint64_t parent, std::span<const int32_t> want, int& common) const;
     // Index blocks held by the caller under `hash` (false, nothing done,
     // where the hash is indexed already or a block is indexed under another).
     bool publish(uint64_t hash, Prefix p);
     // Take a block out of the index (its holder is about to write it).
     void forget(int kind, int32_t b);
     bool indexed(int kind, int32_t b) const { return indexed_[kind][b] != 0; }
+    // Whether take() would give a block without evicting an indexed one.
+    bool spare(int kind) const { return !free_[kind].empty(); }
     size_t prefixes() const { return index_.size(); }
     // Every layer's K and V of block `from` of `src` (a pool of the same
     // config and layout; this one for a copy on write) into block `to`;
@@ -143,6 +148,7 @@ class KvPool {
         std::list<uint64_t>::iterator lru;
     };
     std::unordered_map<uint64_t, Entry> index_;
+    std::unordered_multimap<uint64_t, uint64_t> children_; // parent hash -> entry hash
     std::array<std::vector<uint64_t>, kKinds> hash_of_;
     std::array<std::vector<uint8_t>, kKinds> indexed_;
     std::list<uint64_t> lru_;

@@ -44,12 +44,20 @@ struct Seq {
 
 TEST_CASE("kv pool: sequences sharing prefix blocks read what plain per-sequence arrays hold "
           "through arrivals, evictions, copies on write and sliding") {
-    for (const bool head_major : {false, true}) {
-        CAPTURE(head_major);
+    for (const int variant : {0, 1, 2}) {
+        const bool head_major = variant == 1;
+        CAPTURE(variant);
         // 96 slots (3 blocks) a sequence; 8 blocks for at most 2 at once:
         // prefixes left behind are evicted for new sequences' blocks.
-        const KvCacheConfig cfg{2, 2, 8, 96, 4, gl::Type::F16, gl::Type::F16};
-        auto pool = std::make_shared<KvPool>(cfg, KvPool::Blocks{8, 0});
+        // Variant 2: layer 1 a sliding-window layer of 40 slots (2 blocks of
+        // their own kind, 5 in all), as Gemma 3's: a prefix is shared while
+        // within 40 tokens, and a window ring wraps long before the global one.
+        KvCacheConfig cfg{2, 2, 8, 96, 4, gl::Type::F16, gl::Type::F16};
+        if (variant == 2) {
+            cfg.swa_window = 40;
+            cfg.swa_layers = {0, 1};
+        }
+        auto pool = std::make_shared<KvPool>(cfg, KvPool::Blocks{8, variant == 2 ? 5 : 0});
         pool->set_head_major(head_major);
         std::mt19937 rng(7);
         // Three "system prompts" of 40-75 tokens from a small alphabet.
@@ -70,7 +78,6 @@ TEST_CASE("kv pool: sequences sharing prefix blocks read what plain per-sequence
                 for (int i = 0; i < tail; i++) s.tokens.push_back(static_cast<int32_t>(rng() % 5));
                 s.end = static_cast<int64_t>(s.tokens.size()) + 1 + rng() % 120; // may pass 96
                 const int64_t m = s.kv->attach_prefix(s.tokens);
-                CHECK(m % KvPool::kBlockSlots == 0);
                 CHECK(m < static_cast<int64_t>(s.tokens.size()));
                 CHECK(s.kv->n_past() == m);
                 attached += m;
@@ -107,7 +114,7 @@ TEST_CASE("kv pool: sequences sharing prefix blocks read what plain per-sequence
                     const size_t rk = kv.row_bytes_k(l), rv = kv.row_bytes_v(l);
                     std::vector<uint8_t> kv_row; // its K row, then its V row
                     int wrong = 0;
-                    for (int sl = 0; sl < cfg.n_ctx; sl++) {
+                    for (int sl = 0; sl < kv.slots(l); sl++) {
                         const int64_t p = kv.slot_pos(l)[sl];
                         if (p < 0) continue;
                         kv.save_slots(l, p, 1, kv_row);
@@ -120,15 +127,17 @@ TEST_CASE("kv pool: sequences sharing prefix blocks read what plain per-sequence
                 }
             }
             // The pool's counts are the tables'.
-            int64_t refs = 0, held = 0, tables = 0;
-            for (int32_t b = 0; b < pool->blocks(0); b++) {
-                refs += pool->refs(0, b);
-                held += pool->refs(0, b) > 0;
+            for (int kind = 0; kind < KvPool::kKinds; kind++) {
+                int64_t refs = 0, held = 0, tables = 0;
+                for (int32_t b = 0; b < pool->blocks(kind); b++) {
+                    refs += pool->refs(kind, b);
+                    held += pool->refs(kind, b) > 0;
+                }
+                for (const Seq& s : live) tables += s.kv->held_blocks(kind);
+                CHECK(refs == tables);
+                CHECK(held == pool->held_blocks(kind));
+                CHECK(pool->free_blocks(kind) == pool->blocks(kind) - held);
             }
-            for (const Seq& s : live) tables += s.kv->held_blocks(0);
-            CHECK(refs == tables);
-            CHECK(held == pool->held_blocks(0));
-            CHECK(pool->free_blocks(0) == pool->blocks(0) - held);
             // Leave at the end.
             for (size_t i = 0; i < live.size();)
                 if (live[i].kv->n_past() >= live[i].end) {
@@ -144,6 +153,7 @@ TEST_CASE("kv pool: sequences sharing prefix blocks read what plain per-sequence
         CHECK(wrapped > 0);  // rings slid over their (possibly shared) first block
         live.clear();
         CHECK(pool->held_blocks(0) == 0);
+        CHECK(pool->held_blocks(1) == 0);
         CHECK(pool->prefixes() > 0);
     }
 }
@@ -169,6 +179,19 @@ TEST_CASE("kv pool: a prefix N sequences share is stored once; a full pool gives
     // 4 blocks for the first (3 whole, 1 partial), 1 each for the others' last 4 tokens.
     CHECK(pool->held_blocks(0) == 4 + 3);
     CHECK(pool->refs(0, 0) == 4);
+    // A prompt that leaves the prefix 16 tokens into block 2: blocks 0 and 1
+    // shared, block 2 a copy of the indexed one (its first 16 positions).
+    std::vector<int32_t> other(prompt.begin(), prompt.begin() + 80);
+    for (int i = 0; i < 10; i++) other.push_back(1000 + i);
+    auto part = std::make_unique<KvCache>(cfg, pool);
+    CHECK(part->attach_prefix(other) == 80);
+    CHECK(pool->refs(0, 0) == 5);
+    CHECK(pool->refs(0, 2) == 4); // not held: copied
+    CHECK(pool->held_blocks(0) == 8);
+    std::vector<uint8_t> row(2 * 64);
+    part->save_slots(0, 79, 1, row);
+    CHECK(row == std::vector<uint8_t>(2 * 64, 1));
+    part->clear();
     auto more = std::make_unique<KvCache>(cfg, pool);
     CHECK(more->reserve(0, 32)); // the last free block
     more->commit(0, 32);

@@ -111,6 +111,19 @@ TEST_CASE("memory: -c auto shrinks to what fits, and says so; info --json shows 
     CHECK(j["batch"]["bytes_per_sequence"].get<uint64_t>() == 2048 * per_token);
     CHECK(j["batch"]["sequences_that_fit"].get<uint64_t>() ==
           std::stoull(room_for_600) / 2 / (2048 * per_token));
+    // Its pool: the same bytes in blocks of 32 tokens, taken as sequences
+    // grow, so more short sequences fit than whole caches.
+    const auto& pool = j["batch"]["pool"];
+    CHECK(pool["block_slots"] == 32);
+    REQUIRE(pool["kinds"].size() == 1);
+    CHECK(pool["kinds"][0]["block_bytes"].get<uint64_t>() == 32 * per_token);
+    CHECK(pool["kinds"][0]["blocks_per_sequence"] == 64);
+    const double rings = std::stoull(room_for_600) / 2.0 / static_cast<double>(2048 * per_token);
+    CHECK(pool["kinds"][0]["blocks"].get<int64_t>() == static_cast<int64_t>(rings * 64));
+    CHECK(pool["sequences_of_length"]["512"].get<int64_t>() ==
+          static_cast<int64_t>(rings * 64) / 16);
+    CHECK(pool["sequences_of_length"]["2048"].get<int64_t>() ==
+          static_cast<int64_t>(rings * 64) / 64);
     // The probe floors once, so 600 or 601 if the page cache held as much of
     // the model as at the probe. Weights not resident count as memory still
     // needed, and a busy machine (a build, a sanitizer run) can evict pages
