@@ -498,30 +498,6 @@ void KvCache::clear() {
     n_past_ = 0;
 }
 
-void KvCache::copy_from(const KvCache& src) {
-    const KvCacheConfig& a = cfg_;
-    const KvCacheConfig& b = src.cfg_;
-    KV_ASSERT(a.n_layer == b.n_layer && a.n_ctx == b.n_ctx && a.keep == b.keep &&
-              a.type_k == b.type_k && a.type_v == b.type_v && a.k_rotate == b.k_rotate &&
-              a.v_rotate == b.v_rotate && head_major() == src.head_major() &&
-              rings_.size() == src.rings_.size() && state_.size() == src.state_.size());
-    for (size_t ri = 0; ri < rings_.size(); ri++) {
-        const std::vector<int32_t>& from = src.rings_[ri].table;
-        for (size_t j = 0; j < from.size(); j++) {
-            if (from[j] < 0 || pool_->blocks(static_cast<int>(ri)) == 0) continue;
-            if (!own_block(ri, j))
-                fail(Exit::out_of_memory, "the KV pool has no free block for a copy");
-            pool_->copy_block(static_cast<int>(ri), *src.pool_, from[j], rings_[ri].table[j]);
-        }
-        rings_[ri].pos = src.rings_[ri].pos;
-    }
-    sink_k_ = src.sink_k_;
-    state_ = src.state_;
-    n_past_ = src.n_past_;
-    checkpoint_.pos0 = -1;
-    published_ = 0; // rehashed from the start when next published
-}
-
 bool KvCache::truncate(int64_t n) {
     if (n >= n_past_) return n == n_past_;
     if (!state_.empty()) return false; // a recurrent state holds every position it saw
@@ -545,11 +521,6 @@ bool KvCache::rings_hold(int64_t n) const {
         for (int64_t p = std::max<int64_t>(r.keep, r.lowest_seen(n)); p < n; p++)
             if (r.pos[r.slot_of(p)] != p) return false;
     return true;
-}
-
-bool KvCache::can_truncate(int64_t n) const {
-    if (n >= n_past_) return n == n_past_;
-    return state_.empty() && rings_hold(n);
 }
 
 bool KvCache::truncate_rings(int64_t n) {

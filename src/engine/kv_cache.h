@@ -273,16 +273,10 @@ class KvCache {
 
     // Forget everything.
     void clear();
-    // Hold what `src` holds (a cache of the same config and layout): its
-    // slots, positions, sinks and states, copied (kvrun batch: a sequence
-    // starts from another's prefix, then truncate()s to it).
-    void copy_from(const KvCache& src);
     // Keep only the first n tokens; possible while every slot a query at
     // position n would attend still holds its position (returns false
     // otherwise, and the caller must clear).
     bool truncate(int64_t n);
-    // Whether truncate(n) would succeed (nothing changed).
-    bool can_truncate(int64_t n) const;
 
     // Drop positions [from, to) and move the later ones down by d = to - from
     // without evaluating anything: each moved key is re-rotated by -d in
