@@ -182,10 +182,11 @@ TEST_CASE("scheduler: sliding windows, shared KV layers and recurrent states ans
 }
 
 TEST_CASE("scheduler: real models answer as lone sessions do (SmolLM2, Gemma 3)") {
+    // 32 mixed requests, 10 at once, in one shared pool (greedy and seeded).
     for (const char* name : {"smollm2-135m-Q4_1.gguf", "gemma3-270m-Q4_K_M.gguf"}) {
         if (!kvtest::have_real_model(name)) continue;
         auto lm = LoadedModel::load(kvtest::real_model(name));
-        check_against_lone(*lm, 12, 96, 32, 10, name);
+        check_against_lone(*lm, 32, 96, 32, 10, name);
     }
 }
 
