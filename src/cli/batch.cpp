@@ -250,9 +250,9 @@ int run_batch(int argc, char** argv) {
         fmt::print(stderr,
                    "kvrun: batch: memory held KV blocks for {:.1f} whole caches of {}, "
                    "not {}: sequences took blocks as they grew, {} at once at most, {} "
-                   "preempted and recomputed\n",
+                   "preempted and recomputed ({} prompt tokens again)\n",
                    sched.stats().pool_rings, human_bytes(per_seq), parallel,
-                   sched.stats().peak_running, sched.stats().preempted);
+                   sched.stats().peak_running, sched.stats().preempted, sched.stats().recomputed);
     const double wall =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const SchedulerStats& st = sched.stats();

@@ -123,7 +123,7 @@ bool Scheduler::make_room(Sequence& s, int n) {
         // a sequence always has room: the pool holds a whole ring.
         Sequence* youngest = nullptr;
         for (auto& o : live_)
-            if (!o->done && !o->paused) youngest = o.get();
+            if (!o->done && !o->paused && o->attached) youngest = o.get(); // (others hold none)
         KV_ASSERT(youngest && (youngest != &s || live_.size() > 1));
         preempt(*youngest);
         if (youngest == &s) return false;
@@ -147,6 +147,11 @@ void Scheduler::end(Sequence& s, const char* why) {
     if (why) s.answer->result().stop = why;
     release(s, s.answer->finish());
     s.done = true;
+    if (s.slot) { // its blocks back now: a later pass of the step may need them
+        s.kv().clear();
+        s.slot->busy = false;
+        s.slot = nullptr;
+    }
 }
 
 void Scheduler::release(Sequence& s, const std::string& text) {
@@ -183,11 +188,14 @@ void Scheduler::prompt_chunk(Sequence& s) {
     }
     if (!s.attached) {
         s.attached = true;
-        const bool first = s.taken.empty() && s.cached == 0;
         start_from_prefix(s);
-        if (first) { // a preempted sequence's second start is not a new hit
-            s.cached = static_cast<int64_t>(s.prompt_done);
-            stats_.reused += s.cached;
+        // Found: what it never evaluated itself (after a preemption, what it
+        // evaluated before counts once, as evaluated).
+        if (s.prompt_done > s.prompt_seen) {
+            const auto found = static_cast<int64_t>(s.prompt_done - s.prompt_seen);
+            s.cached += found;
+            stats_.reused += found;
+            s.prompt_seen = s.prompt_done;
         }
     }
     const int n = static_cast<int>(std::min<size_t>(max_batch_, prompt.size() - s.prompt_done));
@@ -197,8 +205,12 @@ void Scheduler::prompt_chunk(Sequence& s) {
     stats_.prompt_s += seconds_since(t0);
     for (int i = 0; i < n; i++) note_token(*s.slot, prompt[s.prompt_done + static_cast<size_t>(i)]);
     publish(s);
-    s.prompt_done += static_cast<size_t>(n);
-    stats_.prompt_tokens += n;
+    const size_t end = s.prompt_done + static_cast<size_t>(n);
+    const size_t fresh = end > s.prompt_seen ? end - std::max(s.prompt_seen, s.prompt_done) : 0;
+    stats_.prompt_tokens += static_cast<int64_t>(fresh);
+    stats_.recomputed += n - static_cast<int64_t>(fresh);
+    s.prompt_seen = std::max(s.prompt_seen, end);
+    s.prompt_done = end;
     // Forward's logits are overwritten by the next pass: the first token now.
     if (s.prompt_done == prompt.size()) advance(s, const_cast<float*>(logits));
 }

@@ -71,6 +71,7 @@ struct SchedulerStats {
     bool memory_capped = false;        // the pool holds fewer whole rings than `parallel`
     double pool_rings = 0;             // whole rings' worth of blocks in the pool
     int64_t preempted = 0;             // sequences paused for want of blocks, recomputed
+    int64_t recomputed = 0;            // prompt tokens they evaluated again (not in prompt_tokens)
     size_t cache_bytes = 0;            // one sequence's whole rings and states, unshared
     size_t pool_bytes = 0;             // the pool: `parallel` sequences' whole rings
     size_t peak_block_bytes = 0;       // the most the sequences' blocks held at once
@@ -139,6 +140,7 @@ class Scheduler {
         int32_t pending = -1;   // sampled, not evaluated yet
         bool started = false;   // the sampler has seen the prompt
         bool attached = false;  // its cache starts from the longest indexed prefix
+        size_t prompt_seen = 0; // prompt tokens counted (evaluated or found), across preemptions
         bool done = false;
         bool paused = false; // preempted this step: back to the queue
         // Every token it has taken; after a preemption the first `replay`

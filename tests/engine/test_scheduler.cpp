@@ -125,7 +125,13 @@ void check_against_lone(const LoadedModel& lm, int count, int n_ctx, int max_bat
     if (shared && reusable) CHECK(st.reused > 0);
     if (!shared) CHECK(st.reused == 0);
     if (budget_rings == 0) CHECK(st.peak_running == std::min(parallel, count));
+    // Every prompt token counted once, evaluated or found, whatever was
+    // evaluated again after a preemption.
+    int64_t prompt_total = 0;
+    for (const SeqRequest& r : reqs) prompt_total += static_cast<int64_t>(r.prompt.size());
+    CHECK(st.prompt_tokens + st.reused == prompt_total);
     if (budget_rings > 0) CHECK(st.preempted > 0);
+    if (budget_rings > 0) CHECK(st.recomputed > 0);
     if (budget_rings == 0) CHECK(st.preempted == 0);
     // Sequences shared passes: fewer passes than tokens generated.
     CHECK(st.passes < st.generated);
