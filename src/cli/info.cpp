@@ -217,13 +217,11 @@ int run_info(int argc, char** argv) {
         per_sequence > 0 ? static_cast<double>(budget) / static_cast<double>(per_sequence) : 0;
     auto fit_of_length = [&](int64_t len) {
         int64_t fit = -1;
+        const KvPool::Blocks need = KvPool::blocks_for_tokens(kv_cfg, len);
         for (int k = 0; k < KvPool::kKinds; k++) {
-            if (ring_blocks[k] == 0) continue;
-            const int64_t slots = int64_t{ring_blocks[k]} * KvPool::kBlockSlots;
-            const int64_t need =
-                (std::min(len, slots) + KvPool::kBlockSlots - 1) / KvPool::kBlockSlots;
+            if (need[k] == 0) continue;
             const auto pool = static_cast<int64_t>(budget_rings * ring_blocks[k]);
-            fit = fit < 0 ? pool / need : std::min(fit, pool / need);
+            fit = fit < 0 ? pool / need[k] : std::min<int64_t>(fit, pool / need[k]);
         }
         // States are a sequence's whole: no fewer bytes for a shorter one.
         if (KvCache::state_bytes_for(kv_cfg) > 0)

@@ -214,6 +214,12 @@ uint64_t mix64(uint64_t x) { // splitmix64's finalizer
     x *= 0x94d049bb133111ebull;
     return x ^ (x >> 31);
 }
+
+// The chained hash after one more block of tokens.
+uint64_t chain_next(uint64_t h, std::span<const int32_t> block) {
+    for (const int32_t id : block) h = mix64(h ^ static_cast<uint32_t>(id));
+    return h;
+}
 } // namespace
 
 uint64_t KvCache::chain_seed() const {
@@ -243,8 +249,7 @@ int64_t KvCache::attach_prefix(std::span<const int32_t> tokens) {
     int64_t j = 0;
     for (; (j + 1) * bs <= most; j++) {
         const std::span<const int32_t> t = tokens.subspan(static_cast<size_t>(j * bs), bs);
-        uint64_t next = h;
-        for (const int32_t id : t) next = mix64(next ^ static_cast<uint32_t>(id));
+        const uint64_t next = chain_next(h, t);
         const KvPool::Prefix* p = pool_->find(next, h, t);
         if (!p) break;
         for (size_t ri = 0; ri < rings_.size(); ri++) {
@@ -308,8 +313,7 @@ void KvCache::publish_prefix(std::span<const int32_t> tokens) {
     // Block 0 carries the sinks' copies: only once every sink is there.
     for (int64_t j = published_; (j + 1) * bs <= n_past_ && n_past_ >= cfg_.keep; j++) {
         const std::span<const int32_t> t = tokens.subspan(static_cast<size_t>(j * bs), bs);
-        uint64_t next = chain_;
-        for (const int32_t id : t) next = mix64(next ^ static_cast<uint32_t>(id));
+        const uint64_t next = chain_next(chain_, t);
         KvPool::Prefix p;
         p.parent = chain_;
         p.tokens.assign(t.begin(), t.end());
@@ -447,7 +451,7 @@ void KvCache::put_row(int layer, int s, const uint8_t* kr, const uint8_t* vr, co
 template <class Copy>
 void KvCache::put_row_with(int layer, int s, const uint8_t* kr, const uint8_t* vr, Copy&& copy) {
     const Ring& r = ring(layer);
-    KV_ASSERT(pool_->refs(cfg_.is_swa(layer) ? 1 : 0, r.table[s / KvPool::kBlockSlots]) == 1);
+    KV_ASSERT(pool_->refs(KvPool::kind_of(cfg_, layer), r.table[s / KvPool::kBlockSlots]) == 1);
     pool_->put_row(cfg_.source(layer), pool_slot(layer, s), kr, vr, std::forward<Copy>(copy));
 }
 

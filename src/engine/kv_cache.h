@@ -343,7 +343,7 @@ class KvCache {
         // The first window position a query at p attends (sinks aside).
         int64_t lowest_seen(int64_t p) const { return p >= slots ? p - window() + 1 : 0; }
     };
-    const Ring& ring(int layer) const { return rings_[cfg_.is_swa(layer) ? 1 : 0]; }
+    const Ring& ring(int layer) const { return rings_[KvPool::kind_of(cfg_, layer)]; }
 
     KvCacheConfig cfg_;
     std::shared_ptr<KvPool> pool_;

@@ -20,6 +20,14 @@ KvPool::Blocks KvPool::ring_blocks(const KvCacheConfig& cfg) {
     return b;
 }
 
+KvPool::Blocks KvPool::blocks_for_tokens(const KvCacheConfig& cfg, int64_t tokens) {
+    Blocks b = ring_blocks(cfg);
+    for (int& k : b)
+        k = static_cast<int>(
+            std::min<int64_t>(k, (std::max<int64_t>(tokens, 0) + kBlockSlots - 1) / kBlockSlots));
+    return b;
+}
+
 size_t KvPool::block_bytes_for(const KvCacheConfig& cfg, int kind) {
     size_t n = 0;
     for (int l = 0; l < cfg.n_layer; l++)

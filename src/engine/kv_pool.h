@@ -44,8 +44,10 @@ class KvPool {
     KvPool(const KvPool&) = delete;
     KvPool& operator=(const KvPool&) = delete;
 
-    // The blocks that hold one sequence's rings whole.
+    // The blocks that hold one sequence's rings whole, and those its first
+    // `tokens` positions take (a ring never more than whole).
     static Blocks ring_blocks(const KvCacheConfig& cfg);
+    static Blocks blocks_for_tokens(const KvCacheConfig& cfg, int64_t tokens);
     // Bytes of one block of a kind: K and V of its slots in every layer of
     // that kind that owns slots.
     static size_t block_bytes_for(const KvCacheConfig& cfg, int kind);

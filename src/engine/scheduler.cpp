@@ -93,14 +93,12 @@ void Scheduler::start_from_prefix(Sequence& s) {
 bool Scheduler::room_to_start(size_t prompt_tokens) const {
     // Blocks for its prompt and first token, and one to grow for each
     // running sequence (fewer preemptions right after a start).
-    for (int k = 0; k < KvPool::kKinds; k++) {
-        if (pool_->blocks(k) == 0) continue;
-        const int slots = k == 0 ? cfg_.n_ctx : std::min(cfg_.swa_window, cfg_.n_ctx);
-        const int64_t tokens = std::min<int64_t>(static_cast<int64_t>(prompt_tokens) + 1, slots);
-        const int64_t need = (tokens + KvPool::kBlockSlots - 1) / KvPool::kBlockSlots +
-                             static_cast<int64_t>(live_.size());
-        if (pool_->free_blocks(k) < need) return false;
-    }
+    const KvPool::Blocks need =
+        KvPool::blocks_for_tokens(cfg_, static_cast<int64_t>(prompt_tokens) + 1);
+    for (int k = 0; k < KvPool::kKinds; k++)
+        if (pool_->blocks(k) > 0 &&
+            pool_->free_blocks(k) < need[k] + static_cast<int64_t>(live_.size()))
+            return false;
     return true;
 }
 
