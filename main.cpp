@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
         {"quantize", cli::run_quantize}, {"perplexity", cli::run_perplexity},
         {"bench", cli::run_bench},       {"run", cli::run_generate},
         {"chat", cli::run_chat},         {"batch", cli::run_batch},
+        {"serve", cli::run_serve},
     };
     cli::guard_standard_streams();
     cli::install_interrupt_handler();
@@ -33,7 +34,7 @@ int main(int argc, char** argv) {
                 if (std::strcmp(argv[1], s.name) == 0)
                     return cli::finish_stdout(s.fn(argc - 1, argv + 1));
             // A first word that is no option is a subcommand kvrun lacks
-            // (serve, pull), not a stray argument of the plain run.
+            // (pull), not a stray argument of the plain run.
             if (argv[1][0] != '-') {
                 std::string names;
                 for (const Sub& s : subs)

@@ -14,11 +14,14 @@
 #                   ../shared/vocab's GGUF files and tiny ones the target writes
 #   fuzz_batch_request  kvrun batch's request reader (a JSON line, a --lines
 #                   message; stories260K); seeds: lines the target writes
+#   fuzz_api_request  kvrun serve's request reader (an HTTP body as OpenAI's
+#                   chat and completions routes read it; stories260K); seeds:
+#                   bodies the target writes
 #
 # The corpora grow in build-fuzz/corpus-*; crash inputs land in fuzz-out/.
 # Exits non-zero when a target crashes (or fails to build).
 # Environment: CC/CXX (default clang/clang++), JOBS (build jobs, default 2),
-# FUZZ_TARGETS (default: all six).
+# FUZZ_TARGETS (default: all seven).
 set -euo pipefail
 
 secs=${1:-30}
@@ -26,7 +29,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 shared=$(cd "$root/../shared" && pwd)
 build=$root/build-fuzz
 out=$root/fuzz-out
-targets=${FUZZ_TARGETS:-fuzz_gguf fuzz_tokenizer fuzz_prompt_cache fuzz_chat_load fuzz_vocab fuzz_batch_request}
+targets=${FUZZ_TARGETS:-fuzz_gguf fuzz_tokenizer fuzz_prompt_cache fuzz_chat_load fuzz_vocab fuzz_batch_request fuzz_api_request}
 
 # Instrument the libraries too (coverage for libFuzzer, ASan/UBSan checks in
 # the parser itself); the fuzz targets add -fsanitize=fuzzer when linking.
@@ -69,7 +72,7 @@ for t in $targets; do
         KVRUN_FUZZ_WRITE_SEEDS=$seeds "$build/$t"
         args+=(-max_len=200000)
         ;;
-    fuzz_batch_request)
+    fuzz_batch_request | fuzz_api_request)
         export KVRUN_FUZZ_MODEL=${KVRUN_FUZZ_MODEL:-$shared/models/stories260K.gguf}
         KVRUN_FUZZ_WRITE_SEEDS=$seeds "$build/$t"
         args+=(-max_len=8192)

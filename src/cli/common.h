@@ -152,5 +152,6 @@ int run_perplexity(int argc, char** argv);
 int run_chat(int argc, char** argv);
 int run_bench(int argc, char** argv);
 int run_batch(int argc, char** argv);
+int run_serve(int argc, char** argv);
 
 } // namespace kvrun::cli

@@ -38,8 +38,7 @@ float real(const json& v, const char* key, double lo, double hi) {
 
 // A whole number in [lo, hi] (lo <= 0), read as an integer: a seed past 2^53
 // keeps its bits.
-template <class T>
-T whole(const json& v, const char* key, int64_t lo, uint64_t hi) {
+template <class T> T whole(const json& v, const char* key, int64_t lo, uint64_t hi) {
     if (!v.is_number_integer())
         throw std::invalid_argument(fmt::format("\"{}\" must be a whole number", key));
     bool fits;
@@ -58,7 +57,8 @@ T whole(const json& v, const char* key, int64_t lo, uint64_t hi) {
 
 struct RequestReader::Impl {
     Impl(const LoadedModel& lm, RequestDefaults d)
-        : lm_(lm), d_(std::move(d)), tmpl_(ChatTemplate::for_model(lm.file, lm.tokenizer, d_.chat_template)),
+        : lm_(lm), d_(std::move(d)),
+          tmpl_(ChatTemplate::for_model(lm.file, lm.tokenizer, d_.chat_template)),
           end_(reply_end(tmpl_, lm.tokenizer)) {}
 
     ParsedRequest parse(const std::string& line, size_t number_in_input) const {
@@ -110,10 +110,9 @@ struct RequestReader::Impl {
         return r;
     }
     SeqRequest request(const json& j) const {
-        static const char* known[] = {"id",          "prompt", "messages", "max_tokens",
-                                      "temperature", "top_k",  "top_p",    "min_p",
-                                      "seed",        "stop",   "ignore_eos", "repeat_penalty",
-                                      "model"};
+        static const char* known[] = {
+            "id",    "prompt", "messages", "max_tokens", "temperature",    "top_k", "top_p",
+            "min_p", "seed",   "stop",     "ignore_eos", "repeat_penalty", "model"};
         for (const auto& item : j.items()) {
             const std::string& key = item.key();
             if (std::find_if(std::begin(known), std::end(known),
@@ -124,45 +123,84 @@ struct RequestReader::Impl {
             throw std::invalid_argument("give \"prompt\" or \"messages\" (one of them)");
         SeqRequest r;
         if (j.contains("prompt")) {
-            if (!j["prompt"].is_string()) throw std::invalid_argument("\"prompt\" must be a string");
-            const std::string text = j["prompt"].get<std::string>();
-            check_text(text);
-            r = base();
-            r.prompt = lm_.tokenizer.encode(text, true, true);
-            r.gen.strip_leading_space = r.prompt.size() == 1 &&
-                                        r.prompt[0] == lm_.tokenizer.bos() &&
-                                        lm_.tokenizer.vocab().add_space_prefix;
+            if (!j["prompt"].is_string())
+                throw std::invalid_argument("\"prompt\" must be a string");
+            r = from_prompt(j["prompt"].get<std::string>());
         } else {
-            const json& ms = j["messages"];
-            if (!ms.is_array() || ms.empty())
-                throw std::invalid_argument("\"messages\" must be a non-empty array");
-            std::vector<ChatMessage> m;
-            for (const json& e : ms) {
-                if (!e.is_object() || !e.contains("role") || !e.contains("content") ||
-                    !e["role"].is_string() || !e["content"].is_string())
-                    throw std::invalid_argument(
-                        "each message must be an object with string \"role\" and \"content\"");
-                m.push_back({e["role"].get<std::string>(), e["content"].get<std::string>()});
-                check_text(m.back().content);
-            }
-            try {
-                r = chat_request(m);
-            } catch (const Error& e) {
-                throw std::invalid_argument(e.what());
-            }
+            r = from_messages(j["messages"]);
         }
-        if (j.contains("max_tokens"))
+        read_fields(j, r);
+        return r;
+    }
+    SeqRequest from_prompt(const std::string& text) const {
+        check_text(text);
+        SeqRequest r = base();
+        r.prompt = lm_.tokenizer.encode(text, true, true);
+        r.gen.strip_leading_space = r.prompt.size() == 1 && r.prompt[0] == lm_.tokenizer.bos() &&
+                                    lm_.tokenizer.vocab().add_space_prefix;
+        if (r.prompt.empty())
+            throw std::invalid_argument("the prompt is empty and the model adds no BOS token");
+        return r;
+    }
+    SeqRequest from_tokens(const json& ids) const {
+        SeqRequest r = base();
+        const int n_vocab = lm_.model.hp.n_vocab;
+        for (const json& t : ids) r.prompt.push_back(whole<int32_t>(t, "prompt", 0, n_vocab - 1));
+        if (r.prompt.empty()) throw std::invalid_argument("\"prompt\" holds no tokens");
+        return r;
+    }
+    SeqRequest from_messages(const json& ms) const {
+        if (!ms.is_array() || ms.empty())
+            throw std::invalid_argument("\"messages\" must be a non-empty array");
+        std::vector<ChatMessage> m;
+        for (const json& e : ms) {
+            if (!e.is_object() || !e.contains("role") || !e["role"].is_string() ||
+                !e.contains("content"))
+                throw std::invalid_argument(
+                    "each message must be an object with a string \"role\" and a \"content\"");
+            m.push_back({e["role"].get<std::string>(), content_text(e["content"])});
+            check_text(m.back().content);
+        }
+        try {
+            return chat_request(m);
+        } catch (const Error& e) {
+            throw std::invalid_argument(e.what());
+        }
+    }
+    // A message's content: a string, or text parts joined.
+    static std::string content_text(const json& c) {
+        if (c.is_string()) return c.get<std::string>();
+        if (!c.is_array())
+            throw std::invalid_argument(
+                "a message's \"content\" must be a string or a list of text parts");
+        std::string text;
+        for (const json& part : c) {
+            if (!part.is_object() || !part.contains("type") || part["type"] != "text")
+                throw std::invalid_argument(
+                    "only text parts ({\"type\": \"text\", \"text\": ...}) are supported in "
+                    "\"content\"");
+            if (!part.contains("text") || !part["text"].is_string())
+                throw std::invalid_argument("a text part needs a string \"text\"");
+            text += part["text"].get<std::string>();
+        }
+        return text;
+    }
+    void read_fields(const json& j, SeqRequest& r) const {
+        if (j.contains("max_tokens") && !j["max_tokens"].is_null())
             r.gen.n_predict = whole<int64_t>(j["max_tokens"], "max_tokens", -1, int64_t{1} << 40);
-        if (j.contains("temperature")) r.sampling.temp = real(j["temperature"], "temperature", 0, 100);
+        if (j.contains("temperature"))
+            r.sampling.temp = real(j["temperature"], "temperature", 0, 100);
         if (j.contains("top_k")) r.sampling.top_k = whole<int>(j["top_k"], "top_k", 0, 1 << 30);
         if (j.contains("top_p")) r.sampling.top_p = real(j["top_p"], "top_p", 0, 1);
         if (j.contains("min_p")) r.sampling.min_p = real(j["min_p"], "min_p", 0, 1);
         if (j.contains("repeat_penalty"))
             r.sampling.repeat_penalty = real(j["repeat_penalty"], "repeat_penalty", 1e-6, 100);
-        if (j.contains("seed"))
-            r.sampling.seed = whole<uint64_t>(j["seed"], "seed", 0, std::numeric_limits<uint64_t>::max());
-        if (j.contains("stop")) {
+        if (j.contains("seed") && !j["seed"].is_null())
+            r.sampling.seed =
+                whole<uint64_t>(j["seed"], "seed", 0, std::numeric_limits<uint64_t>::max());
+        if (j.contains("stop") && !j["stop"].is_null()) {
             const std::vector<std::string> s = stop_list(j["stop"]);
+            for (const std::string& x : s) check_text(x);
             r.gen.stop.insert(r.gen.stop.end(), s.begin(), s.end());
         }
         if (j.contains("ignore_eos")) {
@@ -170,9 +208,6 @@ struct RequestReader::Impl {
                 throw std::invalid_argument("\"ignore_eos\" must be true or false");
             r.gen.ignore_eos = j["ignore_eos"].get<bool>();
         }
-        if (r.prompt.empty())
-            throw std::invalid_argument("the prompt is empty and the model adds no BOS token");
-        return r;
     }
 
     const LoadedModel& lm_;
@@ -188,6 +223,22 @@ RequestReader::~RequestReader() = default;
 
 ParsedRequest RequestReader::parse(const std::string& input, size_t number_in_input) const {
     return impl_->parse(input, number_in_input);
+}
+
+SeqRequest RequestReader::from_prompt(const std::string& text) const {
+    return impl_->from_prompt(text);
+}
+
+SeqRequest RequestReader::from_tokens(const nlohmann::json& ids) const {
+    return impl_->from_tokens(ids);
+}
+
+SeqRequest RequestReader::from_messages(const nlohmann::json& messages) const {
+    return impl_->from_messages(messages);
+}
+
+void RequestReader::read_fields(const nlohmann::json& j, SeqRequest& r) const {
+    impl_->read_fields(j, r);
 }
 
 } // namespace kvrun

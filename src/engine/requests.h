@@ -49,6 +49,20 @@ class RequestReader {
     ~RequestReader();
     ParsedRequest parse(const std::string& input, size_t number_in_input) const;
 
+    // The pieces parse() is made of, for another dialect of the same fields
+    // (the server's OpenAI bodies, src/serve/api_request.h). Each throws
+    // std::invalid_argument naming the field at fault.
+    // A prompt (a string) with the defaults, continued as kvrun -p does.
+    SeqRequest from_prompt(const std::string& text) const;
+    // Tokens as given (ids checked against the vocabulary).
+    SeqRequest from_tokens(const nlohmann::json& ids) const;
+    // [{role, content}] through the chat template; content is a string or
+    // a list of {"type": "text", "text"} parts.
+    SeqRequest from_messages(const nlohmann::json& messages) const;
+    // The sampling and stopping fields (max_tokens ... ignore_eos) of `j`
+    // that are there, over r's.
+    void read_fields(const nlohmann::json& j, SeqRequest& r) const;
+
   private:
     struct Impl;
     std::unique_ptr<Impl> impl_;

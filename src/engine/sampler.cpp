@@ -20,7 +20,9 @@ uint64_t splitmix64(uint64_t& x) {
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
 }
-uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+uint64_t rotl(uint64_t x, int k) {
+    return (x << k) | (x >> (64 - k));
+}
 } // namespace
 
 Sampler::Sampler(const SamplerParams& p, int n_vocab) : p_(p), n_vocab_(n_vocab) {
@@ -46,7 +48,9 @@ uint64_t Sampler::next_u64() {
     return result;
 }
 
-double Sampler::uniform() { return static_cast<double>(next_u64() >> 11) * 0x1.0p-53; }
+double Sampler::uniform() {
+    return static_cast<double>(next_u64() >> 11) * 0x1.0p-53;
+}
 
 void Sampler::accept(int32_t token) {
     if (p_.repeat_last_n <= 0) return;
@@ -89,6 +93,15 @@ int32_t Sampler::draw(const Candidates& d) {
 }
 
 Candidates Sampler::candidates(float* logits) {
+    for (const auto& [t, bias] : p_.logit_bias) logits[t] += bias;
+    if (p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f) {
+        for (size_t i = 0; i < recent_.size(); i++) {
+            const int32_t t = recent_[i];
+            if (std::find(recent_.begin(), recent_.begin() + i, t) != recent_.begin() + i) continue;
+            const auto count = std::count(recent_.begin() + i, recent_.end(), t);
+            logits[t] -= p_.presence_penalty + p_.frequency_penalty * static_cast<float>(count);
+        }
+    }
     if (p_.repeat_penalty != 1.0f) {
         // Penalize each distinct recent token once (CTRL-style: shrink positive
         // logits, grow negative ones).
@@ -105,7 +118,9 @@ Candidates Sampler::candidates(float* logits) {
         return {cand_, 1.0};
     }
     for (int i = 0; i < n_vocab_; i++) cand_.emplace_back(logits[i] / p_.temp, i);
-    auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
+    auto by_logit = [](const auto& a, const auto& b) {
+        return a.first > b.first || (a.first == b.first && a.second < b.second);
+    };
     size_t n = cand_.size();
     if (p_.top_k > 0 && static_cast<size_t>(p_.top_k) < n) {
         std::partial_sort(cand_.begin(), cand_.begin() + p_.top_k, cand_.end(), by_logit);

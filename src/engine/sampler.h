@@ -12,12 +12,19 @@
 namespace kvrun {
 
 struct SamplerParams {
-    float temp = 0.8f;        // 0 = greedy
-    int top_k = 40;           // 0 = off
-    float top_p = 0.95f;      // 1 = off
-    float min_p = 0.05f;      // 0 = off
+    float temp = 0.8f;           // 0 = greedy
+    int top_k = 40;              // 0 = off
+    float top_p = 0.95f;         // 1 = off
+    float min_p = 0.05f;         // 0 = off
     float repeat_penalty = 1.0f; // 1 = off
     int repeat_last_n = 64;
+    // OpenAI's penalties over the same recent tokens: each distinct one's
+    // logit less presence_penalty, and frequency_penalty times its count
+    // (0 = off; negative ones favour repetition).
+    float presence_penalty = 0.0f, frequency_penalty = 0.0f;
+    // Added to a token's logit before anything else (-100 bans it, +100
+    // all but forces it); ids checked against the vocabulary by the caller.
+    std::vector<std::pair<int32_t, float>> logit_bias;
     uint64_t seed = 0;
 };
 

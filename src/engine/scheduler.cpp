@@ -213,6 +213,18 @@ void Scheduler::prompt_chunk(Sequence& s) {
     if (s.prompt_done == prompt.size()) advance(s, const_cast<float*>(logits));
 }
 
+int Scheduler::held_blocks() const {
+    int n = 0;
+    for (int k = 0; k < KvPool::kKinds; k++) n += pool_->held_blocks(k);
+    return n;
+}
+
+int Scheduler::pool_blocks() const {
+    int n = 0;
+    for (int k = 0; k < KvPool::kKinds; k++) n += pool_->blocks(k);
+    return n;
+}
+
 size_t Scheduler::submit(SeqRequest r) {
     KV_ASSERT(!r.prompt.empty() && static_cast<int64_t>(r.prompt.size()) < cfg_.n_ctx);
     queue_.emplace_back(next_index_, std::move(r));

@@ -116,6 +116,12 @@ class Scheduler {
         on_text_ = std::move(f);
     }
     const SchedulerStats& stats() const { return stats_; }
+    // Now: requests waiting (queued or preempted), sequences running, and
+    // the pool's blocks that sequences hold, of all it has (both kinds).
+    size_t waiting() const { return queue_.size() + paused_.size(); }
+    size_t running() const { return live_.size(); }
+    int held_blocks() const;
+    int pool_blocks() const;
 
   private:
     // A cache over the pool, and the tokens at its positions (indexing its

@@ -248,7 +248,7 @@ TEST_CASE("cli args: llama.cpp options kvrun lacks are unknown options, named wi
     CHECK(kvtest::lines(many.err).size() == 1);
     CHECK(run({"-m", kStories, "-p", kPrompt, "-n", "2", "-t", "1", "--quiet"}).err.empty());
     // Subcommands kvrun lacks.
-    for (const char* sub : {"serve", "pull", "list"}) {
+    for (const char* sub : {"pull", "list", "push"}) {
         CAPTURE(sub);
         const std::string l = usage_line(run({sub, "-m", kStories}));
         CHECK(contains(l, std::string("unknown subcommand '") + sub + "' (subcommands: "));

@@ -1,0 +1,304 @@
+#include "api.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <utility>
+
+#include <fmt/format.h>
+
+namespace kvrun::serve {
+
+namespace {
+
+using json = nlohmann::json;
+
+// A bad field: 400 naming it.
+struct FieldError : std::invalid_argument {
+    FieldError(std::string field, const std::string& what)
+        : std::invalid_argument(what), field(std::move(field)) {}
+    std::string field;
+};
+
+double number(const json& j, const char* key, double lo, double hi) {
+    const json& v = j[key];
+    if (!v.is_number()) throw FieldError(key, fmt::format("\"{}\" must be a number", key));
+    const double d = v.get<double>();
+    if (!(d >= lo && d <= hi))
+        throw FieldError(key, fmt::format("\"{}\" must be in [{}, {}]", key, lo, hi));
+    return d;
+}
+
+bool flag(const json& j, const char* key) {
+    const json& v = j[key];
+    if (v.is_null()) return false;
+    if (!v.is_boolean()) throw FieldError(key, fmt::format("\"{}\" must be true or false", key));
+    return v.get<bool>();
+}
+
+// Present and not null (clients send null for "not set").
+bool given(const json& j, const char* key) {
+    return j.contains(key) && !j[key].is_null();
+}
+
+// Fields kvrun does not do (yet), refused by name rather than ignored: an
+// answer that silently left one out would be wrong.
+void refuse_unsupported(const json& j, Route route) {
+    if (given(j, "n") && !(j["n"].is_number_integer() && j["n"].get<int64_t>() == 1))
+        throw FieldError("n", "\"n\" must be 1: kvrun gives one choice per request");
+    if (given(j, "best_of") &&
+        !(j["best_of"].is_number_integer() && j["best_of"].get<int64_t>() == 1))
+        throw FieldError("best_of", "\"best_of\" must be 1");
+    for (const char* key : {"tools", "functions"})
+        if (given(j, key) && !(j[key].is_array() && j[key].empty()))
+            throw FieldError(key, fmt::format("\"{}\": tool calls are not supported", key));
+    for (const char* key : {"tool_choice", "function_call"})
+        if (given(j, key) && j[key] != "none" && j[key] != "auto")
+            throw FieldError(key, fmt::format("\"{}\": tool calls are not supported", key));
+    if (given(j, "response_format")) {
+        const json& f = j["response_format"];
+        if (!f.is_object() || f.value("type", json()) != "text")
+            throw FieldError("response_format",
+                             "\"response_format\": only {\"type\": \"text\"} is supported "
+                             "(JSON-constrained output is not built yet)");
+    }
+    const bool logprobs = route == Route::chat ? given(j, "logprobs") && j["logprobs"] == true
+                                               : given(j, "logprobs") && j["logprobs"] != 0;
+    if (logprobs || (given(j, "top_logprobs") && j["top_logprobs"] != 0))
+        throw FieldError("logprobs", "\"logprobs\" are not supported yet");
+    if (route == Route::completion) {
+        if (given(j, "echo") && j["echo"] != false)
+            throw FieldError("echo", "\"echo\" is not supported");
+        if (given(j, "suffix") && j["suffix"] != "")
+            throw FieldError("suffix", "\"suffix\" (fill in the middle) is not supported");
+    }
+}
+
+std::vector<std::pair<int32_t, float>> logit_bias(const json& v, int n_vocab, size_t most) {
+    if (!v.is_object())
+        throw FieldError("logit_bias", "\"logit_bias\" must be an object of token id: bias");
+    if (v.size() > most)
+        throw FieldError("logit_bias", fmt::format("\"logit_bias\" holds at most {} tokens", most));
+    std::vector<std::pair<int32_t, float>> out;
+    for (const auto& item : v.items()) {
+        const std::string& key = item.key();
+        int64_t id = -1;
+        if (!key.empty() && key.size() <= 10 &&
+            std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; }))
+            id = std::stoll(key);
+        if (id < 0 || id >= n_vocab)
+            throw FieldError("logit_bias", fmt::format("\"logit_bias\": \"{}\" is not a token id "
+                                                       "of this model (0 to {})",
+                                                       key, n_vocab - 1));
+        if (!item.value().is_number() || !(std::fabs(item.value().get<double>()) <= 100))
+            throw FieldError("logit_bias", "\"logit_bias\": each bias is a number in [-100, 100]");
+        out.emplace_back(static_cast<int32_t>(id), item.value().get<float>());
+    }
+    return out;
+}
+
+} // namespace
+
+json ApiError::body() const {
+    json e = {{"message", message},
+              {"type", type},
+              {"param", param.empty() ? json() : json(param)},
+              {"code", code.empty() ? json() : json(code)}};
+    return json{{"error", e}};
+}
+
+ApiReader::ApiReader(const RequestReader& reader, std::vector<std::string> models, int n_vocab,
+                     ApiLimits limits)
+    : reader_(reader), models_(std::move(models)), n_vocab_(n_vocab), limits_(limits) {}
+
+bool ApiReader::knows_model(const std::string& name) const {
+    return std::find(models_.begin(), models_.end(), name) != models_.end();
+}
+
+ApiParse ApiReader::parse(Route route, std::string_view body) const {
+    ApiParse p;
+    try {
+        const json j = json::parse(body);
+        if (!j.is_object()) throw std::invalid_argument("the body must be a JSON object");
+        p.call = call(route, j);
+    } catch (const json::exception& e) {
+        p.error.message = std::string("the body is not JSON: ") + e.what();
+        p.error.code = "invalid_json";
+    } catch (const FieldError& e) {
+        p.error.message = e.what();
+        p.error.param = e.field;
+    } catch (const ApiError& e) {
+        p.error = e;
+    } catch (const std::invalid_argument& e) {
+        p.error.message = e.what();
+    } catch (const std::exception& e) { // the tokenizer's or template's own errors
+        p.error.message = e.what();
+    }
+    if (p.call) p.error = {};
+    return p;
+}
+
+ApiCall ApiReader::call(Route route, const json& j) const {
+    ApiCall c;
+    c.route = route;
+    c.model = model();
+    if (given(j, "model")) {
+        if (!j["model"].is_string()) throw FieldError("model", "\"model\" must be a string");
+        const std::string m = j["model"].get<std::string>();
+        if (!knows_model(m)) {
+            ApiError e;
+            e.status = 404;
+            e.message =
+                fmt::format("the model '{}' does not exist (this server has '{}')", m, model());
+            e.param = "model";
+            e.code = "model_not_found";
+            throw e;
+        }
+        c.model = m;
+    }
+    refuse_unsupported(j, route);
+    if (route == Route::chat) {
+        if (!j.contains("messages")) throw FieldError("messages", "\"messages\" is required");
+        if (j.contains("prompt"))
+            throw FieldError("prompt", "\"prompt\" belongs to /v1/completions; give \"messages\"");
+        c.req = reader_.from_messages(j["messages"]);
+    } else {
+        if (!j.contains("prompt")) throw FieldError("prompt", "\"prompt\" is required");
+        if (j.contains("messages"))
+            throw FieldError("messages",
+                             "\"messages\" belongs to /v1/chat/completions; give \"prompt\"");
+        const json& pr = j["prompt"];
+        if (pr.is_string()) {
+            c.req = reader_.from_prompt(pr.get<std::string>());
+        } else if (pr.is_array() && pr.size() == 1 && pr[0].is_string()) {
+            c.req = reader_.from_prompt(pr[0].get<std::string>());
+        } else if (pr.is_array() && !pr.empty() && pr[0].is_number()) {
+            c.req = reader_.from_tokens(pr);
+        } else {
+            throw FieldError("prompt", "\"prompt\" must be a string, a list of one string, or "
+                                       "a list of token ids (one prompt per request)");
+        }
+    }
+    // max_completion_tokens is the newer name of max_tokens.
+    json fields = j;
+    if (given(j, "max_completion_tokens")) fields["max_tokens"] = j["max_completion_tokens"];
+    if (given(fields, "max_tokens") && fields["max_tokens"].is_number_integer() &&
+        fields["max_tokens"].get<int64_t>() < 1)
+        throw FieldError("max_tokens", "\"max_tokens\" must be at least 1");
+    if (given(j, "stop") && j["stop"].is_array() && j["stop"].size() > limits_.max_stop)
+        throw FieldError("stop",
+                         fmt::format("\"stop\" holds at most {} strings", limits_.max_stop));
+    try {
+        reader_.read_fields(fields, c.req);
+    } catch (const std::invalid_argument& e) {
+        // read_fields names the field in quotes first: "max_tokens" must ...
+        std::string field = e.what();
+        field = field.size() > 1 && field[0] == '"' ? field.substr(1, field.find('"', 1) - 1) : "";
+        throw FieldError(field, e.what());
+    }
+    c.seeded = given(j, "seed");
+    if (given(j, "presence_penalty"))
+        c.req.sampling.presence_penalty = static_cast<float>(number(j, "presence_penalty", -2, 2));
+    if (given(j, "frequency_penalty"))
+        c.req.sampling.frequency_penalty =
+            static_cast<float>(number(j, "frequency_penalty", -2, 2));
+    if (given(j, "logit_bias"))
+        c.req.sampling.logit_bias = logit_bias(j["logit_bias"], n_vocab_, limits_.max_logit_bias);
+    c.stream = given(j, "stream") && flag(j, "stream");
+    if (given(j, "stream_options")) {
+        const json& so = j["stream_options"];
+        if (!so.is_object())
+            throw FieldError("stream_options", "\"stream_options\" must be an object");
+        c.usage_chunk = so.contains("include_usage") && flag(so, "include_usage");
+    }
+
+    // The context holds the prompt and the answer: a prompt that leaves no
+    // room is refused, and max_tokens (or its absence) is capped to the room.
+    const auto n_prompt = static_cast<int64_t>(c.req.prompt.size());
+    if (n_prompt >= limits_.n_ctx) {
+        ApiError e;
+        e.message = fmt::format("the prompt takes {} tokens but the context holds {} (start "
+                                "the server with a larger -c)",
+                                n_prompt, limits_.n_ctx);
+        e.param = route == Route::chat ? "messages" : "prompt";
+        e.code = "context_length_exceeded";
+        throw e;
+    }
+    const int64_t room = limits_.n_ctx - n_prompt;
+    c.req.gen.n_predict = c.req.gen.n_predict < 0 ? room : std::min(c.req.gen.n_predict, room);
+    return c;
+}
+
+std::optional<std::string> finish_reason(const std::string& stop) {
+    if (stop == "eos" || stop == "stop string") return "stop";
+    if (stop == "length" || stop == "context full") return "length";
+    return std::nullopt;
+}
+
+json usage(const SeqResult& r) {
+    return json{{"prompt_tokens", r.n_prompt},
+                {"completion_tokens", r.gen.generated},
+                {"total_tokens", r.n_prompt + r.gen.generated},
+                {"prompt_tokens_details", {{"cached_tokens", r.cached}}}};
+}
+
+namespace {
+
+json head(const ApiCall& c, const std::string& id, int64_t created, bool chunk) {
+    const char* object = c.route == Route::chat
+                             ? (chunk ? "chat.completion.chunk" : "chat.completion")
+                             : "text_completion";
+    return json{{"id", id},
+                {"object", object},
+                {"created", created},
+                {"model", c.model},
+                {"system_fingerprint", "kvrun"}};
+}
+
+} // namespace
+
+json answer_body(const ApiCall& c, const std::string& id, int64_t created, const std::string& text,
+                 const SeqResult& r) {
+    json j = head(c, id, created, false);
+    json choice = {{"index", 0},
+                   {"logprobs", nullptr},
+                   {"finish_reason", finish_reason(r.gen.stop).value_or("stop")}};
+    if (c.route == Route::chat)
+        choice["message"] = {{"role", "assistant"}, {"content", text}};
+    else
+        choice["text"] = text;
+    j["choices"] = json::array({choice});
+    j["usage"] = usage(r);
+    return j;
+}
+
+json chunk_body(const ApiCall& c, const std::string& id, int64_t created, const std::string* text,
+                const std::string* finish, bool role) {
+    json j = head(c, id, created, true);
+    json choice = {
+        {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish ? json(*finish) : json()}};
+    if (c.route == Route::chat) {
+        json delta = json::object();
+        if (role) delta["role"] = "assistant";
+        if (text)
+            delta["content"] = *text;
+        else if (role)
+            delta["content"] = "";
+        choice["delta"] = delta;
+    } else {
+        choice["text"] = text ? *text : "";
+    }
+    j["choices"] = json::array({choice});
+    if (c.usage_chunk) j["usage"] = nullptr;
+    return j;
+}
+
+json usage_chunk_body(const ApiCall& c, const std::string& id, int64_t created,
+                      const SeqResult& r) {
+    json j = head(c, id, created, true);
+    j["choices"] = json::array();
+    j["usage"] = usage(r);
+    return j;
+}
+
+} // namespace kvrun::serve
