@@ -4,6 +4,7 @@
 // Loopback by default; logs on stderr, one line a request.
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <thread>
 
 #include "chat_template.h"
@@ -34,6 +35,7 @@ struct ServeOptions {
     SamplerParams sampling;
 };
 
+#ifdef KVRUN_SERVE
 bool loopback(const std::string& host) {
     return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
 }
@@ -46,6 +48,7 @@ std::string read_key_file(const std::string& path) {
         fail(Exit::usage, "--api-key-file {}: expected one line holding the key", path);
     return key;
 }
+#endif
 
 } // namespace
 
@@ -74,7 +77,7 @@ int run_serve(int argc, char** argv) {
     app.add_option("-b,--batch-size", o.batch, "prompt tokens per pass")
         ->capture_default_str()
         ->check(int_in(1, 1 << 16));
-    CLI::Option* seed_given = add_sampling_options(app, o.sampling);
+    [[maybe_unused]] CLI::Option* seed_given = add_sampling_options(app, o.sampling);
     auto* key = app.add_option("--api-key", o.api_key,
                                "require 'Authorization: Bearer KEY' (visible in ps: prefer "
                                "--api-key-file)");
@@ -129,7 +132,7 @@ int run_serve(int argc, char** argv) {
     so.cors_origin = o.cors_origin;
     so.max_body = o.max_body;
     so.read_timeout_s = so.write_timeout_s = o.timeout;
-    so.http_threads = o.parallel + std::min(o.max_queue, 64) + 8;
+    so.http_threads = o.parallel + std::min(o.max_queue, 256) + 16;
     so.verbose = o.common.verbose;
     serve::HttpServer http(so);
     http.start();
@@ -191,23 +194,38 @@ int run_serve(int argc, char** argv) {
                api.model(), kc.n_ctx, o.parallel, human_bytes(es.sched.pool_bytes),
                es.sched.pool_rings, threads);
 
-    while (!interrupted()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-
     // SIGTERM or Ctrl-C: new requests get 503; answers in flight finish
-    // within --shutdown-timeout, then are cancelled; then the port closes.
-    http.drain();
-    const size_t left = engine.outstanding();
-    fmt::print(stderr, "kvrun: serve: stopping: {} requests in flight\n", left);
-    const auto deadline =
-        std::chrono::steady_clock::now() + std::chrono::seconds(o.shutdown_timeout);
-    while (engine.outstanding() > 0 && std::chrono::steady_clock::now() < deadline)
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    if (engine.outstanding() > 0) {
-        fmt::print(stderr, "kvrun: serve: cancelling {} requests\n", engine.outstanding());
-        engine.cancel_all();
-        while (engine.outstanding() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    http.stop();
+    // within --shutdown-timeout, then are cancelled (a stream ends with an
+    // error event); then the port closes. Also on the way out of an
+    // exception: the routes must be gone before the engine and the model.
+    bool stopped = false;
+    auto shutdown = [&] {
+        if (stopped) return;
+        stopped = true;
+        http.drain();
+        engine.close();
+        using namespace std::chrono;
+        auto wait_for_answers = [&](seconds bound) {
+            const auto deadline = steady_clock::now() + bound;
+            while (http.in_flight() > 0 && steady_clock::now() < deadline)
+                std::this_thread::sleep_for(milliseconds(20));
+        };
+        fmt::print(stderr, "kvrun: serve: stopping: {} answers in flight\n", http.in_flight());
+        wait_for_answers(seconds(o.shutdown_timeout));
+        if (http.in_flight() > 0) {
+            fmt::print(stderr, "kvrun: serve: cancelling {} answers\n", http.in_flight());
+            engine.cancel_all();
+            wait_for_answers(seconds(5)); // their last events written
+        }
+        http.stop();
+    };
+    struct Guard {
+        std::function<void()> f;
+        ~Guard() { f(); }
+    } guard{shutdown};
+
+    while (!interrupted()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    shutdown();
     fmt::print(stderr, "kvrun: serve: stopped\n");
     return 0;
 #endif

@@ -55,6 +55,30 @@ template <class T> T whole(const json& v, const char* key, int64_t lo, uint64_t 
 
 } // namespace
 
+json parse_request_json(std::string_view text) {
+    int depth = 0;
+    bool in_string = false, escaped = false;
+    for (const char c : text) {
+        if (in_string) {
+            if (escaped)
+                escaped = false;
+            else if (c == '\\')
+                escaped = true;
+            else if (c == '"')
+                in_string = false;
+        } else if (c == '"') {
+            in_string = true;
+        } else if (c == '[' || c == '{') {
+            if (++depth > kMaxJsonDepth)
+                throw std::invalid_argument(
+                    fmt::format("the JSON nests deeper than {} levels", kMaxJsonDepth));
+        } else if (c == ']' || c == '}') {
+            depth--;
+        }
+    }
+    return json::parse(text);
+}
+
 struct RequestReader::Impl {
     Impl(const LoadedModel& lm, RequestDefaults d)
         : lm_(lm), d_(std::move(d)),
@@ -76,7 +100,7 @@ struct RequestReader::Impl {
                 p.chat = true;
                 return p;
             }
-            const json j = json::parse(line);
+            const json j = parse_request_json(line);
             if (!j.is_object()) throw std::invalid_argument("a request is a JSON object");
             if (j.contains("id")) p.id = j.at("id");
             p.req = request(j);
@@ -186,24 +210,27 @@ struct RequestReader::Impl {
         return text;
     }
     void read_fields(const json& j, SeqRequest& r) const {
-        if (j.contains("max_tokens") && !j["max_tokens"].is_null())
+        // A field set to null is a field not given (clients send nulls).
+        auto has = [&j](const char* key) { return j.contains(key) && !j[key].is_null(); };
+        if (has("max_tokens"))
             r.gen.n_predict = whole<int64_t>(j["max_tokens"], "max_tokens", -1, int64_t{1} << 40);
-        if (j.contains("temperature"))
-            r.sampling.temp = real(j["temperature"], "temperature", 0, 100);
-        if (j.contains("top_k")) r.sampling.top_k = whole<int>(j["top_k"], "top_k", 0, 1 << 30);
-        if (j.contains("top_p")) r.sampling.top_p = real(j["top_p"], "top_p", 0, 1);
-        if (j.contains("min_p")) r.sampling.min_p = real(j["min_p"], "min_p", 0, 1);
-        if (j.contains("repeat_penalty"))
+        if (has("temperature")) r.sampling.temp = real(j["temperature"], "temperature", 0, 100);
+        if (has("top_k")) r.sampling.top_k = whole<int>(j["top_k"], "top_k", 0, 1 << 30);
+        if (has("top_p")) r.sampling.top_p = real(j["top_p"], "top_p", 0, 1);
+        if (has("min_p")) r.sampling.min_p = real(j["min_p"], "min_p", 0, 1);
+        if (has("repeat_penalty"))
             r.sampling.repeat_penalty = real(j["repeat_penalty"], "repeat_penalty", 1e-6, 100);
-        if (j.contains("seed") && !j["seed"].is_null())
+        // Any 64-bit seed; -1 is llama.cpp's "random" (the default stays).
+        if (has("seed") && j["seed"] != -1)
             r.sampling.seed =
-                whole<uint64_t>(j["seed"], "seed", 0, std::numeric_limits<uint64_t>::max());
-        if (j.contains("stop") && !j["stop"].is_null()) {
+                whole<uint64_t>(j["seed"], "seed", std::numeric_limits<int64_t>::min(),
+                                std::numeric_limits<uint64_t>::max());
+        if (has("stop")) {
             const std::vector<std::string> s = stop_list(j["stop"]);
             for (const std::string& x : s) check_text(x);
             r.gen.stop.insert(r.gen.stop.end(), s.begin(), s.end());
         }
-        if (j.contains("ignore_eos")) {
+        if (has("ignore_eos")) {
             if (!j["ignore_eos"].is_boolean())
                 throw std::invalid_argument("\"ignore_eos\" must be true or false");
             r.gen.ignore_eos = j["ignore_eos"].get<bool>();

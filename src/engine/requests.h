@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -24,6 +25,12 @@
 #include "scheduler.h"
 
 namespace kvrun {
+
+// How deep arrays and objects nest in JSON text, at most 64 (more is refused
+// before parsing: nlohmann's copies recurse, and a body nested a hundred
+// thousand deep would overflow the stack). Throws std::invalid_argument.
+constexpr int kMaxJsonDepth = 64;
+nlohmann::json parse_request_json(std::string_view text);
 
 // What a request does not say.
 struct RequestDefaults {

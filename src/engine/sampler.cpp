@@ -34,6 +34,7 @@ void Sampler::reset() {
     uint64_t s = p_.seed;
     for (auto& w : state_) w = splitmix64(s);
     recent_.clear();
+    sampled_.clear();
 }
 
 uint64_t Sampler::next_u64() {
@@ -68,18 +69,21 @@ Sampler::State Sampler::state() const {
     State s;
     std::copy(std::begin(state_), std::end(state_), s.rng);
     s.recent = recent_;
+    s.sampled = sampled_;
     return s;
 }
 
 void Sampler::restore(const State& s) {
     std::copy(std::begin(s.rng), std::end(s.rng), state_);
     recent_ = s.recent;
+    sampled_ = s.sampled;
 }
 
 int32_t Sampler::sample(float* logits) {
     const Candidates d = candidates(logits);
     const int32_t tok = greedy() ? d.c[0].second : draw(d);
     accept(tok);
+    if (p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f) sampled_[tok]++;
     return tok;
 }
 
@@ -94,14 +98,9 @@ int32_t Sampler::draw(const Candidates& d) {
 
 Candidates Sampler::candidates(float* logits) {
     for (const auto& [t, bias] : p_.logit_bias) logits[t] += bias;
-    if (p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f) {
-        for (size_t i = 0; i < recent_.size(); i++) {
-            const int32_t t = recent_[i];
-            if (std::find(recent_.begin(), recent_.begin() + i, t) != recent_.begin() + i) continue;
-            const auto count = std::count(recent_.begin() + i, recent_.end(), t);
+    if (p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f)
+        for (const auto& [t, count] : sampled_)
             logits[t] -= p_.presence_penalty + p_.frequency_penalty * static_cast<float>(count);
-        }
-    }
     if (p_.repeat_penalty != 1.0f) {
         // Penalize each distinct recent token once (CTRL-style: shrink positive
         // logits, grow negative ones).

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <deque>
 #include <span>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -18,9 +19,10 @@ struct SamplerParams {
     float min_p = 0.05f;         // 0 = off
     float repeat_penalty = 1.0f; // 1 = off
     int repeat_last_n = 64;
-    // OpenAI's penalties over the same recent tokens: each distinct one's
-    // logit less presence_penalty, and frequency_penalty times its count
-    // (0 = off; negative ones favour repetition).
+    // OpenAI's penalties over the tokens sample() has chosen (the answer so
+    // far, not the prompt): each one's logit less presence_penalty, and
+    // frequency_penalty times its count (0 = off; negative ones favour
+    // repetition).
     float presence_penalty = 0.0f, frequency_penalty = 0.0f;
     // Added to a token's logit before anything else (-100 bans it, +100
     // all but forces it); ids checked against the vocabulary by the caller.
@@ -62,6 +64,7 @@ class Sampler {
     struct State {
         uint64_t rng[4];
         std::deque<int32_t> recent;
+        std::unordered_map<int32_t, int> sampled;
     };
     State state() const;
     void restore(const State& s);
@@ -73,6 +76,7 @@ class Sampler {
     int n_vocab_;
     uint64_t state_[4]; // xoshiro256** — specified exactly, so runs repeat on any platform
     std::deque<int32_t> recent_;
+    std::unordered_map<int32_t, int> sampled_;    // sample()'s choices and their counts (penalties)
     std::vector<std::pair<float, int32_t>> cand_; // reused, no per-token allocation after the first
 };
 

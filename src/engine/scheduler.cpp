@@ -1,6 +1,7 @@
 #include "scheduler.h"
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 
 #include "error.h"
@@ -158,14 +159,39 @@ void Scheduler::release(Sequence& s, const std::string& text) {
     if (on_text_) on_text_(s.index, text);
 }
 
+TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int top) {
+    const float mx = *std::max_element(logits.begin(), logits.end());
+    double sum = 0;
+    for (float l : logits) sum += std::exp(static_cast<double>(l - mx));
+    const auto lse = static_cast<float>(mx + std::log(sum));
+    TokenLogprob t;
+    t.token = token;
+    t.logprob = logits[token] - lse;
+    const auto n = static_cast<size_t>(std::clamp(top, 0, 20));
+    std::vector<int32_t> ids(logits.size());
+    for (size_t i = 0; i < ids.size(); i++) ids[i] = static_cast<int32_t>(i);
+    const size_t k = std::min(n, ids.size());
+    std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(),
+                      [&](int32_t a, int32_t b) {
+                          return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+                      });
+    for (size_t i = 0; i < k; i++) t.top.emplace_back(ids[i], logits[ids[i]] - lse);
+    return t;
+}
+
 void Scheduler::sample(Sequence& s, float* logits) {
     const GenerateParams& p = s.req.gen;
     GenerateResult& r = s.answer->result();
     if (p.n_predict >= 0 && r.generated >= p.n_predict) return end(s, "length");
-    check_finite_logits(logits, lm_.model.hp.n_vocab);
+    const int n_vocab = lm_.model.hp.n_vocab;
+    check_finite_logits(logits, n_vocab);
+    const bool logprobs = s.req.logprobs >= 0 && on_logprob_;
+    if (logprobs) raw_logits_.assign(logits, logits + n_vocab); // the sampler changes them
     const int32_t id = s.sampler.sample(logits);
     std::string text;
     const Answer::Took took = s.answer->take(id, text);
+    if (logprobs && took != Answer::Took::end_token)
+        on_logprob_(s.index, token_logprob(raw_logits_, id, s.req.logprobs));
     release(s, text);
     stats_.generated += took == Answer::Took::end_token ? 0 : 1;
     if (took != Answer::Took::token) return end(s, nullptr); // its stop reason is set

@@ -32,6 +32,7 @@
 #include <utility>
 #include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "answer.h"
@@ -51,6 +52,18 @@ struct SeqRequest {
     // context ("context full"), as kvrun -p -n -1 does; otherwise the
     // sequence's window slides past n_ctx.
     GenerateParams gen;
+    // >= 0: each answer token's log-probability and that many of the most
+    // likely tokens' (at most 20), through Scheduler::set_on_logprob.
+    int logprobs = -1;
+};
+
+// A sampled token's log-probability under the model: the log-softmax of
+// its raw logits (before penalties, bias and temperature), with the `top`
+// most likely tokens', best first.
+struct TokenLogprob {
+    int32_t token = 0;
+    float logprob = 0;
+    std::vector<std::pair<int32_t, float>> top;
 };
 
 struct SeqResult {
@@ -80,6 +93,9 @@ struct SchedulerStats {
         return peak_block_bytes + state_bytes * static_cast<size_t>(peak_running);
     }
 };
+
+// The log-softmax of `logits` at `token`, and the `top` (at most 20) best.
+TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int top);
 
 class Scheduler {
   public:
@@ -114,6 +130,11 @@ class Scheduler {
     // Each sequence's text as it is released (streaming), called in step().
     void set_on_text(std::function<void(size_t index, const std::string& text)> f) {
         on_text_ = std::move(f);
+    }
+    // Each answer token's log-probability, for requests that ask
+    // (SeqRequest::logprobs), before the text it releases.
+    void set_on_logprob(std::function<void(size_t index, const TokenLogprob&)> f) {
+        on_logprob_ = std::move(f);
     }
     const SchedulerStats& stats() const { return stats_; }
     // Now: requests waiting (queued or preempted), sequences running, and
@@ -199,7 +220,9 @@ class Scheduler {
     size_t next_index_ = 0;
     bool interrupt_ = false;
     std::function<void(size_t, const std::string&)> on_text_;
-    std::vector<Sequence*> gen_; // step()'s scratch
+    std::function<void(size_t, const TokenLogprob&)> on_logprob_;
+    std::vector<float> raw_logits_; // sample()'s scratch: the logits before the sampler's changes
+    std::vector<Sequence*> gen_;    // step()'s scratch
     std::vector<Sequence*> pass_;
     std::vector<Forward::SeqToken> rows_;
 };

@@ -29,6 +29,13 @@ double number(const json& j, const char* key, double lo, double hi) {
     return d;
 }
 
+int64_t whole(const json& j, const char* key, int64_t hi) {
+    const json& v = j[key];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > hi)
+        throw FieldError(key, fmt::format("\"{}\" must be a whole number in [0, {}]", key, hi));
+    return v.get<int64_t>();
+}
+
 bool flag(const json& j, const char* key) {
     const json& v = j[key];
     if (v.is_null()) return false;
@@ -62,10 +69,6 @@ void refuse_unsupported(const json& j, Route route) {
                              "\"response_format\": only {\"type\": \"text\"} is supported "
                              "(JSON-constrained output is not built yet)");
     }
-    const bool logprobs = route == Route::chat ? given(j, "logprobs") && j["logprobs"] == true
-                                               : given(j, "logprobs") && j["logprobs"] != 0;
-    if (logprobs || (given(j, "top_logprobs") && j["top_logprobs"] != 0))
-        throw FieldError("logprobs", "\"logprobs\" are not supported yet");
     if (route == Route::completion) {
         if (given(j, "echo") && j["echo"] != false)
             throw FieldError("echo", "\"echo\" is not supported");
@@ -118,7 +121,7 @@ bool ApiReader::knows_model(const std::string& name) const {
 ApiParse ApiReader::parse(Route route, std::string_view body) const {
     ApiParse p;
     try {
-        const json j = json::parse(body);
+        const json j = parse_request_json(body);
         if (!j.is_object()) throw std::invalid_argument("the body must be a JSON object");
         p.call = call(route, j);
     } catch (const json::exception& e) {
@@ -180,7 +183,11 @@ ApiCall ApiReader::call(Route route, const json& j) const {
         }
     }
     // max_completion_tokens is the newer name of max_tokens.
-    json fields = j;
+    // The fields read_fields reads (not the whole body: messages may be long).
+    json fields = json::object();
+    for (const char* key : {"max_tokens", "temperature", "top_k", "top_p", "min_p",
+                            "repeat_penalty", "seed", "stop", "ignore_eos"})
+        if (j.contains(key)) fields[key] = j[key];
     if (given(j, "max_completion_tokens")) fields["max_tokens"] = j["max_completion_tokens"];
     if (given(fields, "max_tokens") && fields["max_tokens"].is_number_integer() &&
         fields["max_tokens"].get<int64_t>() < 1)
@@ -196,7 +203,20 @@ ApiCall ApiReader::call(Route route, const json& j) const {
         field = field.size() > 1 && field[0] == '"' ? field.substr(1, field.find('"', 1) - 1) : "";
         throw FieldError(field, e.what());
     }
-    c.seeded = given(j, "seed");
+    c.seeded = given(j, "seed") && j["seed"] != -1;
+    // Chat: "logprobs": true with "top_logprobs": N (0-20); completions:
+    // "logprobs": N (0-5), OpenAI's ranges.
+    if (route == Route::chat) {
+        const bool on = given(j, "logprobs") && flag(j, "logprobs");
+        if (given(j, "top_logprobs")) {
+            if (!on) throw FieldError("top_logprobs", "\"top_logprobs\" needs \"logprobs\": true");
+            c.req.logprobs = static_cast<int>(whole(j, "top_logprobs", 20));
+        } else if (on) {
+            c.req.logprobs = 0;
+        }
+    } else if (given(j, "logprobs")) {
+        c.req.logprobs = static_cast<int>(whole(j, "logprobs", 5));
+    }
     if (given(j, "presence_penalty"))
         c.req.sampling.presence_penalty = static_cast<float>(number(j, "presence_penalty", -2, 2));
     if (given(j, "frequency_penalty"))
@@ -257,11 +277,53 @@ json head(const ApiCall& c, const std::string& id, int64_t created, bool chunk) 
 
 } // namespace
 
+json logprobs_body(Route route, const Tokenizer& tok, std::span<const TokenLogprob> lps,
+                   size_t& offset) {
+    if (lps.empty()) return nullptr;
+    auto bytes = [](const std::string& s) {
+        json b = json::array();
+        for (unsigned char ch : s) b.push_back(ch);
+        return b;
+    };
+    if (route == Route::chat) {
+        json content = json::array();
+        for (const TokenLogprob& t : lps) {
+            const std::string piece = tok.piece(t.token);
+            json top = json::array();
+            for (const auto& [id, lp] : t.top) {
+                const std::string p = tok.piece(id);
+                top.push_back({{"token", p}, {"logprob", lp}, {"bytes", bytes(p)}});
+            }
+            content.push_back({{"token", piece},
+                               {"logprob", t.logprob},
+                               {"bytes", bytes(piece)},
+                               {"top_logprobs", top}});
+        }
+        return json{{"content", content}, {"refusal", nullptr}};
+    }
+    json tokens = json::array(), logprobs = json::array(), top = json::array(),
+         offsets = json::array();
+    for (const TokenLogprob& t : lps) {
+        const std::string piece = tok.piece(t.token);
+        tokens.push_back(piece);
+        logprobs.push_back(t.logprob);
+        json alts = json::object();
+        for (const auto& [id, lp] : t.top) alts[tok.piece(id)] = lp;
+        top.push_back(alts);
+        offsets.push_back(offset);
+        offset += piece.size();
+    }
+    return json{{"tokens", tokens},
+                {"token_logprobs", logprobs},
+                {"top_logprobs", top},
+                {"text_offset", offsets}};
+}
+
 json answer_body(const ApiCall& c, const std::string& id, int64_t created, const std::string& text,
-                 const SeqResult& r) {
+                 const SeqResult& r, const json& logprobs) {
     json j = head(c, id, created, false);
     json choice = {{"index", 0},
-                   {"logprobs", nullptr},
+                   {"logprobs", logprobs},
                    {"finish_reason", finish_reason(r.gen.stop).value_or("stop")}};
     if (c.route == Route::chat)
         choice["message"] = {{"role", "assistant"}, {"content", text}};
@@ -273,10 +335,10 @@ json answer_body(const ApiCall& c, const std::string& id, int64_t created, const
 }
 
 json chunk_body(const ApiCall& c, const std::string& id, int64_t created, const std::string* text,
-                const std::string* finish, bool role) {
+                const std::string* finish, bool role, const json& logprobs) {
     json j = head(c, id, created, true);
     json choice = {
-        {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish ? json(*finish) : json()}};
+        {"index", 0}, {"logprobs", logprobs}, {"finish_reason", finish ? json(*finish) : json()}};
     if (c.route == Route::chat) {
         json delta = json::object();
         if (role) delta["role"] = "assistant";

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -15,6 +16,7 @@
 
 #include "requests.h"
 #include "scheduler.h"
+#include "tokenizer.h"
 
 namespace kvrun::serve {
 
@@ -77,13 +79,22 @@ std::optional<std::string> finish_reason(const std::string& stop);
 // prompt_tokens_details.cached_tokens.
 nlohmann::json usage(const SeqResult& r);
 
+// A choice's "logprobs" for these tokens (null when there are none):
+// chat's {"content": [{token, logprob, bytes, top_logprobs}]}, or the
+// completions' {tokens, token_logprobs, top_logprobs, text_offset}, whose
+// offsets start at `offset` (advanced past the tokens' text).
+nlohmann::json logprobs_body(Route route, const Tokenizer& tok, std::span<const TokenLogprob> lps,
+                             size_t& offset);
+
 // A whole answer (stream: false).
 nlohmann::json answer_body(const ApiCall& c, const std::string& id, int64_t created,
-                           const std::string& text, const SeqResult& r);
+                           const std::string& text, const SeqResult& r,
+                           const nlohmann::json& logprobs = nullptr);
 // One stream chunk: the role (chat's first), a piece of text, or the end
 // (finish set, no text).
 nlohmann::json chunk_body(const ApiCall& c, const std::string& id, int64_t created,
-                          const std::string* text, const std::string* finish, bool role);
+                          const std::string* text, const std::string* finish, bool role,
+                          const nlohmann::json& logprobs = nullptr);
 // The last chunk with stream_options.include_usage: no choices, the usage.
 nlohmann::json usage_chunk_body(const ApiCall& c, const std::string& id, int64_t created,
                                 const SeqResult& r);

@@ -6,10 +6,14 @@ namespace kvrun::serve {
 
 Ticket::Taken Ticket::take(std::chrono::milliseconds wait) {
     std::unique_lock lk(m_);
-    cv_.wait_for(lk, wait, [&] { return !text_.empty() || (result_ && !result_taken_); });
+    cv_.wait_for(lk, wait, [&] {
+        return !text_.empty() || !logprobs_.empty() || (result_ && !result_taken_);
+    });
     Taken t;
     t.text = std::move(text_);
     text_.clear();
+    t.logprobs = std::move(logprobs_);
+    logprobs_.clear();
     if (result_ && !result_taken_) {
         t.result = *result_;
         result_taken_ = true;
@@ -31,6 +35,12 @@ Engine::Engine(const LoadedModel& lm, const KvCacheConfig& cfg, Placement placem
         }
         t.cv_.notify_all();
     });
+    sched_.set_on_logprob([this](size_t index, const TokenLogprob& lp) {
+        const auto it = live_.find(index);
+        if (it == live_.end()) return;
+        std::lock_guard lk(it->second->m_);
+        it->second->logprobs_.push_back(lp); // its text follows: that notifies
+    });
     stats_.pool_blocks = sched_.pool_blocks();
     stats_.sched = sched_.stats();
     thread_ = std::thread([this] { loop(); });
@@ -43,13 +53,49 @@ Engine::~Engine() {
     }
     cv_.notify_all();
     thread_.join();
+    end_all("cancelled"); // no request thread waits forever
+}
+
+void Engine::close() {
+    std::lock_guard lk(mu_);
+    closed_ = true;
+}
+
+std::string Engine::failure() const {
+    std::lock_guard lk(mu_);
+    return failure_;
+}
+
+void Engine::end_all(const char* why) {
+    std::vector<std::shared_ptr<Ticket>> open;
+    {
+        std::lock_guard lk(mu_);
+        for (auto& [r, t] : inbox_) open.push_back(t);
+        inbox_.clear();
+        cancels_.clear();
+    }
+    for (auto& [index, t] : live_) open.push_back(t);
+    live_.clear();
+    for (const auto& t : open) {
+        {
+            std::lock_guard lk(t->m_);
+            if (t->result_) continue;
+            SeqResult r;
+            r.index = t->index_;
+            r.gen.stop = why;
+            t->result_ = std::move(r);
+        }
+        t->cv_.notify_all();
+        std::lock_guard lk(mu_);
+        outstanding_--;
+    }
 }
 
 std::shared_ptr<Ticket> Engine::submit(SeqRequest r) {
     auto t = std::make_shared<Ticket>();
     {
         std::lock_guard lk(mu_);
-        if (stop_ || outstanding_ >= limit_) return nullptr;
+        if (stop_ || closed_ || !failure_.empty() || outstanding_ >= limit_) return nullptr;
         outstanding_++;
         inbox_.emplace_back(std::move(r), t);
     }
@@ -120,7 +166,19 @@ void Engine::loop() {
                 for (const auto& [index, lt] : live_) sched_.cancel(index);
             }
         }
-        if (!sched_.idle()) sched_.step([this](SeqResult r) { done(std::move(r)); });
+        try {
+            if (!sched_.idle()) sched_.step([this](SeqResult r) { done(std::move(r)); });
+        } catch (const std::exception& e) {
+            // The scheduler's state is not to be trusted after a throw:
+            // every request in hand ends, and the engine takes no more.
+            {
+                std::lock_guard fl(mu_);
+                failure_ = e.what();
+            }
+            end_all("error");
+            lk.lock();
+            break;
+        }
         {
             std::lock_guard sl(stats_mu_);
             stats_.waiting = sched_.waiting();

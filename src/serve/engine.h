@@ -28,6 +28,7 @@ class Ticket {
     // either.
     struct Taken {
         std::string text;
+        std::vector<TokenLogprob> logprobs; // the tokens' (when the request asked)
         std::optional<SeqResult> result;
     };
     Taken take(std::chrono::milliseconds wait);
@@ -37,6 +38,7 @@ class Ticket {
     std::mutex m_;
     std::condition_variable cv_;
     std::string text_;
+    std::vector<TokenLogprob> logprobs_;
     std::optional<SeqResult> result_;
     bool result_taken_ = false;
     size_t index_ = SIZE_MAX; // the scheduler's, once submitted
@@ -58,8 +60,15 @@ class Engine {
     Engine(const Engine&) = delete;
     Engine& operator=(const Engine&) = delete;
 
-    // Null when the queue is full (the caller answers 503).
+    // Null when the queue is full, the engine is closed or has failed (the
+    // caller answers 503, or 500 with failure()).
     std::shared_ptr<Ticket> submit(SeqRequest r);
+    // No more submissions (shutdown); what is in hand goes on.
+    void close();
+    // Why the engine stopped ("" while it works): a step threw (a model that
+    // computes NaN, memory). Every request in hand then ended with stop
+    // reason "error", and submit() refuses.
+    std::string failure() const;
     // Its sequence ends ("cancelled") at the next step and gives its blocks
     // back; the result still comes through the ticket.
     void cancel(const std::shared_ptr<Ticket>& t);
@@ -71,6 +80,9 @@ class Engine {
   private:
     void loop();
     void done(SeqResult r);
+    // Every ticket in hand ends with this stop reason (a step failed, or the
+    // engine is going away).
+    void end_all(const char* why);
 
     Scheduler sched_;
     size_t limit_; // parallel + max_waiting
@@ -79,7 +91,8 @@ class Engine {
     std::vector<std::pair<SeqRequest, std::shared_ptr<Ticket>>> inbox_;
     std::vector<std::shared_ptr<Ticket>> cancels_;
     size_t outstanding_ = 0;
-    bool stop_ = false;
+    bool stop_ = false, closed_ = false;
+    std::string failure_;
     // The engine thread's own: submitted tickets by scheduler index.
     std::map<size_t, std::shared_ptr<Ticket>> live_;
     mutable std::mutex stats_mu_;

@@ -66,6 +66,15 @@ struct RequestNote {
 };
 thread_local RequestNote t_note;
 
+// The body as JSON, or null when it is none (the caller says what it wants).
+json body_json(const std::string& body) {
+    try {
+        return parse_request_json(body);
+    } catch (const std::exception&) {
+        return nullptr;
+    }
+}
+
 bool is_completion(const std::string& path) {
     return path == "/v1/chat/completions" || path == "/chat/completions" ||
            path == "/v1/completions" || path == "/completions";
@@ -78,6 +87,12 @@ struct Stream {
     int64_t created = 0;
     std::shared_ptr<Ticket> ticket;
     Engine* engine = nullptr;
+    const Tokenizer* tok = nullptr;
+    const Service* service = nullptr;
+    std::vector<TokenLogprob> logprobs; // taken, not sent yet (sent with the next text)
+    size_t text_offset = 0;
+    std::shared_ptr<void> in_flight; // counts the answer in flight until the stream is gone
+    Clock::time_point last_write = Clock::now();
     bool role_sent = false, strip = false, finished = false, cancelled = false;
 };
 
@@ -92,6 +107,39 @@ struct HttpServer::Impl {
     std::mutex metrics_mu;
     std::map<int, uint64_t> statuses; // requests answered, by status
     uint64_t prompt_tokens = 0, cached_tokens = 0, completion_tokens = 0;
+    std::atomic<int> in_flight{0}; // completions between submit and the answer's last byte
+
+    // Held while an answer is in flight (shutdown waits for none).
+    std::shared_ptr<void> hold() {
+        in_flight++;
+        return std::shared_ptr<void>(nullptr, [this](void*) { in_flight--; });
+    }
+
+    // Why a sequence ended without an answer, as an error.
+    static ApiError no_answer(const SeqResult& r, const Service& s) {
+        if (r.gen.stop == "error")
+            return error(500, "the engine failed: " + s.engine->failure(), "server_error",
+                         "engine_failed");
+        return error(503, "the server is shutting down", "server_error", "shutting_down");
+    }
+
+    // The key and the shutdown, checked after the body was read (a reply
+    // sent before would leave the body to be read as the next request).
+    bool admitted(const httplib::Request& q, httplib::Response& r) {
+        if (!o.api_key.empty() &&
+            !same_secret(q.get_header_value("Authorization"), "Bearer " + o.api_key)) {
+            send_error(r, error(401, "a valid API key is needed (Authorization: Bearer KEY)",
+                                "invalid_request_error", "invalid_api_key"));
+            return false;
+        }
+        if (draining->load() && is_completion(q.path)) {
+            r.set_header("Retry-After", "5");
+            send_error(r,
+                       error(503, "the server is shutting down", "server_error", "shutting_down"));
+            return false;
+        }
+        return true;
+    }
 
     const Service* ready(httplib::Response& res) {
         const Service* s = service.load();
@@ -125,7 +173,14 @@ struct HttpServer::Impl {
             call.req.sampling.seed = gen();
         }
         SeqRequest sr = call.req;
+        std::shared_ptr<void> in_flight = hold();
         std::shared_ptr<Ticket> ticket = s->engine->submit(std::move(sr));
+        if (!ticket && !s->engine->failure().empty())
+            return send_error(res, error(500, "the engine failed: " + s->engine->failure(),
+                                         "server_error", "engine_failed"));
+        if (!ticket && draining->load())
+            return send_error(
+                res, error(503, "the server is shutting down", "server_error", "shutting_down"));
         if (!ticket) {
             res.set_header("Retry-After", "1");
             return send_error(res, error(503,
@@ -138,18 +193,24 @@ struct HttpServer::Impl {
         const int64_t created = unix_now();
         if (!call.stream) {
             std::optional<SeqResult> r;
-            while (!r) r = ticket->take(std::chrono::milliseconds(500)).result;
+            std::vector<TokenLogprob> lps;
+            while (!r) {
+                Ticket::Taken t = ticket->take(std::chrono::milliseconds(500));
+                lps.insert(lps.end(), t.logprobs.begin(), t.logprobs.end());
+                r = std::move(t.result);
+            }
             count(*r);
             t_note.detail = note(*r);
-            if (!finish_reason(r->gen.stop))
-                return send_error(res, error(503, "the server is shutting down", "server_error",
-                                             "shutting_down"));
+            if (!finish_reason(r->gen.stop)) return send_error(res, no_answer(*r, *s));
             std::string text = r->text;
             // A chat reply without the space the model writes after the
             // template's "Assistant:" (as kvrun -p --chat prints it).
             if (route == Route::chat)
                 text.erase(0, std::min(text.size(), text.find_first_not_of(" \t\n")));
-            res.set_content(dump(answer_body(call, id, created, text, *r)), "application/json");
+            size_t offset = 0;
+            res.set_content(dump(answer_body(call, id, created, text, *r,
+                                             logprobs_body(route, s->lm->tokenizer, lps, offset))),
+                            "application/json");
             return;
         }
         auto st = std::make_shared<Stream>();
@@ -158,6 +219,9 @@ struct HttpServer::Impl {
         st->created = created;
         st->ticket = ticket;
         st->engine = s->engine;
+        st->tok = &s->lm->tokenizer;
+        st->service = s;
+        st->in_flight = std::move(in_flight);
         st->strip = route == Route::chat;
         res.set_header("Cache-Control", "no-cache");
         res.set_chunked_content_provider(
@@ -171,8 +235,9 @@ struct HttpServer::Impl {
     // One call of the content provider: what arrived, or a check that the
     // client is still there. False (the client left) cancels the sequence.
     bool stream_step(Stream& st, httplib::DataSink& sink) {
-        auto send = [&sink](const json& j) {
+        auto send = [&sink, &st](const json& j) {
             const std::string line = "data: " + dump(j) + "\n\n";
+            st.last_write = Clock::now();
             return sink.write(line.data(), line.size());
         };
         auto leave = [&st] {
@@ -192,8 +257,14 @@ struct HttpServer::Impl {
             t.text.erase(0, std::min(t.text.size(), t.text.find_first_not_of(" \t\n")));
             st.strip = t.text.empty();
         }
+        st.logprobs.insert(st.logprobs.end(), t.logprobs.begin(), t.logprobs.end());
+        auto logprobs = [&st] {
+            json j = logprobs_body(st.call.route, *st.tok, st.logprobs, st.text_offset);
+            st.logprobs.clear();
+            return j;
+        };
         if (!t.text.empty() &&
-            !send(chunk_body(st.call, st.id, st.created, &t.text, nullptr, false)))
+            !send(chunk_body(st.call, st.id, st.created, &t.text, nullptr, false, logprobs())))
             return leave();
         if (t.result) {
             st.finished = true;
@@ -201,25 +272,31 @@ struct HttpServer::Impl {
             count(r);
             t_note.detail = note(r);
             if (const auto fr = finish_reason(r.gen.stop)) {
-                send(chunk_body(st.call, st.id, st.created, nullptr, &*fr, false));
+                send(chunk_body(st.call, st.id, st.created, nullptr, &*fr, false, logprobs()));
                 if (st.call.usage_chunk) send(usage_chunk_body(st.call, st.id, st.created, r));
             } else {
-                send(error(503, "the server is shutting down", "server_error", "shutting_down")
-                         .body());
+                send(no_answer(r, *st.service).body());
             }
             const std::string end = "data: [DONE]\n\n";
             sink.write(end.data(), end.size());
             sink.done();
             return true;
         }
-        if (t.text.empty() && !sink.is_writable()) return leave();
+        // Nothing to send for a second (queued, a long prompt, text held
+        // back): an SSE comment, which clients skip. Its write fails once
+        // the client is gone, which is how a departure is noticed.
+        if (Clock::now() - st.last_write > std::chrono::seconds(1)) {
+            static constexpr char ping[] = ": ping\n\n";
+            st.last_write = Clock::now();
+            if (!sink.write(ping, sizeof ping - 1)) return leave();
+        }
         return true;
     }
 
     void tokenize(const httplib::Request& req, httplib::Response& res) {
         const Service* s = ready(res);
         if (!s) return;
-        json j = json::parse(req.body, nullptr, false);
+        const json j = body_json(req.body);
         if (!j.is_object() || !j.contains("content") || !j["content"].is_string())
             return send_error(res,
                               error(400, "give {\"content\": \"text\"}", "invalid_request_error"));
@@ -227,8 +304,12 @@ struct HttpServer::Impl {
         if (!unicode::valid_utf8(text))
             return send_error(
                 res, error(400, "\"content\" is not valid UTF-8", "invalid_request_error"));
-        const bool special = j.value("add_special", false) == true;
-        const bool pieces = j.value("with_pieces", false) == true;
+        for (const char* key : {"add_special", "with_pieces"})
+            if (j.contains(key) && !j[key].is_boolean())
+                return send_error(res, error(400, fmt::format("\"{}\" must be true or false", key),
+                                             "invalid_request_error"));
+        const bool special = j.value("add_special", false);
+        const bool pieces = j.value("with_pieces", false);
         const std::vector<int32_t> ids = s->lm->tokenizer.encode(text, special, true);
         json out = json::array();
         for (int32_t id : ids)
@@ -240,7 +321,7 @@ struct HttpServer::Impl {
     void detokenize(const httplib::Request& req, httplib::Response& res) {
         const Service* s = ready(res);
         if (!s) return;
-        json j = json::parse(req.body, nullptr, false);
+        const json j = body_json(req.body);
         if (!j.is_object() || !j.contains("tokens") || !j["tokens"].is_array())
             return send_error(res, error(400, "give {\"tokens\": [ids]}", "invalid_request_error"));
         std::vector<int32_t> ids;
@@ -314,43 +395,59 @@ struct HttpServer::Impl {
     }
 
     void routes() {
-        auto chat = [this](const httplib::Request& q, httplib::Response& r) {
+        using Handler = std::function<void(const httplib::Request&, httplib::Response&)>;
+        // Every route but /health asks for the key (when there is one).
+        auto guarded = [this](Handler h) {
+            return [this, h](const httplib::Request& q, httplib::Response& r) {
+                if (admitted(q, r)) h(q, r);
+            };
+        };
+        auto chat = guarded([this](const httplib::Request& q, httplib::Response& r) {
             complete(Route::chat, q, r);
-        };
-        auto completion = [this](const httplib::Request& q, httplib::Response& r) {
+        });
+        auto completion = guarded([this](const httplib::Request& q, httplib::Response& r) {
             complete(Route::completion, q, r);
-        };
+        });
         svr.Post("/v1/chat/completions", chat);
         svr.Post("/chat/completions", chat);
         svr.Post("/v1/completions", completion);
         svr.Post("/completions", completion);
-        svr.Post("/tokenize",
-                 [this](const httplib::Request& q, httplib::Response& r) { tokenize(q, r); });
-        svr.Post("/detokenize",
-                 [this](const httplib::Request& q, httplib::Response& r) { detokenize(q, r); });
+        svr.Post("/tokenize", guarded([this](const httplib::Request& q, httplib::Response& r) {
+                     tokenize(q, r);
+                 }));
+        svr.Post("/detokenize", guarded([this](const httplib::Request& q, httplib::Response& r) {
+                     detokenize(q, r);
+                 }));
         svr.Get("/health", [this](const httplib::Request&, httplib::Response& r) {
-            if (ready(r)) r.set_content(R"({"status":"ok"})", "application/json");
+            const Service* s = ready(r);
+            if (!s) return;
+            if (const std::string why = s->engine->failure(); !why.empty())
+                return send_error(
+                    r, error(500, "the engine failed: " + why, "server_error", "engine_failed"));
+            r.set_content(R"({"status":"ok"})", "application/json");
         });
-        auto models = [this](const httplib::Request&, httplib::Response& r) {
+        auto models = guarded([this](const httplib::Request&, httplib::Response& r) {
             if (const Service* s = ready(r))
                 r.set_content(
                     dump(json{{"object", "list"}, {"data", json::array({model_entry(*s)})}}),
                     "application/json");
-        };
+        });
         svr.Get("/v1/models", models);
         svr.Get("/models", models);
-        svr.Get(R"(/v1/models/(.+))", [this](const httplib::Request& q, httplib::Response& r) {
-            const Service* s = ready(r);
-            if (!s) return;
-            if (!s->api->knows_model(q.matches[1]))
-                return send_error(
-                    r, error(404, fmt::format("the model '{}' does not exist", q.matches[1].str()),
-                             "invalid_request_error", "model_not_found"));
-            r.set_content(dump(model_entry(*s)), "application/json");
-        });
-        svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& r) {
-            r.set_content(metrics(service.load()), "text/plain; version=0.0.4");
-        });
+        svr.Get(
+            R"(/v1/models/(.+))", guarded([this](const httplib::Request& q, httplib::Response& r) {
+                const Service* s = ready(r);
+                if (!s) return;
+                if (!s->api->knows_model(q.matches[1]))
+                    return send_error(
+                        r,
+                        error(404, fmt::format("the model '{}' does not exist", q.matches[1].str()),
+                              "invalid_request_error", "model_not_found"));
+                r.set_content(dump(model_entry(*s)), "application/json");
+            }));
+        svr.Get("/metrics", guarded([this](const httplib::Request&, httplib::Response& r) {
+                    r.set_content(metrics(service.load()), "text/plain; version=0.0.4");
+                }));
         if (!o.cors_origin.empty())
             svr.Options(".*", [](const httplib::Request&, httplib::Response& r) {
                 r.status = 204;
@@ -361,22 +458,8 @@ struct HttpServer::Impl {
     }
 
     void hooks() {
-        svr.set_pre_routing_handler([this](const httplib::Request& q, httplib::Response& r) {
+        svr.set_pre_routing_handler([](const httplib::Request&, httplib::Response&) {
             t_note = RequestNote{};
-            if (q.method == "OPTIONS") return httplib::Server::HandlerResponse::Unhandled;
-            if (!o.api_key.empty() && q.path != "/health" &&
-                !same_secret(q.get_header_value("Authorization"), "Bearer " + o.api_key)) {
-                send_error(r, error(401, "a valid API key is needed (Authorization: Bearer KEY)",
-                                    "invalid_request_error", "invalid_api_key"));
-                return httplib::Server::HandlerResponse::Handled;
-            }
-            if (draining->load() && is_completion(q.path)) {
-                r.set_header("Retry-After", "5");
-                r.set_header("Connection", "close");
-                send_error(
-                    r, error(503, "the server is shutting down", "server_error", "shutting_down"));
-                return httplib::Server::HandlerResponse::Handled;
-            }
             return httplib::Server::HandlerResponse::Unhandled;
         });
         svr.set_post_routing_handler([this](const httplib::Request&, httplib::Response& r) {
@@ -470,7 +553,18 @@ void HttpServer::start() {
         throw Error(Exit::usage, fmt::format("cannot listen on {}:{} (in use, or not an address "
                                              "of this machine)",
                                              m.o.host, m.o.port));
-    listener_ = std::thread([&m] { m.svr.listen_after_bind(); });
+    listener_ = std::thread([&m, this] {
+        m.svr.listen_after_bind();
+        listener_ended_ = true;
+    });
+    // stop() does nothing until the loop runs (httplib 0.11 has no
+    // wait_until_ready): wait for it, so an early stop cannot hang.
+    while (!m.svr.is_running() && !listener_ended_)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+int HttpServer::in_flight() const {
+    return impl_->in_flight.load();
 }
 
 void HttpServer::attach(const Service& s) {

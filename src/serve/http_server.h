@@ -50,6 +50,8 @@ class HttpServer {
     void attach(const Service& s); // ready
     // Shutdown, first: new requests get 503 while in-flight ones go on.
     void drain() { draining_ = true; }
+    // Answers in flight: submitted, their last byte not written yet.
+    int in_flight() const;
     // Then: closes the port and waits for every connection to end.
     void stop();
 
@@ -58,6 +60,7 @@ class HttpServer {
     std::unique_ptr<Impl> impl_;
     int port_ = 0;
     std::atomic<bool> draining_{false};
+    std::atomic<bool> listener_ended_{false};
     std::thread listener_;
 };
 

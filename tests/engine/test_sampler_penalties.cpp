@@ -1,6 +1,7 @@
 // The server's sampling fields (src/engine/sampler.h): logit_bias, and
-// OpenAI's presence and frequency penalties over the recent tokens, against
-// the formula written out here on hand-made logits.
+// OpenAI's presence and frequency penalties over the tokens sampled so far
+// (not the prompt's), against the formula written out here on hand-made
+// logits.
 #include <doctest/doctest.h>
 
 #include <vector>
@@ -11,12 +12,23 @@ using namespace kvrun;
 
 namespace {
 
+// A greedy sampler that has seen `prompt` (accept) and then chosen
+// `answer` (sample, each forced by a logit far above the rest).
+Sampler primed(const SamplerParams& p, int n_vocab, const std::vector<int32_t>& prompt,
+               const std::vector<int32_t>& answer) {
+    Sampler s(p, n_vocab);
+    for (int32_t t : prompt) s.accept(t);
+    for (int32_t t : answer) {
+        std::vector<float> l(n_vocab, 0.0f);
+        l[t] = 1000.0f;
+        REQUIRE(s.sample(l.data()) == t);
+    }
+    return s;
+}
+
 // The logits candidates() leaves after its penalties (greedy: it only
 // applies them and takes the argmax).
-std::vector<float> penalised(const SamplerParams& p, const std::vector<int32_t>& recent,
-                             std::vector<float> logits) {
-    Sampler s(p, static_cast<int>(logits.size()));
-    for (int32_t t : recent) s.accept(t);
+std::vector<float> penalised(Sampler& s, std::vector<float> logits) {
     (void)s.candidates(logits.data());
     return logits;
 }
@@ -28,36 +40,42 @@ TEST_CASE("sampler: presence and frequency penalties and logit bias follow OpenA
     p.temp = 0;
     p.presence_penalty = 0.5f;
     p.frequency_penalty = 0.25f;
-    p.logit_bias = {{4, -100.0f}, {1, 2.0f}};
     const std::vector<float> base = {1.0f, 2.0f, 3.0f, -1.0f, 9.0f, 0.5f, 0.0f};
-    // Token 2 three times, token 3 once, token 6 twice; 0 and 5 never.
-    const std::vector<int32_t> recent = {2, 3, 2, 6, 2, 6};
-    const std::vector<float> got = penalised(p, recent, base);
+    const int n = static_cast<int>(base.size());
+    // The prompt holds 0 and 5 (not penalised); the answer so far: token 2
+    // three times, 3 once, 6 twice.
+    const std::vector<int32_t> prompt = {0, 5, 0};
+    const std::vector<int32_t> answer = {2, 3, 2, 6, 2, 6};
+    Sampler s = primed(p, n, prompt, answer);
     std::vector<float> want = base;
-    want[1] += 2.0f;
-    want[4] += -100.0f;
     want[2] -= 0.5f + 0.25f * 3;
     want[3] -= 0.5f + 0.25f * 1;
     want[6] -= 0.5f + 0.25f * 2;
-    for (size_t i = 0; i < base.size(); i++) CHECK(got[i] == doctest::Approx(want[i]));
+    const std::vector<float> got = penalised(s, base);
+    for (int i = 0; i < n; i++) CHECK(got[i] == doctest::Approx(want[i]));
 
-    // The bias decides a greedy draw: token 4 (the best logit) is banned.
-    Sampler s(p, static_cast<int>(base.size()));
+    // A state taken and restored keeps the counts; reset() forgets them.
+    const Sampler::State st = s.state();
+    s.reset();
+    CHECK(penalised(s, base) == base);
+    s.restore(st);
+    CHECK(penalised(s, base)[2] == doctest::Approx(want[2]));
+
+    // logit_bias is added first and decides a greedy draw: token 4 (the best
+    // logit) is banned, token 1 lifted above the rest.
+    p.logit_bias = {{4, -100.0f}, {1, 2.0f}};
+    Sampler b = primed(p, n, prompt, answer);
     std::vector<float> l = base;
-    CHECK(s.sample(l.data()) == 1);
+    CHECK(b.sample(l.data()) == 1);
+    CHECK(l[4] == doctest::Approx(base[4] - 100.0f));
 
-    // Only the last repeat_last_n tokens count.
+    // Negative penalties favour repetition; zero ones leave the logits alone.
     p.logit_bias.clear();
-    p.repeat_last_n = 2; // the window holds {2, 6}
-    const std::vector<float> windowed = penalised(p, recent, base);
-    CHECK(windowed[3] == doctest::Approx(base[3]));
-    CHECK(windowed[2] == doctest::Approx(base[2] - 0.75f));
-    CHECK(windowed[6] == doctest::Approx(base[6] - 0.75f));
-
-    // Negative penalties favour repetition; zero leaves the logits alone.
     p.presence_penalty = -1.0f;
     p.frequency_penalty = 0.0f;
-    CHECK(penalised(p, recent, base)[2] == doctest::Approx(base[2] + 1.0f));
+    Sampler neg = primed(p, n, prompt, answer);
+    CHECK(penalised(neg, base)[2] == doctest::Approx(base[2] + 1.0f));
     p.presence_penalty = 0.0f;
-    CHECK(penalised(p, recent, base) == base);
+    Sampler off = primed(p, n, prompt, answer);
+    CHECK(penalised(off, base) == base);
 }

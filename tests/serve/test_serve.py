@@ -3,11 +3,13 @@
   test_serve.py --kvrun PATH --chat-model SMOLLM2.gguf --tiny-model stories260K.gguf [--quick]
 
 With a real chat model (SmolLM2): answers, streaming, stops, seeds, usage,
-8 concurrent greedy answers equal to lone `kvrun -p` runs byte for byte,
-cached tokens on a repeated system prompt, cancellation mid-stream. With
-the tiny model: every error status, the queue bound, the API key, a
-bounded load run (200 requests, 16 clients) and a fault run (clients
-killed mid-stream, broken requests, a slow client), then SIGTERM.
+log-probabilities, 8 concurrent greedy answers equal to lone `kvrun -p` runs
+byte for byte, cached tokens on a repeated system prompt, cancellation
+mid-stream, SIGTERM letting a stream finish; a second server with one
+sequence and one waiting: the queue bound, SIGTERM cancelling a stream.
+With the tiny model: every error status, the API key, a bounded load run
+(200 requests, 16 clients) and a fault run (clients killed mid-stream,
+broken requests, a slow client), then SIGTERM.
 --quick (the sanitizer build): the tiny model's checks only, a smaller load.
 """
 
@@ -30,7 +32,8 @@ CTX = 512
 
 
 def chat_checks(c, kvrun, model):
-    srv = Server(kvrun, model, "-c", str(CTX), "--parallel", "8", "-t", str(THREADS))
+    srv = Server(kvrun, model, "-c", str(CTX), "--parallel", "8", "-t", str(THREADS),
+                 "--cors-origin", "http://app.test")
     client = openai.OpenAI(base_url=srv.base_url, api_key="none", max_retries=0, timeout=120)
     name = os.path.basename(model)[:-len(".gguf")]
 
@@ -39,6 +42,13 @@ def chat_checks(c, kvrun, model):
         expect([m.id for m in ms.data] == [name], ms)
         status, _, body = srv.request("GET", "/v1/models/nope")
         expect(status == 404 and body["error"]["code"] == "model_not_found", body)
+        # CORS: the origin given, and a preflight answered without a key.
+        status, h, _ = srv.request("GET", "/v1/models")
+        expect(h.get("Access-Control-Allow-Origin") == "http://app.test", h)
+        status, h, _ = srv.request("OPTIONS", "/v1/chat/completions",
+                                   headers={"Origin": "http://app.test",
+                                            "Access-Control-Request-Method": "POST"})
+        expect(status == 204 and "POST" in h.get("Access-Control-Allow-Methods", ""), (status, h))
 
     def completion_equals_lone_run():
         prompt = "The capital of France is"
@@ -130,6 +140,38 @@ def chat_checks(c, kvrun, model):
         cached = second.usage.prompt_tokens_details.cached_tokens
         expect(cached >= 96 and cached < second.usage.prompt_tokens, (first.usage, second.usage))
 
+    def logprobs():
+        # Greedy: each token is its top alternative, and the first one's
+        # log-probability is the log-softmax kvrun logits gives after the prompt.
+        prompt = "The capital of France is"
+        r = client.completions.create(model=name, prompt=prompt, max_tokens=12, temperature=0,
+                                      logprobs=3)
+        lp = r.choices[0].logprobs
+        expect(len(lp.tokens) == 12 and "".join(lp.tokens) == r.choices[0].text, lp)
+        expect(lp.text_offset == [sum(len(t.encode()) for t in lp.tokens[:i]) for i in range(12)],
+               lp.text_offset)
+        for tok, lpv, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+            expect(len(top) == 3 and max(top.values()) == lpv and top[tok] == lpv, (tok, lpv, top))
+            expect(sum(2.718281828 ** v for v in top.values()) <= 1.0001, top)
+        _, _, ids = srv.request("POST", "/tokenize", {"content": prompt, "add_special": True})
+        out = subprocess.run([kvrun, "logits", "-m", model, "--tokens",
+                              ",".join(map(str, ids["tokens"])), "--top-k", "1"],
+                             capture_output=True, text=True, timeout=120)
+        last = json.loads(out.stdout)[-1]
+        want = last["top"][0][1] - last["lse"]
+        expect(abs(lp.token_logprobs[0] - want) < 2e-3, (lp.token_logprobs[0], want))
+        # Chat, streamed: the chunks' logprobs cover every token, once.
+        chunks = list(client.chat.completions.create(
+            model=name, messages=[{"role": "user", "content": "Say hello."}], max_tokens=10,
+            temperature=0, logprobs=True, top_logprobs=2, stream=True,
+            stream_options={"include_usage": True}))
+        content = [c for ch in chunks if ch.choices and ch.choices[0].logprobs
+                   for c in ch.choices[0].logprobs.content]
+        expect(len(content) == chunks[-1].usage.completion_tokens, (len(content), chunks[-1]))
+        expect(all(len(c.top_logprobs) == 2 and c.top_logprobs[0].logprob == c.logprob
+                   for c in content), content)
+        expect(all(bytes(c.bytes) == c.token.encode() for c in content), content)
+
     def cancel_mid_stream():
         stream = client.chat.completions.create(
             model=name, messages=[{"role": "user", "content": "Tell me a long story."}],
@@ -142,7 +184,10 @@ def chat_checks(c, kvrun, model):
         stream.close()
         m = srv.wait_idle()
         expect(m["kvrun_requests_running"] == 0 and m["kvrun_kv_blocks_used"] == 0, m)
-        expect(any("client left: cancelled" in line for line in srv.log), "no cancellation logged")
+        deadline = time.time() + 10
+        while not any("client left: cancelled" in line for line in srv.log):
+            expect(time.time() < deadline, "no cancellation logged")
+            time.sleep(0.05)
         status, _, _ = srv.request("GET", "/health")
         expect(status == 200, status)
 
@@ -153,15 +198,83 @@ def chat_checks(c, kvrun, model):
                           ("stop strings", stop_strings), ("seeds", seeds),
                           ("max_tokens capped by the context", max_tokens_capped),
                           ("cached system prompt", cached_system_prompt),
+                          ("logprobs", logprobs),
                           ("cancel mid-stream frees blocks", cancel_mid_stream)]:
             c.run("chat: " + name_, fn)
-        c.run("chat: SIGTERM exits 0", lambda: expect(srv.terminate() == 0, "status"))
+        c.run("chat: SIGTERM lets a stream in flight finish, exits 0",
+              lambda: sigterm_in_flight(srv, client, name, finished=True))
+    finally:
+        srv.kill()
+
+
+def sigterm_in_flight(srv, client, name, finished):
+    """SIGTERM once a long stream has started: with time to finish it ends
+    whole (finish_reason length); with --shutdown-timeout 0 it ends with
+    the server's shutting_down error event. Either way kvrun exits 0."""
+    out = {"text": ""}
+    started = threading.Event()
+
+    def stream():
+        try:
+            for ch in client.completions.create(model=name, prompt="Once upon a time",
+                                                max_tokens=300, temperature=0, stream=True,
+                                                stream_options={"include_usage": True},
+                                                extra_body={"ignore_eos": True}):
+                if ch.choices:
+                    out["text"] += ch.choices[0].text
+                    out["finish"] = ch.choices[0].finish_reason
+                    started.set()
+                if ch.usage:
+                    out["usage"] = ch.usage
+        except openai.APIError as e:
+            out["error"] = str(e)
+        started.set()
+
+    t = threading.Thread(target=stream)
+    t.start()
+    expect(started.wait(60), "the stream never started")
+    t0 = time.time()
+    rc = srv.terminate()
+    t.join(30)
+    expect(rc == 0, rc)
+    expect(time.time() - t0 < 20, "stopping took too long")
+    if finished:
+        expect("error" not in out and out.get("finish") == "length" and
+               out["usage"].completion_tokens == 300, out)
+    else:
+        expect("shutting down" in out.get("error", ""), out)
+
+
+def queue_checks(c, kvrun, model):
+    """One sequence at a time and one waiting: of six long requests sent
+    together, the rest get 503 with Retry-After; then SIGTERM with no time
+    to finish cancels the answer in flight."""
+    srv = Server(kvrun, model, "-c", str(CTX), "--parallel", "1", "--max-queue", "1",
+                 "--shutdown-timeout", "0", "-t", str(THREADS))
+    client = openai.OpenAI(base_url=srv.base_url, api_key="none", max_retries=0, timeout=120)
+    name = os.path.basename(model)[:-len(".gguf")]
+
+    def queue_full():
+        body = {"prompt": "Once", "max_tokens": 120, "ignore_eos": True, "temperature": 0}
+        with cf.ThreadPoolExecutor(6) as ex:
+            res = list(ex.map(lambda _: srv.request("POST", "/v1/completions", body), range(6)))
+        statuses = sorted(r[0] for r in res)
+        expect(statuses.count(200) >= 2 and 503 in statuses, statuses)
+        busy = next(r for r in res if r[0] == 503)
+        expect(busy[1].get("Retry-After") == "1" and busy[2]["error"]["code"] == "server_busy",
+               busy)
+        srv.wait_idle()
+
+    try:
+        c.run("queue: bound gives 503 + Retry-After", queue_full)
+        c.run("queue: SIGTERM cancels a stream in flight, exits 0",
+              lambda: sigterm_in_flight(srv, client, name, finished=False))
     finally:
         srv.kill()
 
 
 def error_checks(c, kvrun, model, quick):
-    srv = Server(kvrun, model, "-c", "256", "--parallel", "2", "--max-queue", "2",
+    srv = Server(kvrun, model, "-c", "256", "--parallel", "4", "--max-queue", "32",
                  "--max-body", "4096", "--api-key", "sesame", "--timeout", "2", "-t", str(THREADS))
     auth = {"Authorization": "Bearer sesame", "Content-Type": "application/json"}
     client = openai.OpenAI(base_url=srv.base_url, api_key="sesame", max_retries=0, timeout=60)
@@ -190,6 +303,12 @@ def error_checks(c, kvrun, model, quick):
         expect(s == 400 and e["code"] == "context_length_exceeded", (s, e))
         s, _, e = status_of({"prompt": "\udcff"}.__repr__())  # not JSON either
         expect(s == 400, (s, e))
+        s, _, e = status_of('{"prompt": "x", "z": ' + "[" * 100 + "]" * 100 + "}")
+        expect(s == 400 and "nests deeper" in e["message"], (s, e))
+        s, _, j = srv.request("POST", "/v1/completions",
+                              {"prompt": "x", "temperature": None, "top_p": None, "seed": -1,
+                               "max_tokens": 2, "logprobs": None}, auth)
+        expect(s == 200 and j["usage"]["completion_tokens"] <= 2, (s, j))
         s, _, e = status_of({"prompt": "x" * 5000})
         expect(s == 413, (s, e))
         s, _, e = status_of({"prompt": "x"}, "/v1/nowhere")
@@ -203,21 +322,10 @@ def error_checks(c, kvrun, model, quick):
             raise AssertionError("no error")
         except openai.BadRequestError as ex:
             expect(ex.status_code == 400 and "temperature" in str(ex), ex)
-        expect(srv.request("GET", "/health")[0] == 200, "health needs no key")
+        status, h, _ = srv.request("GET", "/health")
+        expect(status == 200, "health needs no key")
+        expect("Access-Control-Allow-Origin" not in h, "CORS without --cors-origin")
         expect(all("sesame" not in line for line in srv.log), "the key was logged")
-
-    def queue_full():
-        # 2 running + 2 waiting at most: of 12 long requests at once some get 503.
-        body = {"prompt": "Once", "max_tokens": 200, "ignore_eos": True, "temperature": 0}
-        with cf.ThreadPoolExecutor(12) as ex:
-            res = list(ex.map(lambda _: srv.request("POST", "/v1/completions", body, auth),
-                              range(12)))
-        statuses = sorted(r[0] for r in res)
-        expect(statuses.count(200) >= 4 and 503 in statuses, statuses)
-        busy = next(r for r in res if r[0] == 503)
-        expect(busy[1].get("Retry-After") == "1" and busy[2]["error"]["code"] == "server_busy",
-               busy)
-        srv.wait_idle()
 
     def load_run():
         # Bounded: n requests from 16 clients, half streamed; every answer valid.
@@ -244,6 +352,8 @@ def error_checks(c, kvrun, model, quick):
               f"RSS {rss0 // 1024} -> {rss1 // 1024} MiB", flush=True)
         expect(len(out) == n, len(out))
         expect(m["kvrun_kv_blocks_used"] == 0, m)
+        if not quick:  # the sanitizer's quarantine grows the RSS by itself
+            expect(rss1 - rss0 < 32 * 1024, f"RSS grew by {(rss1 - rss0) // 1024} MiB")
 
     def fault_run():
         body = json.dumps({"prompt": "Once", "max_tokens": 200, "stream": True,
@@ -277,34 +387,11 @@ def error_checks(c, kvrun, model, quick):
         r = client.completions.create(model=name, prompt="Once", max_tokens=4)
         expect(r.choices[0].finish_reason in ("stop", "length"), r)
 
-    def sigterm_in_flight():
-        out = {}
-
-        def stream():
-            try:
-                text = ""
-                for ch in client.completions.create(model=name, prompt="Once", max_tokens=2000,
-                                                    stream=True, extra_body={"ignore_eos": True}):
-                    text += ch.choices[0].text
-                out["text"] = text
-            except Exception as e:  # noqa: BLE001 -- the shutdown's error event
-                out["error"] = e
-        t = threading.Thread(target=stream)
-        t.start()
-        time.sleep(0.5)
-        t0 = time.time()
-        rc = srv.terminate()
-        t.join(30)
-        expect(rc == 0, rc)
-        expect(time.time() - t0 < 15, "stopping took too long")
-        expect("text" in out or "error" in out, out)
-
     try:
         c.run("tiny: error statuses", errors)
-        c.run("tiny: queue bound 503", queue_full)
         c.run("tiny: load run", load_run)
         c.run("tiny: fault run", fault_run)
-        c.run("tiny: SIGTERM with a stream in flight", sigterm_in_flight)
+        c.run("tiny: SIGTERM exits 0", lambda: expect(srv.terminate() == 0, "status"))
     finally:
         srv.kill()
 
@@ -321,6 +408,7 @@ def main():
         if not a.chat_model or not os.path.exists(a.chat_model):
             sys.exit(f"the chat model {a.chat_model} is missing (make real-models)")
         chat_checks(c, a.kvrun, a.chat_model)
+        queue_checks(c, a.kvrun, a.chat_model)
     error_checks(c, a.kvrun, a.tiny_model, a.quick)
     return c.finish()
 
