@@ -14,7 +14,9 @@ request has a prompt of its own (about 100 tokens, the distinct part first
 so that no prefix is shared) and asks for exactly --max-tokens tokens
 (ignore_eos). Time to first token: from sending the request to the first
 chunk with text. Aggregate tok/s: all generated tokens over the wall time
-of the round. Prints a markdown table. Python's standard library only.
+of the round. RSS: after the warm-up (idle) and the most seen during the
+round (sampled every 50 ms). Prints a markdown table. Python's standard
+library only.
 """
 
 import argparse
@@ -98,9 +100,26 @@ def stream_one(port, prompt, max_tokens):
     return first if first is not None else float("nan"), time.perf_counter() - t0
 
 
-def round_(port, clients, requests, max_tokens, tag):
+def rss_mib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def round_(port, clients, requests, max_tokens, tag, pid):
     ttft = []
     lock = threading.Lock()
+    peak = [rss_mib(pid)]
+    done = threading.Event()
+
+    def sample():
+        while not done.wait(0.05):
+            peak[0] = max(peak[0], rss_mib(pid))
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
 
     def client(k):
         for j in range(requests):
@@ -116,9 +135,12 @@ def round_(port, clients, requests, max_tokens, tag):
     for t in ts:
         t.join()
     wall = time.perf_counter() - t0
+    done.set()
+    sampler.join()
     ttft.sort()
     p95 = ttft[min(len(ttft) - 1, int(round(0.95 * (len(ttft) - 1))))]
-    return clients * requests * max_tokens / wall, statistics.median(ttft) * 1e3, p95 * 1e3, wall
+    return (clients * requests * max_tokens / wall, statistics.median(ttft) * 1e3, p95 * 1e3, wall,
+            peak[0])
 
 
 def main():
@@ -151,23 +173,28 @@ def main():
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         servers.append(("llama-server", ll, lp))
     try:
-        for name, _, port in servers:
+        idle = {}
+        for name, proc, port in servers:
             wait_ready(port)
             stream_one(port, "Warm-up. " + TEXT, 8)
+            idle[name] = rss_mib(proc.pid)
         rows = []
         for c in [int(x) for x in a.clients.split(",")]:
-            for name, _, port in servers:
-                tps, p50, p95, wall = round_(port, c, a.requests, a.max_tokens, name)
-                rows.append((name, c, tps, p50, p95, wall))
+            for name, proc, port in servers:
+                tps, p50, p95, wall, peak = round_(port, c, a.requests, a.max_tokens, name,
+                                                   proc.pid)
+                rows.append((name, c, tps, p50, p95, wall, peak))
                 print(f"{name:13s} {c} clients: {tps:7.1f} tok/s, first token p50 {p50:6.0f} ms "
                       f"p95 {p95:6.0f} ms ({wall:.1f} s)", file=sys.stderr, flush=True)
         print(f"\nmodel {os.path.basename(a.model)}, -t {a.threads}, {a.parallel} sequences at "
               f"once, ctx {a.ctx} each, {a.requests} requests per client, {a.max_tokens} tokens "
               f"each\n")
-        print("| server | clients | tok/s (all clients) | first token p50 ms | p95 ms |")
-        print("| --- | ---: | ---: | ---: | ---: |")
-        for name, c, tps, p50, p95, _ in rows:
-            print(f"| {name} | {c} | {tps:.1f} | {p50:.0f} | {p95:.0f} |")
+        print("| server | clients | tok/s (all clients) | first token p50 ms | p95 ms | "
+              "RSS idle / peak MiB |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: |")
+        for name, c, tps, p50, p95, _, peak in rows:
+            print(f"| {name} | {c} | {tps:.1f} | {p50:.0f} | {p95:.0f} | "
+                  f"{idle[name]:.0f} / {peak:.0f} |")
     finally:
         for _, p, _ in servers:
             p.terminate()
