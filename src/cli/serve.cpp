@@ -176,6 +176,39 @@ int run_serve(int argc, char** argv) {
     const uint64_t budget = batch_cache_budget(mem_available_bytes());
     serve::Engine engine(*lm, kc, backends.placement(), plan.batch, o.parallel,
                          !o.no_prefix && !backends.gpu, budget, static_cast<size_t>(o.max_queue));
+    // SIGTERM or Ctrl-C: new requests get 503; answers in flight finish
+    // within --shutdown-timeout, then are cancelled (a stream ends with an
+    // error event); then the port closes. Also on the way out of an
+    // exception: the routes must be gone before the engine and the model.
+    auto shutdown = [&](bool tell) {
+        http.drain();
+        engine.close();
+        using namespace std::chrono;
+        auto wait_for_answers = [&](seconds bound) {
+            const auto deadline = steady_clock::now() + bound;
+            while (http.in_flight() > 0 && steady_clock::now() < deadline)
+                std::this_thread::sleep_for(milliseconds(20));
+        };
+        if (tell)
+            fmt::print(stderr, "kvrun: serve: stopping: {} answers in flight\n", http.in_flight());
+        wait_for_answers(seconds(o.shutdown_timeout));
+        if (http.in_flight() > 0) {
+            if (tell) fmt::print(stderr, "kvrun: serve: cancelling {} answers\n", http.in_flight());
+            engine.cancel_all();
+            wait_for_answers(seconds(5)); // their last events written
+        }
+        http.stop(); // idempotent
+    };
+    struct Guard { // before the routes see the engine
+        std::function<void(bool)> f;
+        ~Guard() {
+            try {
+                f(false);
+            } catch (...) {
+            }
+        }
+    } guard{shutdown};
+
     serve::Service svc;
     svc.lm = lm.get();
     svc.api = &api;
@@ -194,38 +227,8 @@ int run_serve(int argc, char** argv) {
                api.model(), kc.n_ctx, o.parallel, human_bytes(es.sched.pool_bytes),
                es.sched.pool_rings, threads);
 
-    // SIGTERM or Ctrl-C: new requests get 503; answers in flight finish
-    // within --shutdown-timeout, then are cancelled (a stream ends with an
-    // error event); then the port closes. Also on the way out of an
-    // exception: the routes must be gone before the engine and the model.
-    bool stopped = false;
-    auto shutdown = [&] {
-        if (stopped) return;
-        stopped = true;
-        http.drain();
-        engine.close();
-        using namespace std::chrono;
-        auto wait_for_answers = [&](seconds bound) {
-            const auto deadline = steady_clock::now() + bound;
-            while (http.in_flight() > 0 && steady_clock::now() < deadline)
-                std::this_thread::sleep_for(milliseconds(20));
-        };
-        fmt::print(stderr, "kvrun: serve: stopping: {} answers in flight\n", http.in_flight());
-        wait_for_answers(seconds(o.shutdown_timeout));
-        if (http.in_flight() > 0) {
-            fmt::print(stderr, "kvrun: serve: cancelling {} answers\n", http.in_flight());
-            engine.cancel_all();
-            wait_for_answers(seconds(5)); // their last events written
-        }
-        http.stop();
-    };
-    struct Guard {
-        std::function<void()> f;
-        ~Guard() { f(); }
-    } guard{shutdown};
-
     while (!interrupted()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    shutdown();
+    shutdown(true);
     fmt::print(stderr, "kvrun: serve: stopped\n");
     return 0;
 #endif

@@ -167,15 +167,27 @@ TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int top
     TokenLogprob t;
     t.token = token;
     t.logprob = logits[token] - lse;
-    const auto n = static_cast<size_t>(std::clamp(top, 0, 20));
-    std::vector<int32_t> ids(logits.size());
-    for (size_t i = 0; i < ids.size(); i++) ids[i] = static_cast<int32_t>(i);
-    const size_t k = std::min(n, ids.size());
-    std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(),
-                      [&](int32_t a, int32_t b) {
-                          return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-                      });
-    for (size_t i = 0; i < k; i++) t.top.emplace_back(ids[i], logits[ids[i]] - lse);
+    // The best `top` in one pass: a min-heap of at most 20 (higher logit
+    // first, then the lower id), no vocabulary-sized scratch.
+    const auto k = static_cast<size_t>(std::clamp(top, 0, 20));
+    if (k == 0) return t;
+    auto better = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
+        return a.first > b.first || (a.first == b.first && a.second < b.second);
+    };
+    std::vector<std::pair<float, int32_t>> heap; // heap.front(): the worst kept
+    heap.reserve(k + 1);
+    for (size_t i = 0; i < logits.size(); i++) {
+        const std::pair<float, int32_t> c{logits[i], static_cast<int32_t>(i)};
+        if (heap.size() == k && !better(c, heap.front())) continue;
+        heap.push_back(c);
+        std::push_heap(heap.begin(), heap.end(), better);
+        if (heap.size() > k) {
+            std::pop_heap(heap.begin(), heap.end(), better);
+            heap.pop_back();
+        }
+    }
+    std::sort_heap(heap.begin(), heap.end(), better);
+    for (const auto& [l, id] : heap) t.top.emplace_back(id, l - lse);
     return t;
 }
 

@@ -280,6 +280,14 @@ json head(const ApiCall& c, const std::string& id, int64_t created, bool chunk) 
 json logprobs_body(Route route, const Tokenizer& tok, std::span<const TokenLogprob> lps,
                    size_t& offset) {
     if (lps.empty()) return nullptr;
+    // A control token's text is its name (<|im_end|>), not "".
+    auto piece_of = [&tok](int32_t id) { return tok.piece(id, true); };
+    // OpenAI's offsets count characters: bytes that start one.
+    auto chars = [](const std::string& s) {
+        return static_cast<size_t>(std::count_if(s.begin(), s.end(), [](char c) {
+            return (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+        }));
+    };
     auto bytes = [](const std::string& s) {
         json b = json::array();
         for (unsigned char ch : s) b.push_back(ch);
@@ -288,10 +296,10 @@ json logprobs_body(Route route, const Tokenizer& tok, std::span<const TokenLogpr
     if (route == Route::chat) {
         json content = json::array();
         for (const TokenLogprob& t : lps) {
-            const std::string piece = tok.piece(t.token);
+            const std::string piece = piece_of(t.token);
             json top = json::array();
             for (const auto& [id, lp] : t.top) {
-                const std::string p = tok.piece(id);
+                const std::string p = piece_of(id);
                 top.push_back({{"token", p}, {"logprob", lp}, {"bytes", bytes(p)}});
             }
             content.push_back({{"token", piece},
@@ -304,14 +312,14 @@ json logprobs_body(Route route, const Tokenizer& tok, std::span<const TokenLogpr
     json tokens = json::array(), logprobs = json::array(), top = json::array(),
          offsets = json::array();
     for (const TokenLogprob& t : lps) {
-        const std::string piece = tok.piece(t.token);
+        const std::string piece = piece_of(t.token);
         tokens.push_back(piece);
         logprobs.push_back(t.logprob);
         json alts = json::object();
-        for (const auto& [id, lp] : t.top) alts[tok.piece(id)] = lp;
+        for (const auto& [id, lp] : t.top) alts[piece_of(id)] = lp;
         top.push_back(alts);
         offsets.push_back(offset);
-        offset += piece.size();
+        offset += chars(piece);
     }
     return json{{"tokens", tokens},
                 {"token_logprobs", logprobs},

@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include <fmt/format.h>
+
 namespace kvrun::serve {
 
 Ticket::Taken Ticket::take(std::chrono::milliseconds wait) {
@@ -66,8 +68,7 @@ std::string Engine::failure() const {
     return failure_;
 }
 
-void Engine::end_all(const char* why) {
-    std::vector<std::shared_ptr<Ticket>> open;
+void Engine::end_all(const char* why, std::vector<std::shared_ptr<Ticket>> open) {
     {
         std::lock_guard lk(mu_);
         for (auto& [r, t] : inbox_) open.push_back(t);
@@ -155,27 +156,31 @@ void Engine::loop() {
         auto cancels = std::move(cancels_);
         cancels_.clear();
         lk.unlock();
-        for (auto& [req, t] : inbox) {
-            t->index_ = sched_.submit(std::move(req));
-            live_[t->index_] = t;
-        }
-        for (const auto& t : cancels) {
-            if (t) {
-                if (t->index_ != SIZE_MAX) sched_.cancel(t->index_);
-            } else {
-                for (const auto& [index, lt] : live_) sched_.cancel(index);
-            }
-        }
         try {
+            for (auto& [req, t] : inbox) {
+                t->index_ = sched_.submit(std::move(req));
+                live_[t->index_] = t;
+            }
+            for (const auto& t : cancels) {
+                if (t) {
+                    if (t->index_ != SIZE_MAX) sched_.cancel(t->index_);
+                } else {
+                    for (const auto& [index, lt] : live_) sched_.cancel(index);
+                }
+            }
             if (!sched_.idle()) sched_.step([this](SeqResult r) { done(std::move(r)); });
         } catch (const std::exception& e) {
             // The scheduler's state is not to be trusted after a throw:
             // every request in hand ends, and the engine takes no more.
+            fmt::print(stderr, "kvrun: serve: error: the engine failed: {}\n", e.what());
             {
                 std::lock_guard fl(mu_);
                 failure_ = e.what();
             }
-            end_all("error");
+            std::vector<std::shared_ptr<Ticket>> unsubmitted;
+            for (auto& [req, t] : inbox)
+                if (t->index_ == SIZE_MAX || !live_.contains(t->index_)) unsubmitted.push_back(t);
+            end_all("error", std::move(unsubmitted));
             lk.lock();
             break;
         }

@@ -82,7 +82,7 @@ class Engine {
     void done(SeqResult r);
     // Every ticket in hand ends with this stop reason (a step failed, or the
     // engine is going away).
-    void end_all(const char* why);
+    void end_all(const char* why, std::vector<std::shared_ptr<Ticket>> also = {});
 
     Scheduler sched_;
     size_t limit_; // parallel + max_waiting

@@ -107,7 +107,9 @@ struct HttpServer::Impl {
     std::mutex metrics_mu;
     std::map<int, uint64_t> statuses; // requests answered, by status
     uint64_t prompt_tokens = 0, cached_tokens = 0, completion_tokens = 0;
-    std::atomic<int> in_flight{0}; // completions between submit and the answer's last byte
+    // Completions in flight: from submit until a stream's last byte, or
+    // until a whole answer is ready (stop() waits for its write).
+    std::atomic<int> in_flight{0};
 
     // Held while an answer is in flight (shutdown waits for none).
     std::shared_ptr<void> hold() {
@@ -421,9 +423,10 @@ struct HttpServer::Impl {
         svr.Get("/health", [this](const httplib::Request&, httplib::Response& r) {
             const Service* s = ready(r);
             if (!s) return;
-            if (const std::string why = s->engine->failure(); !why.empty())
-                return send_error(
-                    r, error(500, "the engine failed: " + why, "server_error", "engine_failed"));
+            // Without the reason: /health needs no key (the log has it).
+            if (!s->engine->failure().empty())
+                return send_error(r,
+                                  error(500, "the engine failed", "server_error", "engine_failed"));
             r.set_content(R"({"status":"ok"})", "application/json");
         });
         auto models = guarded([this](const httplib::Request&, httplib::Response& r) {
@@ -561,6 +564,10 @@ void HttpServer::start() {
     // wait_until_ready): wait for it, so an early stop cannot hang.
     while (!m.svr.is_running() && !listener_ended_)
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (!m.svr.is_running()) {
+        listener_.join();
+        throw Error(Exit::error, fmt::format("cannot serve on {}:{}", m.o.host, port_));
+    }
 }
 
 int HttpServer::in_flight() const {

@@ -50,7 +50,8 @@ class HttpServer {
     void attach(const Service& s); // ready
     // Shutdown, first: new requests get 503 while in-flight ones go on.
     void drain() { draining_ = true; }
-    // Answers in flight: submitted, their last byte not written yet.
+    // Answers in flight: submitted, and not yet ready (a whole answer) or
+    // not yet sent to the last byte (a stream).
     int in_flight() const;
     // Then: closes the port and waits for every connection to end.
     void stop();

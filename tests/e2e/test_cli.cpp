@@ -598,8 +598,14 @@ TEST_CASE("cli: bench --profile splits a token's time by op, with each op's byte
         in_ops += o["seconds_per_token"].get<double>();
     }
     CHECK(in_ops <= p["seconds_per_token"].get<double>());
-    CHECK(p["seconds_per_token"].get<double>() * j[1]["tokens_per_second"].get<double>() ==
-          doctest::Approx(1.0).epsilon(0.2));
+    // The profile's time per token and the run's rate are the same tokens
+    // timed twice: they agree in unit and size. Not closer than a factor:
+    // a token of this model takes microseconds, and one preemption of a
+    // thread on a busy 2-core machine moves one timing by more than that.
+    const double product =
+        p["seconds_per_token"].get<double>() * j[1]["tokens_per_second"].get<double>();
+    CHECK(product > 1.0 / 3);
+    CHECK(product < 3.0);
     // The markdown form names every op and the time outside them.
     const auto m =
         run({"bench", "-m", kStories, "-p", "0", "-n", "4", "-t", "1", "-r", "1", "--profile"});

@@ -1,12 +1,17 @@
 // The server's sampling fields (src/engine/sampler.h): logit_bias, and
 // OpenAI's presence and frequency penalties over the tokens sampled so far
 // (not the prompt's), against the formula written out here on hand-made
-// logits.
+// logits; and the log-probabilities it reports (token_logprob, scheduler.h)
+// against a full sort.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "sampler.h"
+#include "scheduler.h"
 
 using namespace kvrun;
 
@@ -78,4 +83,36 @@ TEST_CASE("sampler: presence and frequency penalties and logit bias follow OpenA
     p.presence_penalty = 0.0f;
     Sampler off = primed(p, n, prompt, answer);
     CHECK(penalised(off, base) == base);
+}
+
+TEST_CASE("token_logprob: the log-softmax and the best alternatives, as a full sort finds them") {
+    // Odd sizes, ties among the best, a token outside the top.
+    for (const int n : {1, 7, 1001}) {
+        std::vector<float> l(static_cast<size_t>(n));
+        uint32_t x = 12345;
+        for (float& v : l) {
+            x = x * 1664525u + 1013904223u;
+            v = static_cast<float>((x >> 8) % 50) * 0.25f - 5.0f; // many ties
+        }
+        double sum = 0;
+        for (float v : l) sum += std::exp(static_cast<double>(v));
+        const int32_t token = n / 2;
+        for (const int top : {0, 3, 20, 40}) {
+            CAPTURE(n);
+            CAPTURE(top);
+            const TokenLogprob t = token_logprob(l, token, top);
+            CHECK(t.token == token);
+            CHECK(t.logprob == doctest::Approx(l[token] - std::log(sum)).epsilon(1e-5));
+            std::vector<int32_t> ids(static_cast<size_t>(n));
+            for (int i = 0; i < n; i++) ids[i] = i;
+            std::stable_sort(ids.begin(), ids.end(),
+                             [&](int32_t a, int32_t b) { return l[a] > l[b]; });
+            const size_t k = std::min<size_t>(static_cast<size_t>(std::min(top, 20)), ids.size());
+            REQUIRE(t.top.size() == k);
+            for (size_t i = 0; i < k; i++) {
+                CHECK(t.top[i].first == ids[i]);
+                CHECK(t.top[i].second == doctest::Approx(l[ids[i]] - std::log(sum)).epsilon(1e-5));
+            }
+        }
+    }
 }

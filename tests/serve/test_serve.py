@@ -33,7 +33,7 @@ CTX = 512
 
 def chat_checks(c, kvrun, model):
     srv = Server(kvrun, model, "-c", str(CTX), "--parallel", "8", "-t", str(THREADS),
-                 "--cors-origin", "http://app.test")
+                 "--cors-origin", "http://app.test", "--shutdown-timeout", "120")
     client = openai.OpenAI(base_url=srv.base_url, api_key="none", max_retries=0, timeout=120)
     name = os.path.basename(model)[:-len(".gguf")]
 
@@ -42,13 +42,9 @@ def chat_checks(c, kvrun, model):
         expect([m.id for m in ms.data] == [name], ms)
         status, _, body = srv.request("GET", "/v1/models/nope")
         expect(status == 404 and body["error"]["code"] == "model_not_found", body)
-        # CORS: the origin given, and a preflight answered without a key.
+        # CORS: the origin given on every answer.
         status, h, _ = srv.request("GET", "/v1/models")
         expect(h.get("Access-Control-Allow-Origin") == "http://app.test", h)
-        status, h, _ = srv.request("OPTIONS", "/v1/chat/completions",
-                                   headers={"Origin": "http://app.test",
-                                            "Access-Control-Request-Method": "POST"})
-        expect(status == 204 and "POST" in h.get("Access-Control-Allow-Methods", ""), (status, h))
 
     def completion_equals_lone_run():
         prompt = "The capital of France is"
@@ -148,7 +144,7 @@ def chat_checks(c, kvrun, model):
                                       logprobs=3)
         lp = r.choices[0].logprobs
         expect(len(lp.tokens) == 12 and "".join(lp.tokens) == r.choices[0].text, lp)
-        expect(lp.text_offset == [sum(len(t.encode()) for t in lp.tokens[:i]) for i in range(12)],
+        expect(lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(12)],
                lp.text_offset)
         for tok, lpv, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
             expect(len(top) == 3 and max(top.values()) == lpv and top[tok] == lpv, (tok, lpv, top))
@@ -170,7 +166,8 @@ def chat_checks(c, kvrun, model):
         expect(len(content) == chunks[-1].usage.completion_tokens, (len(content), chunks[-1]))
         expect(all(len(c.top_logprobs) == 2 and c.top_logprobs[0].logprob == c.logprob
                    for c in content), content)
-        expect(all(bytes(c.bytes) == c.token.encode() for c in content), content)
+        expect(all(bytes(c.bytes) == c.token.encode() for c in content
+                   if "\ufffd" not in c.token), content)  # a split character's halves differ
 
     def cancel_mid_stream():
         stream = client.chat.completions.create(
@@ -217,7 +214,7 @@ def sigterm_in_flight(srv, client, name, finished):
     def stream():
         try:
             for ch in client.completions.create(model=name, prompt="Once upon a time",
-                                                max_tokens=300, temperature=0, stream=True,
+                                                max_tokens=100, temperature=0, stream=True,
                                                 stream_options={"include_usage": True},
                                                 extra_body={"ignore_eos": True}):
                 if ch.choices:
@@ -233,14 +230,13 @@ def sigterm_in_flight(srv, client, name, finished):
     t = threading.Thread(target=stream)
     t.start()
     expect(started.wait(60), "the stream never started")
-    t0 = time.time()
-    rc = srv.terminate()
+    rc = srv.terminate(timeout=150)
     t.join(30)
+    expect(not t.is_alive(), "the stream never ended")
     expect(rc == 0, rc)
-    expect(time.time() - t0 < 20, "stopping took too long")
     if finished:
         expect("error" not in out and out.get("finish") == "length" and
-               out["usage"].completion_tokens == 300, out)
+               out["usage"].completion_tokens == 100, out)
     else:
         expect("shutting down" in out.get("error", ""), out)
 
@@ -255,6 +251,8 @@ def queue_checks(c, kvrun, model):
     name = os.path.basename(model)[:-len(".gguf")]
 
     def queue_full():
+        expect("Access-Control-Allow-Origin" not in srv.request("GET", "/health")[1],
+               "CORS headers without --cors-origin")
         body = {"prompt": "Once", "max_tokens": 120, "ignore_eos": True, "temperature": 0}
         with cf.ThreadPoolExecutor(6) as ex:
             res = list(ex.map(lambda _: srv.request("POST", "/v1/completions", body), range(6)))
@@ -275,7 +273,8 @@ def queue_checks(c, kvrun, model):
 
 def error_checks(c, kvrun, model, quick):
     srv = Server(kvrun, model, "-c", "256", "--parallel", "4", "--max-queue", "32",
-                 "--max-body", "4096", "--api-key", "sesame", "--timeout", "2", "-t", str(THREADS))
+                 "--max-body", "4096", "--api-key", "sesame", "--timeout", "2", "-t", str(THREADS),
+                 "--cors-origin", "http://app.test")
     auth = {"Authorization": "Bearer sesame", "Content-Type": "application/json"}
     client = openai.OpenAI(base_url=srv.base_url, api_key="sesame", max_retries=0, timeout=60)
     name = os.path.basename(model)[:-len(".gguf")]
@@ -322,9 +321,13 @@ def error_checks(c, kvrun, model, quick):
             raise AssertionError("no error")
         except openai.BadRequestError as ex:
             expect(ex.status_code == 400 and "temperature" in str(ex), ex)
-        status, h, _ = srv.request("GET", "/health")
-        expect(status == 200, "health needs no key")
-        expect("Access-Control-Allow-Origin" not in h, "CORS without --cors-origin")
+        expect(srv.request("GET", "/health")[0] == 200, "health needs no key")
+        # A CORS preflight carries no key: answered; the request itself needs one.
+        status, h, _ = srv.request("OPTIONS", "/v1/chat/completions",
+                                   headers={"Origin": "http://app.test",
+                                            "Access-Control-Request-Method": "POST"})
+        expect(status == 204 and "POST" in h.get("Access-Control-Allow-Methods", "") and
+               h.get("Access-Control-Allow-Origin") == "http://app.test", (status, h))
         expect(all("sesame" not in line for line in srv.log), "the key was logged")
 
     def load_run():
@@ -353,7 +356,7 @@ def error_checks(c, kvrun, model, quick):
         expect(len(out) == n, len(out))
         expect(m["kvrun_kv_blocks_used"] == 0, m)
         if not quick:  # the sanitizer's quarantine grows the RSS by itself
-            expect(rss1 - rss0 < 32 * 1024, f"RSS grew by {(rss1 - rss0) // 1024} MiB")
+            expect(rss1 - rss0 < 64 * 1024, f"RSS grew by {(rss1 - rss0) // 1024} MiB")
 
     def fault_run():
         body = json.dumps({"prompt": "Once", "max_tokens": 200, "stream": True,
