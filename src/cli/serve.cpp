@@ -15,11 +15,8 @@
 #include "loader.h"
 #include "memory_plan.h"
 #include "requests.h"
+#include "serve/http_server.h" // its options only, without a server built
 #include "system_memory.h"
-
-#ifdef KVRUN_SERVE
-#include "serve/http_server.h"
-#endif
 
 namespace kvrun::cli {
 
@@ -27,10 +24,9 @@ namespace {
 
 struct ServeOptions {
     CommonOptions common;
-    std::string host = "127.0.0.1", ctx, api_key, api_key_file, chat_template, alias, cors_origin;
-    int port = 8080, parallel = 4, keep = 4, batch = 512, max_queue = 64, timeout = 30;
-    int shutdown_timeout = 10;
-    size_t max_body = 8u << 20;
+    serve::ServerOptions http; // --host, --port, --api-key, --cors-origin, --max-body, --timeout
+    std::string ctx, api_key_file, chat_template, alias;
+    int parallel = 4, keep = 4, batch = 512, max_queue = 64, shutdown_timeout = 10;
     bool no_prefix = false;
     SamplerParams sampling;
 };
@@ -58,11 +54,11 @@ int run_serve(int argc, char** argv) {
                  "kvrun serve"};
     add_model_option(app, o.common);
     add_runtime_options(app, o.common);
-    app.add_option("--host", o.host,
+    app.add_option("--host", o.http.host,
                    "address to listen on (default loopback only; another needs --api-key to be "
                    "safe)")
         ->capture_default_str();
-    app.add_option("--port", o.port, "port (0: any free one, printed on stderr)")
+    app.add_option("--port", o.http.port, "port (0: any free one, printed on stderr)")
         ->capture_default_str()
         ->check(int_in(0, 65535));
     app.add_option("--parallel", o.parallel, "(-np) sequences decoded at once")
@@ -78,7 +74,7 @@ int run_serve(int argc, char** argv) {
         ->capture_default_str()
         ->check(int_in(1, 1 << 16));
     [[maybe_unused]] CLI::Option* seed_given = add_sampling_options(app, o.sampling);
-    auto* key = app.add_option("--api-key", o.api_key,
+    auto* key = app.add_option("--api-key", o.http.api_key,
                                "require 'Authorization: Bearer KEY' (visible in ps: prefer "
                                "--api-key-file)");
     app.add_option("--api-key-file", o.api_key_file, "the API key, read from a file")
@@ -88,19 +84,20 @@ int run_serve(int argc, char** argv) {
                        ChatTemplate::names() + ")");
     app.add_option("--alias", o.alias,
                    "the model's name in the API (default: the file's name without .gguf)");
-    app.add_option("--cors-origin", o.cors_origin,
+    app.add_option("--cors-origin", o.http.cors_origin,
                    "allow browser pages from ORIGIN to call the API (default: no CORS)");
-    app.add_option("--max-body", o.max_body, "largest request body in bytes (413 beyond)")
+    app.add_option("--max-body", o.http.max_body, "largest request body in bytes (413 beyond)")
         ->capture_default_str()
         ->check(int_in(1024, int64_t{1} << 30));
     app.add_option("--max-queue", o.max_queue,
                    "requests that may wait beyond --parallel (503 with Retry-After beyond)")
         ->capture_default_str()
         ->check(int_in(0, 1 << 20));
-    app.add_option("--timeout", o.timeout,
-                   "seconds a connection may stay silent while sending a request or taking the "
-                   "answer")
-        ->capture_default_str()
+    app.add_option_function<int>(
+           "--timeout", [&o](int s) { o.http.read_timeout_s = o.http.write_timeout_s = s; },
+           "seconds a connection may stay silent while sending a request or taking the "
+           "answer")
+        ->default_str(std::to_string(o.http.read_timeout_s))
         ->check(int_in(1, 3600));
     app.add_option("--shutdown-timeout", o.shutdown_timeout,
                    "on SIGTERM or Ctrl-C: seconds in-flight answers may take before they are "
@@ -115,29 +112,23 @@ int run_serve(int argc, char** argv) {
     fail(Exit::usage, "this kvrun was built without the HTTP server (install libcpp-httplib-dev "
                       "and build again; static builds have none)");
 #else
-    if (!o.api_key_file.empty()) o.api_key = read_key_file(o.api_key_file);
-    if (!loopback(o.host) && o.api_key.empty())
+    serve::ServerOptions& so = o.http;
+    if (!o.api_key_file.empty()) so.api_key = read_key_file(o.api_key_file);
+    if (!loopback(so.host) && so.api_key.empty())
         fmt::print(stderr,
                    "kvrun: serve: warning: listening on {} without --api-key: anyone "
                    "who can reach this machine can use the model\n",
-                   o.host);
+                   so.host);
     ContextRequest req;
     set_cache_types(o.common, req, false);
 
     // Listen first: /health says 503 while the model loads.
-    serve::ServerOptions so;
-    so.host = o.host;
-    so.port = o.port;
-    so.api_key = o.api_key;
-    so.cors_origin = o.cors_origin;
-    so.max_body = o.max_body;
-    so.read_timeout_s = so.write_timeout_s = o.timeout;
     so.http_threads = o.parallel + std::min(o.max_queue, 256) + 16;
     so.verbose = o.common.verbose;
     serve::HttpServer http(so);
     http.start();
     fmt::print(stderr, "kvrun: serve: listening on http://{}:{}\n",
-               o.host.find(':') != std::string::npos ? "[" + o.host + "]" : o.host, http.port());
+               so.host.find(':') != std::string::npos ? "[" + so.host + "]" : so.host, http.port());
 
     const StopPoint stop_point;
     auto lm = LoadedModel::load(o.common.model, layers_home(o.common), !o.common.precise);

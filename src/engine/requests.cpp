@@ -19,41 +19,29 @@ using json = nlohmann::json;
 
 std::vector<std::string> stop_list(const json& v) {
     if (v.is_string()) return {v.get<std::string>()};
-    if (!v.is_array()) throw std::invalid_argument("\"stop\" must be a string or an array of them");
+    if (!v.is_array()) throw FieldError("stop", "\"stop\" must be a string or an array of them");
     std::vector<std::string> out;
     for (const json& s : v) {
-        if (!s.is_string()) throw std::invalid_argument("\"stop\" must hold strings");
+        if (!s.is_string()) throw FieldError("stop", "\"stop\" must hold strings");
         out.push_back(s.get<std::string>());
     }
     return out;
 }
 
-float real(const json& v, const char* key, double lo, double hi) {
-    if (!v.is_number()) throw std::invalid_argument(fmt::format("\"{}\" must be a number", key));
+} // namespace
+
+float json_real(const json& v, const char* key, double lo, double hi) {
+    if (!v.is_number()) throw FieldError(key, fmt::format("\"{}\" must be a number", key));
     const double d = v.get<double>();
     if (!(d >= lo && d <= hi))
-        throw std::invalid_argument(fmt::format("\"{}\" must be in [{}, {}]", key, lo, hi));
+        throw FieldError(key, fmt::format("\"{}\" must be in [{}, {}]", key, lo, hi));
     return static_cast<float>(d);
 }
 
-// A whole number in [lo, hi] (lo <= 0), read as an integer: a seed past 2^53
-// keeps its bits.
-template <class T> T whole(const json& v, const char* key, int64_t lo, uint64_t hi) {
-    if (!v.is_number_integer())
-        throw std::invalid_argument(fmt::format("\"{}\" must be a whole number", key));
-    bool fits;
-    if (v.is_number_unsigned()) {
-        fits = v.get<uint64_t>() <= hi;
-    } else {
-        const int64_t x = v.get<int64_t>();
-        fits = x >= lo && (x < 0 || static_cast<uint64_t>(x) <= hi);
-    }
-    if (!fits) throw std::invalid_argument(fmt::format("\"{}\" must be in [{}, {}]", key, lo, hi));
-    return v.is_number_unsigned() ? static_cast<T>(v.get<uint64_t>())
-                                  : static_cast<T>(v.get<int64_t>());
+bool json_flag(const json& v, const char* key) {
+    if (!v.is_boolean()) throw FieldError(key, fmt::format("\"{}\" must be true or false", key));
+    return v.get<bool>();
 }
-
-} // namespace
 
 json parse_request_json(std::string_view text) {
     int depth = 0;
@@ -169,7 +157,8 @@ struct RequestReader::Impl {
     SeqRequest from_tokens(const json& ids) const {
         SeqRequest r = base();
         const int n_vocab = lm_.model.hp.n_vocab;
-        for (const json& t : ids) r.prompt.push_back(whole<int32_t>(t, "prompt", 0, n_vocab - 1));
+        for (const json& t : ids)
+            r.prompt.push_back(json_whole<int32_t>(t, "prompt", 0, n_vocab - 1));
         if (r.prompt.empty()) throw std::invalid_argument("\"prompt\" holds no tokens");
         return r;
     }
@@ -213,27 +202,27 @@ struct RequestReader::Impl {
         // A field set to null is a field not given (clients send nulls).
         auto has = [&j](const char* key) { return j.contains(key) && !j[key].is_null(); };
         if (has("max_tokens"))
-            r.gen.n_predict = whole<int64_t>(j["max_tokens"], "max_tokens", -1, int64_t{1} << 40);
-        if (has("temperature")) r.sampling.temp = real(j["temperature"], "temperature", 0, 100);
-        if (has("top_k")) r.sampling.top_k = whole<int>(j["top_k"], "top_k", 0, 1 << 30);
-        if (has("top_p")) r.sampling.top_p = real(j["top_p"], "top_p", 0, 1);
-        if (has("min_p")) r.sampling.min_p = real(j["min_p"], "min_p", 0, 1);
+            r.gen.n_predict =
+                json_whole<int64_t>(j["max_tokens"], "max_tokens", -1, int64_t{1} << 40);
+        if (has("temperature"))
+            r.sampling.temp = json_real(j["temperature"], "temperature", 0, 100);
+        if (has("top_k")) r.sampling.top_k = json_whole<int>(j["top_k"], "top_k", 0, 1 << 30);
+        if (has("top_p")) r.sampling.top_p = json_real(j["top_p"], "top_p", 0, 1);
+        if (has("min_p")) r.sampling.min_p = json_real(j["min_p"], "min_p", 0, 1);
         if (has("repeat_penalty"))
-            r.sampling.repeat_penalty = real(j["repeat_penalty"], "repeat_penalty", 1e-6, 100);
+            r.sampling.repeat_penalty = json_real(j["repeat_penalty"], "repeat_penalty", 1e-6, 100);
         // Any 64-bit seed; -1 is llama.cpp's "random" (the default stays).
         if (has("seed") && j["seed"] != -1)
             r.sampling.seed =
-                whole<uint64_t>(j["seed"], "seed", std::numeric_limits<int64_t>::min(),
-                                std::numeric_limits<uint64_t>::max());
+                json_whole<uint64_t>(j["seed"], "seed", std::numeric_limits<int64_t>::min(),
+                                     std::numeric_limits<uint64_t>::max());
         if (has("stop")) {
             const std::vector<std::string> s = stop_list(j["stop"]);
             for (const std::string& x : s) check_text(x);
             r.gen.stop.insert(r.gen.stop.end(), s.begin(), s.end());
         }
         if (has("ignore_eos")) {
-            if (!j["ignore_eos"].is_boolean())
-                throw std::invalid_argument("\"ignore_eos\" must be true or false");
-            r.gen.ignore_eos = j["ignore_eos"].get<bool>();
+            r.gen.ignore_eos = json_flag(j["ignore_eos"], "ignore_eos");
         }
     }
 

@@ -14,8 +14,10 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -31,6 +33,36 @@ namespace kvrun {
 // thousand deep would overflow the stack). Throws std::invalid_argument.
 constexpr int kMaxJsonDepth = 64;
 nlohmann::json parse_request_json(std::string_view text);
+
+// A request field that is wrong: the message names it, `field` too (the
+// server's error object carries it as "param").
+struct FieldError : std::invalid_argument {
+    FieldError(std::string f, const std::string& what)
+        : std::invalid_argument(what), field(std::move(f)) {}
+    std::string field;
+};
+
+// A field's value checked (FieldError otherwise): a number in [lo, hi]; a
+// boolean; a whole number in [lo, hi] (lo <= 0), read as an integer so that
+// a seed past 2^53 keeps its bits.
+float json_real(const nlohmann::json& v, const char* key, double lo, double hi);
+bool json_flag(const nlohmann::json& v, const char* key);
+template <class T> T json_whole(const nlohmann::json& v, const char* key, int64_t lo, uint64_t hi) {
+    if (!v.is_number_integer())
+        throw FieldError(key, "\"" + std::string(key) + "\" must be a whole number");
+    bool fits;
+    if (v.is_number_unsigned()) {
+        fits = v.get<uint64_t>() <= hi;
+    } else {
+        const int64_t x = v.get<int64_t>();
+        fits = x >= lo && (x < 0 || static_cast<uint64_t>(x) <= hi);
+    }
+    if (!fits)
+        throw FieldError(key, "\"" + std::string(key) + "\" must be in [" + std::to_string(lo) +
+                                  ", " + std::to_string(hi) + "]");
+    return v.is_number_unsigned() ? static_cast<T>(v.get<uint64_t>())
+                                  : static_cast<T>(v.get<int64_t>());
+}
 
 // What a request does not say.
 struct RequestDefaults {

@@ -13,39 +13,14 @@ namespace {
 
 using json = nlohmann::json;
 
-// A bad field: 400 naming it.
-struct FieldError : std::invalid_argument {
-    FieldError(std::string field, const std::string& what)
-        : std::invalid_argument(what), field(std::move(field)) {}
-    std::string field;
-};
-
-double number(const json& j, const char* key, double lo, double hi) {
-    const json& v = j[key];
-    if (!v.is_number()) throw FieldError(key, fmt::format("\"{}\" must be a number", key));
-    const double d = v.get<double>();
-    if (!(d >= lo && d <= hi))
-        throw FieldError(key, fmt::format("\"{}\" must be in [{}, {}]", key, lo, hi));
-    return d;
-}
-
-int64_t whole(const json& j, const char* key, int64_t hi) {
-    const json& v = j[key];
-    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > hi)
-        throw FieldError(key, fmt::format("\"{}\" must be a whole number in [0, {}]", key, hi));
-    return v.get<int64_t>();
-}
-
-bool flag(const json& j, const char* key) {
-    const json& v = j[key];
-    if (v.is_null()) return false;
-    if (!v.is_boolean()) throw FieldError(key, fmt::format("\"{}\" must be true or false", key));
-    return v.get<bool>();
-}
-
 // Present and not null (clients send null for "not set").
 bool given(const json& j, const char* key) {
     return j.contains(key) && !j[key].is_null();
+}
+
+// true only when given as true.
+bool flag(const json& j, const char* key) {
+    return given(j, key) && json_flag(j[key], key);
 }
 
 // Fields kvrun does not do (yet), refused by name rather than ignored: an
@@ -195,41 +170,35 @@ ApiCall ApiReader::call(Route route, const json& j) const {
     if (given(j, "stop") && j["stop"].is_array() && j["stop"].size() > limits_.max_stop)
         throw FieldError("stop",
                          fmt::format("\"stop\" holds at most {} strings", limits_.max_stop));
-    try {
-        reader_.read_fields(fields, c.req);
-    } catch (const std::invalid_argument& e) {
-        // read_fields names the field in quotes first: "max_tokens" must ...
-        std::string field = e.what();
-        field = field.size() > 1 && field[0] == '"' ? field.substr(1, field.find('"', 1) - 1) : "";
-        throw FieldError(field, e.what());
-    }
+    reader_.read_fields(fields, c.req);
     c.seeded = given(j, "seed") && j["seed"] != -1;
     // Chat: "logprobs": true with "top_logprobs": N (0-20); completions:
     // "logprobs": N (0-5), OpenAI's ranges.
     if (route == Route::chat) {
-        const bool on = given(j, "logprobs") && flag(j, "logprobs");
+        const bool on = flag(j, "logprobs");
         if (given(j, "top_logprobs")) {
             if (!on) throw FieldError("top_logprobs", "\"top_logprobs\" needs \"logprobs\": true");
-            c.req.logprobs = static_cast<int>(whole(j, "top_logprobs", 20));
+            c.req.logprobs = json_whole<int>(j["top_logprobs"], "top_logprobs", 0, 20);
         } else if (on) {
             c.req.logprobs = 0;
         }
     } else if (given(j, "logprobs")) {
-        c.req.logprobs = static_cast<int>(whole(j, "logprobs", 5));
+        c.req.logprobs = json_whole<int>(j["logprobs"], "logprobs", 0, 5);
     }
     if (given(j, "presence_penalty"))
-        c.req.sampling.presence_penalty = static_cast<float>(number(j, "presence_penalty", -2, 2));
+        c.req.sampling.presence_penalty =
+            json_real(j["presence_penalty"], "presence_penalty", -2, 2);
     if (given(j, "frequency_penalty"))
         c.req.sampling.frequency_penalty =
-            static_cast<float>(number(j, "frequency_penalty", -2, 2));
+            json_real(j["frequency_penalty"], "frequency_penalty", -2, 2);
     if (given(j, "logit_bias"))
         c.req.sampling.logit_bias = logit_bias(j["logit_bias"], n_vocab_, limits_.max_logit_bias);
-    c.stream = given(j, "stream") && flag(j, "stream");
+    c.stream = flag(j, "stream");
     if (given(j, "stream_options")) {
         const json& so = j["stream_options"];
         if (!so.is_object())
             throw FieldError("stream_options", "\"stream_options\" must be an object");
-        c.usage_chunk = so.contains("include_usage") && flag(so, "include_usage");
+        c.usage_chunk = flag(so, "include_usage");
     }
 
     // The context holds the prompt and the answer: a prompt that leaves no
