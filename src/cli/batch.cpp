@@ -39,7 +39,7 @@ struct BatchOptions {
 };
 
 const char* finish_reason(const std::string& stop) {
-    if (stop == "eos" || stop == "stop string") return "stop";
+    if (stop == "eos" || stop == "stop string" || stop == "grammar") return "stop";
     if (stop == "length" || stop == "context full") return "length";
     return "interrupted";
 }

@@ -26,6 +26,7 @@
 #include "memory_plan.h"
 #include "prompt_cache.h"
 #include "sampler.h"
+#include "cli/grammar_options.h"
 #include "loader.h"
 #include "context.h"
 #include "session.h"
@@ -49,6 +50,7 @@ struct RunOptions {
     int batch = 512;
     bool ignore_eos = false, quiet = false, echo = false, no_kv_cache = false, escape = false;
     SamplerParams sampling;
+    GrammarOptions grammar;
     SpeculativeOptions speculative;
     bool json = false, chat = false;
     std::vector<std::string> stop;
@@ -219,6 +221,7 @@ int run_generate(int argc, char** argv) {
         ->capture_default_str()
         ->check(int_in(1, 1 << 16));
     add_sampling_options(app, o.sampling);
+    add_grammar_options(app, o.grammar);
     add_speculative_options(app, o.speculative);
     app.add_option(
         "--prompt-cache", o.prompt_cache,
@@ -250,6 +253,10 @@ int run_generate(int argc, char** argv) {
     if (o.no_kv_cache && o.speculative.any())
         fail(Exit::usage, "--no-kv-cache recomputes every token: it does not verify drafts "
                           "(--lookup, --draft-model)");
+    if (o.grammar.given() && o.speculative.any())
+        fail(Exit::usage, "--grammar does not go with speculative decoding (--lookup, "
+                          "--draft-model) yet");
+    o.grammar.compile();
     ContextRequest types; // the cache's fields, checked before the model loads
     set_cache_types(o.common, types, true);
 
@@ -326,6 +333,9 @@ int run_generate(int argc, char** argv) {
     const Backends backends = make_backends(o.common, threads, hp);
     Session session(*lm, kc, backends.placement(), plan.batch);
     KvCache& kv = session.cache();
+    o.sampling.grammar = o.grammar.bind(
+        tok, reply_stop.ids,
+        tokens.size() == 1 && tokens[0] == tok.bos() && tok.vocab().add_space_prefix);
     Sampler sampler(o.sampling, hp.n_vocab);
     Speculation speculation = make_speculation(o.speculative, *lm, kc, backends, threads,
                                                o.common.deterministic, plan.batch, o.sampling);
@@ -493,7 +503,8 @@ int run_generate(int argc, char** argv) {
             "kvrun: stopped at a full context ({} tokens, -c); -n N keeps generating past it by "
             "sliding the window\n",
             n_ctx);
-    return interrupted() ? interrupted_status() : 0;
+    if (interrupted()) return interrupted_status();
+    return check_grammar_complete(sampler, stop);
 }
 
 } // namespace kvrun::cli

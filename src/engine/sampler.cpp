@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <iterator>
+#include <limits>
+
+#include "error.h"
 
 namespace kvrun {
 
@@ -27,6 +30,7 @@ uint64_t rotl(uint64_t x, int k) {
 
 Sampler::Sampler(const SamplerParams& p, int n_vocab) : p_(p), n_vocab_(n_vocab) {
     cand_.reserve(n_vocab);
+    if (p_.grammar) grammar_.emplace(p_.grammar);
     reset();
 }
 
@@ -35,6 +39,7 @@ void Sampler::reset() {
     for (auto& w : state_) w = splitmix64(s);
     recent_.clear();
     sampled_.clear();
+    restart_grammar();
 }
 
 uint64_t Sampler::next_u64() {
@@ -84,6 +89,7 @@ int32_t Sampler::sample(float* logits) {
     const int32_t tok = greedy() ? d.c[0].second : draw(d);
     accept(tok);
     if (p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f) sampled_[tok]++;
+    if (grammar_) grammar_->accept(tok);
     return tok;
 }
 
@@ -96,7 +102,7 @@ int32_t Sampler::draw(const Candidates& d) {
     return d.c.back().second;
 }
 
-Candidates Sampler::candidates(float* logits) {
+void Sampler::adjust(float* logits) {
     for (const auto& [t, bias] : p_.logit_bias) logits[t] += bias;
     if (p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f)
         for (const auto& [t, count] : sampled_)
@@ -111,15 +117,23 @@ Candidates Sampler::candidates(float* logits) {
             l = l > 0 ? l / p_.repeat_penalty : l * p_.repeat_penalty;
         }
     }
+}
+
+namespace {
+bool by_logit(const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+}
+} // namespace
+
+Candidates Sampler::candidates(float* logits) {
+    adjust(logits);
+    if (grammar_) return constrained(logits);
     cand_.clear();
     if (greedy()) {
         cand_.emplace_back(1.0f, argmax(logits, n_vocab_));
         return {cand_, 1.0};
     }
     for (int i = 0; i < n_vocab_; i++) cand_.emplace_back(logits[i] / p_.temp, i);
-    auto by_logit = [](const auto& a, const auto& b) {
-        return a.first > b.first || (a.first == b.first && a.second < b.second);
-    };
     size_t n = cand_.size();
     if (p_.top_k > 0 && static_cast<size_t>(p_.top_k) < n) {
         std::partial_sort(cand_.begin(), cand_.begin() + p_.top_k, cand_.end(), by_logit);
@@ -127,6 +141,70 @@ Candidates Sampler::candidates(float* logits) {
     } else {
         std::sort(cand_.begin(), cand_.end(), by_logit);
     }
+    return cut(n);
+}
+
+bool Sampler::best_allowed(const float* logits, size_t want) {
+    cand_.clear();
+    order_.clear();
+    for (int i = 0; i < n_vocab_; i++) order_.emplace_back(logits[i], i);
+    const size_t n = order_.size();
+    size_t sorted = 0, upto = std::min(n, std::max<size_t>(4 * want, 64));
+    while (true) {
+        // [0, sorted) holds the best tokens in order already; sort on from there.
+        std::partial_sort(order_.begin() + sorted, order_.begin() + upto, order_.end(), by_logit);
+        for (; sorted < upto; sorted++)
+            if (grammar_->allows(order_[sorted].second)) {
+                cand_.push_back(order_[sorted]);
+                if (cand_.size() == want) return true;
+            }
+        if (upto == n) return true; // fewer allowed than wanted: all of them
+        if (upto * 8 > n / 4) return false;
+        upto *= 8;
+    }
+}
+
+// With a grammar the distribution is that of the allowed tokens alone: the
+// k best allowed ones go through temperature, softmax, min-p and top-p as
+// the k best would without one. Most tokens chosen are allowed (a model
+// that has seen the format mostly follows it), so the check walks the
+// logits best first and stops after k allowed ones; the whole vocabulary is
+// masked only when allowed tokens are rare, or without top-k.
+Candidates Sampler::constrained(float* logits) {
+    auto none_allowed = [&] {
+        fail(Exit::error, "{}: no token of the vocabulary can continue the grammar here",
+             grammar_->spec().source);
+    };
+    if (greedy()) {
+        int32_t best = argmax(logits, n_vocab_);
+        if (!grammar_->allows(best)) {
+            if (best_allowed(logits, 1) && !cand_.empty()) {
+                best = cand_[0].second;
+            } else {
+                if (grammar_->mask(logits) == 0) none_allowed();
+                best = argmax(logits, n_vocab_);
+            }
+        }
+        cand_.assign(1, {1.0f, best});
+        return {cand_, 1.0};
+    }
+    const size_t k = p_.top_k > 0 ? static_cast<size_t>(p_.top_k) : 0;
+    if (k == 0 || !best_allowed(logits, k)) {
+        if (grammar_->mask(logits) == 0) none_allowed();
+        cand_.clear();
+        for (int i = 0; i < n_vocab_; i++)
+            if (logits[i] != -std::numeric_limits<float>::infinity())
+                cand_.emplace_back(logits[i], i);
+        const size_t n = k > 0 ? std::min(k, cand_.size()) : cand_.size();
+        std::partial_sort(cand_.begin(), cand_.begin() + n, cand_.end(), by_logit);
+        cand_.resize(n);
+    }
+    if (cand_.empty()) none_allowed();
+    for (auto& c : cand_) c.first /= p_.temp;
+    return cut(cand_.size());
+}
+
+Candidates Sampler::cut(size_t n) {
     // softmax over the survivors (sorted, best first)
     const float mx = cand_[0].first;
     double sum = 0;

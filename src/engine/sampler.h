@@ -5,10 +5,14 @@
 
 #include <cstdint>
 #include <deque>
+#include <memory>
+#include <optional>
 #include <span>
 #include <unordered_map>
 #include <utility>
 #include <vector>
+
+#include "constraint.h"
 
 namespace kvrun {
 
@@ -28,6 +32,10 @@ struct SamplerParams {
     // all but forces it); ids checked against the vocabulary by the caller.
     std::vector<std::pair<int32_t, float>> logit_bias;
     uint64_t seed = 0;
+    // Set: every answer is a sentence of this grammar. Tokens it does not
+    // allow are out before top-k and the rest (exactly: the k best allowed
+    // ones), and the answer can end only where the grammar does.
+    std::shared_ptr<const OutputGrammar> grammar;
 };
 
 // The tokens a draw chooses among and their weights (each the token's
@@ -49,6 +57,13 @@ class Sampler {
     int32_t sample(float* logits);
     void accept(int32_t token); // remember a token for the repetition penalty (prompt tokens too)
     void reset();
+    // With a grammar: the answer so far is a whole sentence of it, and
+    // nothing may follow (the answer is over), or it is not (yet).
+    bool grammar_done() const { return grammar_ && grammar_->done(); }
+    bool grammar_incomplete() const { return grammar_ && !grammar_->complete(); }
+    void restart_grammar() { // a new answer (a chat's next turn)
+        if (grammar_) grammar_->reset();
+    }
 
     // sample() in parts, for speculative decoding's acceptance test
     // (src/engine/speculative.h): the distribution it would draw from (penalties,
@@ -71,6 +86,13 @@ class Sampler {
 
   private:
     uint64_t next_u64();
+    void adjust(float* logits); // bias and penalties
+    Candidates cut(size_t n);   // softmax over cand_[0, n), then min-p and top-p
+    Candidates constrained(float* logits);
+    // cand_ = the `want` most likely tokens the grammar allows, best first,
+    // walking the logits in order; false when that would mean checking a
+    // large part of the vocabulary (the caller masks it instead).
+    bool best_allowed(const float* logits, size_t want);
 
     SamplerParams p_;
     int n_vocab_;
@@ -78,6 +100,8 @@ class Sampler {
     std::deque<int32_t> recent_;
     std::unordered_map<int32_t, int> sampled_;    // sample()'s choices and their counts (penalties)
     std::vector<std::pair<float, int32_t>> cand_; // reused, no per-token allocation after the first
+    std::vector<std::pair<float, int32_t>> order_; // best_allowed()'s partly sorted logits
+    std::optional<GrammarConstraint> grammar_;
 };
 
 int32_t argmax(const float* logits, int n);

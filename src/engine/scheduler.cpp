@@ -207,6 +207,7 @@ void Scheduler::sample(Sequence& s, float* logits) {
     release(s, text);
     stats_.generated += took == Answer::Took::end_token ? 0 : 1;
     if (took != Answer::Took::token) return end(s, nullptr); // its stop reason is set
+    if (s.sampler.grammar_done()) return end(s, "grammar");
     if (p.n_predict >= 0 && r.generated >= p.n_predict) return end(s, "length");
     // -n -1 asks for the whole answer: it ends at a full context rather
     // than sliding on (Session::generate's on_full in kvrun -p).

@@ -269,6 +269,11 @@ GenerateResult Session::generate(const GenerateParams& p, Sampler& sampler,
             ends_at_cur();
             break;
         }
+        if (sampler.grammar_done()) { // a whole sentence, and nothing may follow
+            r.stop = "grammar";
+            ends_at_cur();
+            break;
+        }
         if (stopping()) {
             r.stop = "interrupted";
             ends_at_cur();

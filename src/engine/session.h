@@ -63,7 +63,7 @@ struct GenerateResult {
     std::vector<int32_t>
         tokens; // the answer's tokens, without those that spell a matched stop string
     std::string stop =
-        "length"; // length, eos, stop string, interrupted, or on_full's / no_kv_cache's reason
+        "length"; // length, eos, stop string, grammar (complete), interrupted, or on_full's / no_kv_cache's reason
     std::string matched; // the stop string, when one ended the answer
     std::chrono::steady_clock::time_point first_token{}; // when the first token was sampled
     bool sampled_any = false;

@@ -219,7 +219,7 @@ ApiCall ApiReader::call(Route route, const json& j) const {
 }
 
 std::optional<std::string> finish_reason(const std::string& stop) {
-    if (stop == "eos" || stop == "stop string") return "stop";
+    if (stop == "eos" || stop == "stop string" || stop == "grammar") return "stop";
     if (stop == "length" || stop == "context full") return "length";
     return std::nullopt;
 }
