@@ -5,7 +5,7 @@ FUZZ_BUILD?= build-fuzz
 STATIC_BUILD ?= build-static
 AARCH64_BUILD ?= build-aarch64
 JOBS      ?= $(shell nproc 2>/dev/null || echo 2)
-FUZZ_SECONDS ?= 20
+FUZZ_SECONDS ?= 10
 CMAKE_FLAGS ?=
 # CUDA architectures when CMake finds nvcc (CI: Orin 87 + Hopper 90 only, to
 # keep compile time down; scripts/gpu-check.sh builds for the local GPU).

@@ -81,10 +81,10 @@ int32_t GrammarConstraint::mask(float* logits) const {
         const std::span<const uint32_t> lcp = v.lcp();
         // levels_[d]: the stacks after the first d bytes of the current
         // token, valid for d <= valid; the next token reuses what it shares.
-        if (levels_.empty()) levels_.resize(1);
+        if (levels_.empty()) levels_.resize(1), complete_at_.resize(1), marks_.resize(1);
         levels_[0].assign(m_.tops().begin(), m_.tops().end());
-        complete_at_.assign(1, m_.accepting());
-        marks_.assign(1, m_.mark());
+        complete_at_[0] = m_.accepting();
+        marks_[0] = m_.mark();
         size_t valid = 0;
         for (size_t k = 0; k < order.size(); k++) {
             const int32_t id = order[k];

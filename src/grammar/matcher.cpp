@@ -20,8 +20,15 @@ void GrammarMatcher::reset() {
     dedupe(tops_);
 }
 
+namespace {
+uint64_t stack_hash(uint32_t pos, uint64_t below) {
+    uint64_t h = (below ^ pos) * 0x9E3779B97F4A7C15ull;
+    return h ^ (h >> 29);
+}
+} // namespace
+
 int32_t GrammarMatcher::push(uint32_t pos, int32_t parent) const {
-    arena_.push_back({pos, parent});
+    arena_.push_back({pos, parent, stack_hash(pos, parent < 0 ? 0 : arena_[parent].hash)});
     return static_cast<int32_t>(arena_.size() - 1);
 }
 
@@ -64,7 +71,8 @@ bool GrammarMatcher::expand(uint32_t pos, int32_t parent, std::vector<int32_t>& 
 
 bool GrammarMatcher::same_stack(int32_t a, int32_t b) const {
     while (a != b) {
-        if (a < 0 || b < 0 || arena_[a].pos != arena_[b].pos) return false;
+        if (a < 0 || b < 0 || arena_[a].pos != arena_[b].pos || arena_[a].hash != arena_[b].hash)
+            return false;
         a = arena_[a].parent;
         b = arena_[b].parent;
     }
@@ -72,16 +80,17 @@ bool GrammarMatcher::same_stack(int32_t a, int32_t b) const {
 }
 
 // Stacks reached two ways (an ambiguity that has closed again) are kept once,
-// or their number would double with each such choice.
+// or their number would double with each such choice. Sorted by hash, only
+// equal hashes are compared node by node.
 void GrammarMatcher::dedupe(std::vector<int32_t>& tops) const {
     if (tops.size() > 1) {
         std::sort(tops.begin(), tops.end(), [&](int32_t a, int32_t b) {
-            return arena_[a].pos != arena_[b].pos ? arena_[a].pos < arena_[b].pos : a < b;
+            return arena_[a].hash != arena_[b].hash ? arena_[a].hash < arena_[b].hash : a < b;
         });
         size_t kept = 0;
         for (size_t i = 0; i < tops.size(); i++) {
             bool dup = false;
-            for (size_t j = kept; j-- > 0 && arena_[tops[j]].pos == arena_[tops[i]].pos;)
+            for (size_t j = kept; j-- > 0 && arena_[tops[j]].hash == arena_[tops[i]].hash;)
                 if (same_stack(tops[j], tops[i])) {
                     dup = true;
                     break;
@@ -159,7 +168,8 @@ void GrammarMatcher::compact() {
             chain.push_back(id);
         for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
             const int32_t old_parent = arena_[*it].parent;
-            fresh.push_back({arena_[*it].pos, old_parent < 0 ? -1 : moved.at(old_parent)});
+            fresh.push_back(
+                {arena_[*it].pos, old_parent < 0 ? -1 : moved.at(old_parent), arena_[*it].hash});
             moved.emplace(*it, static_cast<int32_t>(fresh.size() - 1));
         }
         t = moved.at(t);

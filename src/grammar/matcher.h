@@ -44,6 +44,7 @@ class GrammarMatcher {
     struct Node {
         uint32_t pos;   // into code: the byte set to match, or (below the top) where to return
         int32_t parent; // -1: the bottom
+        uint64_t hash;  // of the whole stack from here down: equal stacks, equal hashes
     };
     // Expands (pos, parent) until every stack's top is a byte set.
     bool expand(uint32_t pos, int32_t parent, std::vector<int32_t>& to) const;

@@ -187,7 +187,8 @@ TEST_CASE("scheduler: sliding windows, shared KV layers and recurrent states ans
     check_against_lone(*qwen35, 14, 64, 8, 10, "qwen35");
 }
 
-TEST_CASE("scheduler: real models answer as lone sessions do (SmolLM2, Gemma 3)") {
+TEST_CASE("real: scheduler: SmolLM2 and Gemma 3 answer as lone sessions do") {
+    // A real: test (release build only): under ASan it took over 4 minutes.
     // 32 mixed requests, 10 at once, in one shared pool (greedy and seeded).
     for (const char* name : {"smollm2-135m-Q4_1.gguf", "gemma3-270m-Q4_K_M.gguf"}) {
         if (!kvtest::have_real_model(name)) continue;
