@@ -17,11 +17,13 @@
 #   fuzz_api_request  kvrun serve's request reader (an HTTP body as OpenAI's
 #                   chat and completions routes read it; stories260K); seeds:
 #                   bodies the target writes
+#   fuzz_grammar    the GBNF compiler and the matcher (any bytes as a grammar,
+#                   then as its input); seeds: grammars the target writes
 #
 # The corpora grow in build-fuzz/corpus-*; crash inputs land in fuzz-out/.
 # Exits non-zero when a target crashes (or fails to build).
 # Environment: CC/CXX (default clang/clang++), JOBS (build jobs, default 2),
-# FUZZ_TARGETS (default: all seven).
+# FUZZ_TARGETS (default: all eight).
 set -euo pipefail
 
 secs=${1:-30}
@@ -29,7 +31,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 shared=$(cd "$root/../shared" && pwd)
 build=$root/build-fuzz
 out=$root/fuzz-out
-targets=${FUZZ_TARGETS:-fuzz_gguf fuzz_tokenizer fuzz_prompt_cache fuzz_chat_load fuzz_vocab fuzz_batch_request fuzz_api_request}
+targets=${FUZZ_TARGETS:-fuzz_gguf fuzz_tokenizer fuzz_prompt_cache fuzz_chat_load fuzz_vocab fuzz_batch_request fuzz_api_request fuzz_grammar}
 
 # Instrument the libraries too (coverage for libFuzzer, ASan/UBSan checks in
 # the parser itself); the fuzz targets add -fsanitize=fuzzer when linking.

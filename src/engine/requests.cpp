@@ -124,7 +124,7 @@ struct RequestReader::Impl {
     SeqRequest request(const json& j) const {
         static const char* known[] = {
             "id",    "prompt", "messages", "max_tokens", "temperature",    "top_k", "top_p",
-            "min_p", "seed",   "stop",     "ignore_eos", "repeat_penalty", "model"};
+            "min_p", "seed",   "stop",     "ignore_eos", "repeat_penalty", "model", "grammar"};
         for (const auto& item : j.items()) {
             const std::string& key = item.key();
             if (std::find_if(std::begin(known), std::end(known),
@@ -224,18 +224,47 @@ struct RequestReader::Impl {
         if (has("ignore_eos")) {
             r.gen.ignore_eos = json_flag(j["ignore_eos"], "ignore_eos");
         }
+        if (has("grammar")) { // GBNF, as kvrun --grammar takes it
+            if (!j["grammar"].is_string())
+                throw FieldError("grammar", "\"grammar\" must be a string (GBNF)");
+            std::shared_ptr<const Grammar> g;
+            try {
+                g = std::make_shared<const Grammar>(compile_gbnf(j["grammar"].get<std::string>()));
+            } catch (const Error& e) {
+                throw FieldError("grammar", fmt::format("\"grammar\": {}", e.what()));
+            }
+            constrain(r, std::move(g), "the request's grammar");
+        }
+    }
+    void constrain(SeqRequest& r, std::shared_ptr<const Grammar> g, std::string source) const {
+        auto og = std::make_shared<OutputGrammar>();
+        og->grammar = std::move(g);
+        og->vocab = vocab_bytes_;
+        og->end_ids = r.gen.end_ids;
+        og->strip_first_space = r.gen.strip_leading_space;
+        og->source = std::move(source);
+        r.sampling.grammar = std::move(og);
     }
 
     const LoadedModel& lm_;
     RequestDefaults d_;
     ChatTemplate tmpl_;
     ReplyEnd end_;
+    // The vocabulary as bytes for grammars, built once (requests are read
+    // on several threads in kvrun serve: nothing here is built lazily).
+    std::shared_ptr<const TokenBytes> vocab_bytes_ =
+        std::make_shared<const TokenBytes>(lm_.tokenizer);
 };
 
 RequestReader::RequestReader(const LoadedModel& lm, RequestDefaults d)
     : impl_(std::make_unique<Impl>(lm, std::move(d))) {}
 
 RequestReader::~RequestReader() = default;
+
+void RequestReader::constrain(SeqRequest& r, std::shared_ptr<const Grammar> g,
+                              std::string source) const {
+    impl_->constrain(r, std::move(g), std::move(source));
+}
 
 ParsedRequest RequestReader::parse(const std::string& input, size_t number_in_input) const {
     return impl_->parse(input, number_in_input);

@@ -101,6 +101,9 @@ class RequestReader {
     // The sampling and stopping fields (max_tokens ... ignore_eos) of `j`
     // that are there, over r's.
     void read_fields(const nlohmann::json& j, SeqRequest& r) const;
+    // r's answer must be a sentence of g (SamplerParams::grammar), ending
+    // where r ends (its end tokens); `source` names it in messages.
+    void constrain(SeqRequest& r, std::shared_ptr<const Grammar> g, std::string source) const;
 
   private:
     struct Impl;

@@ -14,6 +14,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -61,5 +62,9 @@ inline constexpr size_t kMaxGrammarElements = size_t{1} << 20;
 // may span lines. The start rule is `root`. Errors: Error(Exit::usage,
 // "grammar: line L, column C: what"), one line.
 Grammar compile_gbnf(std::string_view text);
+
+// Any JSON object (RFC 8259; whitespace between tokens bounded): OpenAI's
+// response_format {"type": "json_object"}. Compiled once.
+std::shared_ptr<const Grammar> json_object_grammar();
 
 } // namespace kvrun

@@ -16,6 +16,7 @@ void GrammarMatcher::reset() {
     compacted_ = 0;
     tops_.clear();
     accepting_ = false;
+    expanded_ = 0;
     for (uint32_t start : g_->alts[g_->root]) accepting_ |= expand(start, -1, tops_);
     dedupe(tops_);
 }
@@ -35,11 +36,10 @@ int32_t GrammarMatcher::push(uint32_t pos, int32_t parent) const {
 bool GrammarMatcher::expand(uint32_t pos, int32_t parent, std::vector<int32_t>& to) const {
     const std::vector<Grammar::Elem>& code = g_->code;
     bool complete = false;
-    size_t steps = 0;
     work_.clear();
     work_.emplace_back(pos, parent);
     while (!work_.empty()) {
-        if (++steps > kMaxGrammarExpansion)
+        if (++expanded_ > kMaxGrammarExpansion)
             fail(Exit::usage, "grammar: too ambiguous (over {} expansions for one byte)",
                  kMaxGrammarExpansion);
         auto [p, par] = work_.back();
@@ -107,6 +107,7 @@ void GrammarMatcher::dedupe(std::vector<int32_t>& tops) const {
 bool GrammarMatcher::step(std::span<const int32_t> from, uint8_t b,
                           std::vector<int32_t>& to) const {
     to.clear();
+    expanded_ = 0;
     bool complete = false;
     for (int32_t t : from) {
         const Node n = arena_[t];

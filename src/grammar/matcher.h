@@ -56,13 +56,15 @@ class GrammarMatcher {
     std::shared_ptr<const Grammar> g_;
     mutable std::vector<Node> arena_;
     mutable std::vector<std::pair<uint32_t, int32_t>> work_; // expand()'s worklist
+    mutable size_t expanded_ = 0;                            // expansions in this step (bounded)
     std::vector<int32_t> tops_;
     bool accepting_ = false;
     size_t compacted_ = 0; // arena size after the last compact()
     mutable std::vector<int32_t> scratch_[2];
 };
 
-// More live stacks than this after one byte, or more expansion work, and a
+// More live stacks than this after one byte, or more expansion work for one
+// byte, and a
 // match stops with Error(Exit::usage, "grammar: too ambiguous ..."): a
 // grammar that is ambiguous without bound may not stall a run or a server.
 inline constexpr size_t kMaxGrammarStacks = 4096;

@@ -39,10 +39,15 @@ void refuse_unsupported(const json& j, Route route) {
             throw FieldError(key, fmt::format("\"{}\": tool calls are not supported", key));
     if (given(j, "response_format")) {
         const json& f = j["response_format"];
-        if (!f.is_object() || f.value("type", json()) != "text")
-            throw FieldError("response_format",
-                             "\"response_format\": only {\"type\": \"text\"} is supported "
-                             "(JSON-constrained output is not built yet)");
+        const json type = f.is_object() ? f.value("type", json()) : json();
+        if (type == "json_schema")
+            throw FieldError(
+                "response_format",
+                "\"response_format\": \"json_schema\" is not supported yet (\"json_object\" "
+                "and a GBNF \"grammar\" are)");
+        if (type != "text" && type != "json_object")
+            throw FieldError("response_format", "\"response_format\" must be {\"type\": \"text\"} "
+                                                "or {\"type\": \"json_object\"}");
     }
     if (route == Route::completion) {
         if (given(j, "echo") && j["echo"] != false)
@@ -161,7 +166,7 @@ ApiCall ApiReader::call(Route route, const json& j) const {
     // The fields read_fields reads (not the whole body: messages may be long).
     json fields = json::object();
     for (const char* key : {"max_tokens", "temperature", "top_k", "top_p", "min_p",
-                            "repeat_penalty", "seed", "stop", "ignore_eos"})
+                            "repeat_penalty", "seed", "stop", "ignore_eos", "grammar"})
         if (j.contains(key)) fields[key] = j[key];
     if (given(j, "max_completion_tokens")) fields["max_tokens"] = j["max_completion_tokens"];
     if (given(fields, "max_tokens") && fields["max_tokens"].is_number_integer() &&
@@ -171,6 +176,12 @@ ApiCall ApiReader::call(Route route, const json& j) const {
         throw FieldError("stop",
                          fmt::format("\"stop\" holds at most {} strings", limits_.max_stop));
     reader_.read_fields(fields, c.req);
+    if (given(j, "response_format") &&
+        j["response_format"].value("type", json()) == "json_object") {
+        if (c.req.sampling.grammar)
+            throw FieldError("grammar", "give \"grammar\" or a JSON \"response_format\", not both");
+        reader_.constrain(c.req, json_object_grammar(), "response_format json_object");
+    }
     c.seeded = given(j, "seed") && j["seed"] != -1;
     // Chat: "logprobs": true with "top_logprobs": N (0-20); completions:
     // "logprobs": N (0-5), OpenAI's ranges.

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "test_util.h"
 
 using kvtest::run_kvrun;
@@ -209,4 +211,33 @@ TEST_CASE("cli grammar: bad grammars and clashing options are one-line usage err
     usage({"--grammar-file", path},
           "--grammar-file " + path + ": grammar: line 3, column 7: unclosed (");
     std::remove(path.c_str());
+}
+
+TEST_CASE("cli grammar: kvrun batch takes a grammar per request") {
+    // Two constrained requests beside a free one, decoded together; a bad
+    // grammar is that request's error, the others go on.
+    const std::string input =
+        R"g({"id": "list", "prompt": "Once upon a time", "max_tokens": 120, "temperature": 1.0, "seed": 3, "grammar": "root ::= \"[\" item (\",\" \" \"? item){0,4} \"]\"\nitem ::= [a-z]{1,8}"})g"
+        "\n"
+        R"g({"id": "free", "prompt": "Once upon a time", "max_tokens": 20, "temperature": 0})g"
+        "\n"
+        R"g({"id": "sum", "prompt": "One day", "max_tokens": 120, "temperature": 1.0, "seed": 4, "grammar": "root ::= [0-9]{1,3} \"+\" [0-9]{1,3} \"=\""})g"
+        "\n"
+        R"g({"id": "bad", "prompt": "x", "grammar": "root ::= nothing"})g"
+        "\n";
+    const auto r =
+        run_kvrun({"batch", "-m", kModel, "-c", "256", "--ordered", "--parallel", "3"}, &input);
+    REQUIRE(r.status == 0);
+    std::vector<nlohmann::json> out;
+    for (const std::string& line : kvtest::lines(r.out)) out.push_back(nlohmann::json::parse(line));
+    REQUIRE(out.size() == 4);
+    CHECK(is_list(out[0]["text"].get<std::string>()));
+    CHECK(out[0]["finish_reason"] == "stop");
+    CHECK(out[1]["text"].get<std::string>().size() > 20);
+    const std::string sum = out[2]["text"].get<std::string>();
+    CHECK(sum.size() >= 4);
+    CHECK(sum.back() == '=');
+    CHECK(sum.find('+') != std::string::npos);
+    CHECK(out[3]["error"].get<std::string>().find("rule 'nothing' is not defined") !=
+          std::string::npos);
 }

@@ -188,8 +188,32 @@ def chat_checks(c, kvrun, model):
         status, _, _ = srv.request("GET", "/health")
         expect(status == 200, status)
 
+    def json_object_and_grammar():
+        # response_format json_object: every sampled answer parses into a
+        # Python dict, and ends where the object does.
+        msgs = [{"role": "user", "content": "Describe a cat as a JSON object with a name and an age."}]
+        for seed in range(6):
+            r = client.chat.completions.create(model=name, messages=msgs, max_tokens=300,
+                                               temperature=1.0, seed=seed,
+                                               response_format={"type": "json_object"})
+            text = r.choices[0].message.content
+            expect(r.choices[0].finish_reason == "stop", (seed, r.choices[0].finish_reason, text))
+            expect(isinstance(json.loads(text), dict), (seed, text))
+        # A GBNF grammar, llama-server's "grammar" field.
+        r = client.completions.create(model=name, prompt="Is the sky blue? Answer:", max_tokens=10,
+                                      temperature=0, extra_body={"grammar": 'root ::= " " ("yes" | "no") "."'})
+        expect(r.choices[0].text in (" yes.", " no.") and r.choices[0].finish_reason == "stop", r)
+        for body, param in [({"grammar": "root ::= x"}, "grammar"),
+                            ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format")]:
+            try:
+                client.completions.create(model=name, prompt="x", max_tokens=4, extra_body=body)
+                expect(False, f"{body} was not refused")
+            except openai.BadRequestError as e:
+                expect(e.body["param"] == param, e.body)
+
     try:
         for name_, fn in [("models", models), ("completion = lone kvrun -p", completion_equals_lone_run),
+                          ("json_object and grammar", json_object_and_grammar),
                           ("8 concurrent = lone runs", concurrent_equal_lone_runs),
                           ("chat stream = whole answer", chat_stream_equals_whole),
                           ("stop strings", stop_strings), ("seeds", seeds),
