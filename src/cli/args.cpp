@@ -82,9 +82,6 @@ constexpr Alias kAliases[] = {
      "weights are copied into memory (huge pages) or "
      "mapped for the GPU by kvrun itself"},
     {"--no-warmup", AliasKind::ignore, "--model", "kvrun runs no warm-up pass"},
-    {"--json-schema", AliasKind::refuse, nullptr,
-     "JSON-schema output is not supported yet (--grammar takes GBNF)"},
-    {"-j", AliasKind::refuse, nullptr, "JSON-schema output is not supported yet (--grammar takes GBNF)"},
     {"--lora", AliasKind::refuse, nullptr, "LoRA adapters are not supported"},
     {"-nkvo", AliasKind::refuse, nullptr,
      "the KV cache of offloaded layers stays on the GPU (--kv-gpu-window W keeps only the newest W "

@@ -26,6 +26,8 @@
 
 #include "chat_session.h"
 #include "cli/common.h"
+#include "cli/grammar_options.h"
+#include "json_schema.h"
 #include "cli/speculative_options.h"
 #include "error.h"
 #include "file_io.h"
@@ -43,6 +45,7 @@ struct ChatOptions {
     int batch = 512;
     std::vector<std::string> stop;
     SamplerParams sampling;
+    GrammarOptions grammar;
     SpeculativeOptions speculative;
     bool escape = false;
 };
@@ -57,6 +60,8 @@ constexpr const char* kHelp =
     "  /set parameter NAME VALUE   temperature, top_k, top_p, min_p, repeat_penalty,\n"
     "                 repeat_last_n, seed, num_predict for the next answers (as Ollama);\n"
     "                 /set system TEXT is /system TEXT\n"
+    "  /grammar [GBNF | SCHEMA | off]  show or set what the next answers must\n"
+    "                 follow: a GBNF grammar, or a JSON schema (it starts with {)\n"
     "  /save FILE     save the conversation and its cache (FILE, FILE.json)\n"
     "  /load FILE     load them (the cache is used only if it matches)\n"
     "  /help, /?      this text\n"
@@ -354,9 +359,14 @@ int run_chat(int argc, char** argv) {
     app.add_flag("-e,--escape", o.escape,
                  "process \\n \\t \\\\ \\\" \\' in -p, --system and --stop");
     add_sampling_options(app, o.sampling);
+    add_grammar_options(app, o.grammar);
     add_speculative_options(app, o.speculative);
     if (const auto done = parse_command_line(app, argc, argv)) return *done;
     check_text_options(app, o.escape, o.prompt, o.system, o.stop);
+    if (o.grammar.given() && o.speculative.any())
+        fail(Exit::usage, "a grammar does not go with speculative decoding (--lookup, "
+                          "--draft-model) yet");
+    o.grammar.compile();
     if (!o.system_file.empty())
         o.system = rtrim(read_regular_file(o.system_file, "system prompt file", Exit::usage));
     check_utf8(o.system, "the system prompt");
@@ -417,6 +427,23 @@ int run_chat(int argc, char** argv) {
     cfg.speculate = speculation.get();
     ChatSession session(*lm, std::move(tmpl), n_ctx, plan.cache.type_k, plan.cache.type_v,
                         backends.placement(), cfg);
+    // The grammar's end tokens are the template's: bound once the session knows them.
+    const auto vocab_bytes = std::make_shared<const TokenBytes>(lm->tokenizer);
+    std::string grammar_text = o.grammar.source; // what /grammar shows
+    auto set_grammar = [&](std::shared_ptr<const Grammar> g, const std::string& source) {
+        SamplerParams p = session.sampling();
+        p.grammar = nullptr;
+        if (g) {
+            auto og = std::make_shared<OutputGrammar>();
+            og->grammar = std::move(g);
+            og->vocab = vocab_bytes;
+            og->end_ids = session.reply_end_ids();
+            og->source = source;
+            p.grammar = std::move(og);
+        }
+        session.set_sampling(p);
+    };
+    if (o.grammar.compiled) set_grammar(o.grammar.compiled, o.grammar.source);
     if (!o.system.empty()) session.set_system(o.system);
 
     ChatHooks hooks;
@@ -444,6 +471,8 @@ int run_chat(int argc, char** argv) {
             fmt::print(stderr, "[answer cut: the context is full (-c {})]\n", n_ctx);
         else if (st.stop == "length")
             fmt::print(stderr, "[answer cut at -n {} tokens]\n", session.n_predict());
+        if (session.grammar_incomplete() && st.stop != "interrupted")
+            fmt::print(stderr, "[the answer is not a whole sentence of the grammar]\n");
     };
 
     use_utf8_ctype();
@@ -520,6 +549,27 @@ int run_chat(int argc, char** argv) {
                 out("[the system prompt is not valid UTF-8: not set]\n");
             else
                 session.set_system(arg), out("[system prompt set]\n");
+        } else if (cmd == "/grammar") {
+            if (arg.empty()) {
+                out(grammar_text.empty() ? "[no grammar]\n" : "[grammar: " + grammar_text + "]\n");
+            } else if (arg == "off") {
+                set_grammar(nullptr, ""), grammar_text.clear();
+                out("[no grammar]\n");
+            } else if (speculation.get()) {
+                out("[a grammar does not go with speculative decoding yet; unchanged]\n");
+            } else {
+                try { // a schema is JSON, an object: GBNF never starts with {
+                    const bool schema = arg[0] == '{';
+                    auto g = std::make_shared<const Grammar>(
+                        compile_gbnf(schema ? json_schema_to_gbnf(arg) : arg));
+                    grammar_text = schema ? "JSON schema " + arg : arg;
+                    set_grammar(std::move(g), "/grammar");
+                    out(schema ? "[the answers follow the JSON schema]\n"
+                               : "[the answers follow the grammar]\n");
+                } catch (const Error& e) {
+                    out(fmt::format("[{}; unchanged]\n", e.what()));
+                }
+            }
         } else if (cmd == "/set") {
             out("[" + set_command(session, arg) + "]\n");
         } else if (cmd == "/save" || cmd == "/load") {

@@ -1,7 +1,8 @@
-// --grammar and --grammar-file: the grammar an answer must follow (GBNF,
-// src/grammar), compiled before the model loads (a bad one is a usage
-// error, exit 2, with its line and column) and bound to the model's
-// vocabulary after.
+// --grammar, --grammar-file, --json-schema (-j), --json-schema-file: the
+// grammar an answer must follow (GBNF, or the grammar of a JSON schema's
+// texts; src/grammar), compiled before the model loads (a bad one is a
+// usage error, exit 2, saying where) and bound to the model's vocabulary
+// after.
 #pragma once
 
 #include <cstdint>
@@ -22,11 +23,13 @@ class Tokenizer;
 namespace kvrun::cli {
 
 struct GrammarOptions {
-    std::string text, file;
+    std::string text, file, schema, schema_file;
     std::shared_ptr<const Grammar> compiled; // after compile(), when one was given
-    std::string source;                      // "--grammar" or "--grammar-file F", for messages
+    std::string source; // "--grammar", "--json-schema-file F" ..., for messages
 
-    bool given() const { return !text.empty() || !file.empty(); }
+    bool given() const {
+        return !text.empty() || !file.empty() || !schema.empty() || !schema_file.empty();
+    }
     void compile(); // Error(Exit::usage) for a bad grammar or an unreadable file
     // The sampler's part (SamplerParams::grammar); null without a grammar.
     std::shared_ptr<const OutputGrammar> bind(const Tokenizer& tok, std::vector<int32_t> end_ids,

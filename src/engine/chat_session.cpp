@@ -352,6 +352,7 @@ void ChatSession::generate(const ChatHooks& hooks, TurnStats& st) {
     };
     const auto t0 = std::chrono::steady_clock::now();
     const double prompt_before = st.prompt_s;
+    sampler_.restart_grammar(); // each reply is a sentence of its own
     const GenerateResult r = s_.generate(gp, sampler_, gh);
     t.reply_tokens = r.tokens; // without the tokens that spell a stop string
     st.generated += r.generated;

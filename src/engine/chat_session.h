@@ -102,6 +102,11 @@ class ChatSession {
     void set_sampling(const SamplerParams& p, bool reseed = false);
     const SamplerParams& sampling() const { return cfg_.sampling; }
     void set_n_predict(int64_t n) { cfg_.n_predict = n; }
+    // The tokens that end a reply (the template's turn end, end of text): a
+    // grammar lets them through once its sentence is whole.
+    const std::vector<int32_t>& reply_end_ids() const { return end_.ids; }
+    // The last reply is not a whole sentence of the grammar in effect.
+    bool grammar_incomplete() const { return sampler_.grammar_incomplete(); }
     int64_t n_predict() const { return cfg_.n_predict; }
 
     // Add a user message and generate the reply. Throws Error(context_overflow)

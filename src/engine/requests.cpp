@@ -9,6 +9,7 @@
 #include "chat_session.h"
 #include "chat_template.h"
 #include "error.h"
+#include "json_schema.h"
 #include "unicode.h"
 
 namespace kvrun {
@@ -122,9 +123,10 @@ struct RequestReader::Impl {
         return r;
     }
     SeqRequest request(const json& j) const {
-        static const char* known[] = {
-            "id",    "prompt", "messages", "max_tokens", "temperature",    "top_k", "top_p",
-            "min_p", "seed",   "stop",     "ignore_eos", "repeat_penalty", "model", "grammar"};
+        static const char* known[] = {"id",          "prompt",  "messages",   "max_tokens",
+                                      "temperature", "top_k",   "top_p",      "min_p",
+                                      "seed",        "stop",    "ignore_eos", "repeat_penalty",
+                                      "model",       "grammar", "json_schema"};
         for (const auto& item : j.items()) {
             const std::string& key = item.key();
             if (std::find_if(std::begin(known), std::end(known),
@@ -235,6 +237,24 @@ struct RequestReader::Impl {
             }
             constrain(r, std::move(g), "the request's grammar");
         }
+        if (has("json_schema")) { // a schema (an object), as kvrun --json-schema takes it
+            if (r.sampling.grammar)
+                throw FieldError("json_schema", "give \"grammar\" or \"json_schema\", not both");
+            constrain(r, schema_grammar(j["json_schema"], "json_schema"),
+                      "the request's json_schema");
+        }
+    }
+    // The grammar of the texts a JSON schema accepts; FieldError(field) when
+    // it cannot be built.
+    static std::shared_ptr<const Grammar> schema_grammar(const json& schema, const char* field) {
+        if (!schema.is_object() && !schema.is_boolean())
+            throw FieldError(field, fmt::format("\"{}\" must be a JSON schema (an object)", field));
+        try {
+            return std::make_shared<const Grammar>(
+                compile_gbnf(json_schema_to_gbnf(schema.dump())));
+        } catch (const Error& e) {
+            throw FieldError(field, fmt::format("\"{}\": {}", field, e.what()));
+        }
     }
     void constrain(SeqRequest& r, std::shared_ptr<const Grammar> g, std::string source) const {
         auto og = std::make_shared<OutputGrammar>();
@@ -260,6 +280,11 @@ RequestReader::RequestReader(const LoadedModel& lm, RequestDefaults d)
     : impl_(std::make_unique<Impl>(lm, std::move(d))) {}
 
 RequestReader::~RequestReader() = default;
+
+std::shared_ptr<const Grammar> RequestReader::schema_grammar(const nlohmann::json& schema,
+                                                             const char* field) {
+    return Impl::schema_grammar(schema, field);
+}
 
 void RequestReader::constrain(SeqRequest& r, std::shared_ptr<const Grammar> g,
                               std::string source) const {

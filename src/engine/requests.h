@@ -104,6 +104,10 @@ class RequestReader {
     // r's answer must be a sentence of g (SamplerParams::grammar), ending
     // where r ends (its end tokens); `source` names it in messages.
     void constrain(SeqRequest& r, std::shared_ptr<const Grammar> g, std::string source) const;
+    // The grammar of the texts a JSON schema accepts (FieldError(field)
+    // when it cannot be built).
+    static std::shared_ptr<const Grammar> schema_grammar(const nlohmann::json& schema,
+                                                         const char* field);
 
   private:
     struct Impl;

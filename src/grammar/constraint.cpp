@@ -82,15 +82,21 @@ int32_t GrammarConstraint::mask(float* logits) const {
         // levels_[d]: the stacks after the first d bytes of the current
         // token, valid for d <= valid; the next token reuses what it shares.
         if (levels_.empty()) levels_.resize(1), complete_at_.resize(1), marks_.resize(1);
+        m_.begin_walk();
         levels_[0].assign(m_.tops().begin(), m_.tops().end());
         complete_at_[0] = m_.accepting();
         marks_[0] = m_.mark();
         size_t valid = 0;
+        // What the token shares with the last one walked: lcp[k] is with
+        // the one before it, so over end tokens skipped, the least of them.
+        uint32_t shared = 0;
         for (size_t k = 0; k < order.size(); k++) {
             const int32_t id = order[k];
+            shared = k == 0 ? 0 : std::min(shared, lcp[k]);
             if (is_end(id)) continue;
             const std::string_view b = v.bytes(id);
-            size_t d = std::min<size_t>(k == 0 ? 0 : lcp[k], valid);
+            size_t d = std::min<size_t>(shared, valid);
+            shared = std::numeric_limits<uint32_t>::max();
             m_.rewind(marks_[d]);
             if (levels_.size() < b.size() + 1) {
                 levels_.resize(b.size() + 1);

@@ -17,6 +17,7 @@ void GrammarMatcher::reset() {
     tops_.clear();
     accepting_ = false;
     expanded_ = 0;
+    walked_ = 0;
     for (uint32_t start : g_->alts[g_->root]) accepting_ |= expand(start, -1, tops_);
     dedupe(tops_);
 }
@@ -42,6 +43,9 @@ bool GrammarMatcher::expand(uint32_t pos, int32_t parent, std::vector<int32_t>& 
         if (++expanded_ > kMaxGrammarExpansion)
             fail(Exit::usage, "grammar: too ambiguous (over {} expansions for one byte)",
                  kMaxGrammarExpansion);
+        if (++walked_ > kMaxGrammarWalk)
+            fail(Exit::usage, "grammar: too ambiguous (over {} expansions for one token)",
+                 kMaxGrammarWalk);
         auto [p, par] = work_.back();
         work_.pop_back();
         const Grammar::Elem e = code[p];
@@ -153,6 +157,7 @@ bool GrammarMatcher::advance(std::string_view bytes) {
     }
     tops_ = std::move(cur);
     accepting_ = complete;
+    walked_ = 0; // a new token's checks and mask begin
     if (arena_.size() > 2 * compacted_ + 4096) compact();
     return true;
 }

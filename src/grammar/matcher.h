@@ -38,6 +38,7 @@ class GrammarMatcher {
     std::span<const int32_t> tops() const { return tops_; }
     bool step(std::span<const int32_t> from, uint8_t b, std::vector<int32_t>& to) const;
     size_t mark() const { return arena_.size(); }
+    void begin_walk() const { walked_ = 0; } // a mask's walk has a budget of its own
     void rewind(size_t m) const { arena_.resize(m); }
 
   private:
@@ -57,6 +58,7 @@ class GrammarMatcher {
     mutable std::vector<Node> arena_;
     mutable std::vector<std::pair<uint32_t, int32_t>> work_; // expand()'s worklist
     mutable size_t expanded_ = 0;                            // expansions in this step (bounded)
+    mutable size_t walked_ = 0; // since the last advance(): every check and mask (bounded)
     std::vector<int32_t> tops_;
     bool accepting_ = false;
     size_t compacted_ = 0; // arena size after the last compact()
@@ -69,5 +71,8 @@ class GrammarMatcher {
 // grammar that is ambiguous without bound may not stall a run or a server.
 inline constexpr size_t kMaxGrammarStacks = 4096;
 inline constexpr size_t kMaxGrammarExpansion = size_t{1} << 18;
+// And all the expansion one token's checks and mask may take (a JSON grammar
+// over a 262k vocabulary takes a few million).
+inline constexpr size_t kMaxGrammarWalk = size_t{1} << 27;
 
 } // namespace kvrun

@@ -40,14 +40,16 @@ void refuse_unsupported(const json& j, Route route) {
     if (given(j, "response_format")) {
         const json& f = j["response_format"];
         const json type = f.is_object() ? f.value("type", json()) : json();
-        if (type == "json_schema")
-            throw FieldError(
-                "response_format",
-                "\"response_format\": \"json_schema\" is not supported yet (\"json_object\" "
-                "and a GBNF \"grammar\" are)");
-        if (type != "text" && type != "json_object")
-            throw FieldError("response_format", "\"response_format\" must be {\"type\": \"text\"} "
-                                                "or {\"type\": \"json_object\"}");
+        if (type != "text" && type != "json_object" && type != "json_schema")
+            throw FieldError("response_format",
+                             "\"response_format\" must be {\"type\": \"text\"}, "
+                             "{\"type\": \"json_object\"} or {\"type\": \"json_schema\", "
+                             "\"json_schema\": {\"schema\": ...}}");
+        if (type == "json_schema" && !(f.contains("json_schema") && f["json_schema"].is_object() &&
+                                       f["json_schema"].contains("schema")))
+            throw FieldError("response_format",
+                             "\"response_format\": \"json_schema\" needs \"json_schema\": "
+                             "{\"name\", \"schema\"}");
     }
     if (route == Route::completion) {
         if (given(j, "echo") && j["echo"] != false)
@@ -176,11 +178,20 @@ ApiCall ApiReader::call(Route route, const json& j) const {
         throw FieldError("stop",
                          fmt::format("\"stop\" holds at most {} strings", limits_.max_stop));
     reader_.read_fields(fields, c.req);
-    if (given(j, "response_format") &&
-        j["response_format"].value("type", json()) == "json_object") {
-        if (c.req.sampling.grammar)
+    // response_format: any JSON object, or JSON a schema accepts. "strict"
+    // is what kvrun always does (an object takes no properties but those
+    // the schema lists, unless additionalProperties says otherwise).
+    if (given(j, "response_format")) {
+        const json& f = j["response_format"];
+        const json type = f.value("type", json());
+        if ((type == "json_object" || type == "json_schema") && c.req.sampling.grammar)
             throw FieldError("grammar", "give \"grammar\" or a JSON \"response_format\", not both");
-        reader_.constrain(c.req, json_object_grammar(), "response_format json_object");
+        if (type == "json_object")
+            reader_.constrain(c.req, json_object_grammar(), "response_format json_object");
+        if (type == "json_schema")
+            reader_.constrain(
+                c.req, RequestReader::schema_grammar(f["json_schema"]["schema"], "response_format"),
+                "response_format json_schema");
     }
     c.seeded = given(j, "seed") && j["seed"] != -1;
     // Chat: "logprobs": true with "top_logprobs": N (0-20); completions:

@@ -503,3 +503,27 @@ TEST_CASE("chat repl: --lookup and --draft-model answers are the plain ones, thr
     CHECK(draft.say("/stats").find("[stats] session | draft model stories260K.gguf: ") !=
           std::string::npos);
 }
+
+TEST_CASE("chat repl: /grammar sets what the next answers follow (GBNF or a JSON schema); off lifts it") {
+    Repl r({"-n", "60", "--temp", "1.0", "--seed", "5"});
+    r.until("> ");
+    CHECK(r.say("/grammar").find("[no grammar]") != std::string::npos);
+    CHECK(r.say(R"(/grammar root ::= ("yes" | "no") "!")").find("[the answers follow the grammar]") !=
+          std::string::npos);
+    for (int i = 0; i < 3; i++) {
+        const std::string a = r.say("Hello");
+        CHECK((a.find("yes!") != std::string::npos || a.find("no!") != std::string::npos));
+    }
+    CHECK(r.say(R"(/grammar {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["n"], "additionalProperties": false})")
+              .find("[the answers follow the JSON schema]") != std::string::npos);
+    const std::string j = r.say("Hello");
+    CAPTURE(j);
+    const auto doc = nlohmann::json::parse(j.substr(0, j.rfind('}') + 1));
+    CHECK(doc["n"].is_number_integer());
+    CHECK(r.say("/grammar root ::= x").find("rule 'x' is not defined; unchanged]") != std::string::npos);
+    CHECK(r.say("/grammar").find("JSON schema") != std::string::npos);
+    CHECK(r.say("/grammar off").find("[no grammar]") != std::string::npos);
+    CHECK(r.say("Hello").find('{') == std::string::npos);
+    r.send("/bye\n");
+    CHECK(r.wait_exit() == 0);
+}

@@ -205,8 +205,6 @@ TEST_CASE("cli args: llama.cpp options kvrun lacks are unknown options, named wi
         {{"--log-verbosity", "0"}, "unknown option --log-verbosity ("},
         {{"--frobnicate=3"}, "unknown option --frobnicate ("},
         {{"-top-k", "3"}, "unknown option -top-k (did you mean --top-k?)"},
-        {{"-j", "{}"}, "-j: JSON-schema output is not supported yet"},
-        {{"--json-schema", "{}"}, "--json-schema: JSON-schema output is not supported yet"},
         {{"--lora", "x.gguf"}, "--lora: LoRA adapters are not supported"},
         {{"extra", "words"}, "unexpected arguments 'extra' 'words' (a prompt goes after -p"},
     };

@@ -205,7 +205,9 @@ TEST_CASE("cli grammar: bad grammars and clashing options are one-line usage err
     usage({"--grammar-file", "/nonexistent/g.gbnf"}, "/nonexistent/g.gbnf");
     usage({"--grammar", "root ::= \"a\"", "--grammar-file", "x"}, "excludes");
     usage({"--grammar", "root ::= \"a\"", "--lookup", "3"}, "speculative");
-    usage({"--json-schema", "{}"}, "JSON-schema output is not supported yet");
+    usage({"--json-schema", "{\"uniqueItems\": true}"},
+          "--json-schema: JSON schema: at #: \"uniqueItems\" is not supported");
+    usage({"--json-schema", "{}", "--grammar", "root ::= \"a\""}, "excludes");
     const std::string path = "/tmp/kvrun-test-grammar.gbnf";
     std::ofstream(path) << "root ::= x\n\nx ::= (\"a\" | \n  \"b\"\n";
     usage({"--grammar-file", path},
@@ -240,4 +242,33 @@ TEST_CASE("cli grammar: kvrun batch takes a grammar per request") {
     CHECK(sum.find('+') != std::string::npos);
     CHECK(out[3]["error"].get<std::string>().find("rule 'nothing' is not defined") !=
           std::string::npos);
+}
+
+TEST_CASE("cli grammar: -j takes a JSON schema; every sampled answer is a document it accepts") {
+    const std::string schema =
+        R"({"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+            "age": {"type": "integer", "minimum": 0, "maximum": 30},
+            "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}},
+            "required": ["name", "age"], "additionalProperties": false})";
+    for (int seed = 1; seed <= 10; seed++) {
+        CAPTURE(seed);
+        const auto r = run_kvrun({"-m", kModel, "-p", "Once upon a time", "-n", "200", "--temp",
+                                  "1.0", "--seed", std::to_string(seed), "-j", schema, "--quiet"});
+        REQUIRE(r.status == 0);
+        CAPTURE(r.out);
+        const nlohmann::json j = nlohmann::json::parse(r.out); // throws (fails) if not JSON
+        REQUIRE(j.is_object());
+        CHECK(j["name"].is_string());
+        CHECK(j["age"].is_number_integer());
+        CHECK(j["age"].get<int>() >= 0);
+        CHECK(j["age"].get<int>() <= 30);
+        for (const auto& [k, v] : j.items()) CHECK((k == "name" || k == "age" || k == "tags"));
+        if (j.contains("tags")) CHECK(j["tags"].size() <= 3);
+    }
+    const auto bad = run_kvrun(
+        {"-m", kModel, "-p", "x", "--json-schema", R"({"type": "string", "format": "email"})"});
+    CHECK(bad.status == 2);
+    CHECK(
+        bad.err.find("--json-schema: JSON schema: at #: \"format\": \"email\" is not supported") !=
+        std::string::npos);
 }

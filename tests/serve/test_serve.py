@@ -24,6 +24,7 @@ import threading
 import time
 
 import openai
+import pydantic
 
 from serve_util import Checks, Server, expect, lone_run, raw_exchange
 
@@ -203,8 +204,22 @@ def chat_checks(c, kvrun, model):
         r = client.completions.create(model=name, prompt="Is the sky blue? Answer:", max_tokens=10,
                                       temperature=0, extra_body={"grammar": 'root ::= " " ("yes" | "no") "."'})
         expect(r.choices[0].text in (" yes.", " no.") and r.choices[0].finish_reason == "stop", r)
+        # json_schema, as the openai client sends it from a Pydantic model:
+        # the answer parses into the model's class.
+        class Cat(pydantic.BaseModel):
+            name: str
+            age: int
+            indoor: bool
+        for seed in range(3):
+            r = client.chat.completions.parse(model=name, messages=msgs, max_tokens=300, temperature=1.0,
+                                              seed=seed, response_format=Cat)
+            cat = r.choices[0].message.parsed
+            expect(isinstance(cat, Cat) and r.choices[0].finish_reason == "stop", r)
+        bad_schema = {"type": "json_schema",
+                      "json_schema": {"name": "x", "schema": {"type": "string", "format": "email"}}}
         for body, param in [({"grammar": "root ::= x"}, "grammar"),
-                            ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format")]:
+                            ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format"),
+                            ({"response_format": bad_schema}, "response_format")]:
             try:
                 client.completions.create(model=name, prompt="x", max_tokens=4, extra_body=body)
                 expect(False, f"{body} was not refused")
@@ -213,7 +228,7 @@ def chat_checks(c, kvrun, model):
 
     try:
         for name_, fn in [("models", models), ("completion = lone kvrun -p", completion_equals_lone_run),
-                          ("json_object and grammar", json_object_and_grammar),
+                          ("json_object, json_schema, grammar", json_object_and_grammar),
                           ("8 concurrent = lone runs", concurrent_equal_lone_runs),
                           ("chat stream = whole answer", chat_stream_equals_whole),
                           ("stop strings", stop_strings), ("seeds", seeds),
