@@ -158,16 +158,25 @@ class SchemaCompiler {
 
     // The rule for a subschema: its name (a new rule, or a shared one).
     std::string rule(const std::string& hint, const json& s, const std::string& where) {
-        if (s.is_boolean()) {
-            if (!s.get<bool>()) refuse(where, "false (no value is allowed)");
-            return "json-value";
-        }
-        if (!s.is_object()) refuse(where, "a schema must be an object or a boolean");
-        if (s.contains("$ref")) return ref(s, where);
+        if (!s.is_object() || s.contains("$ref"))
+            return body(hint, s, where); // true: any value; false refused; a $ref: its rule
         const std::string name = fresh(hint);
-        names_.insert(name);
         add(name, body(name, s, where));
         return name;
+    }
+
+    // The local definition a $ref names (#/$defs/NAME, #/definitions/NAME),
+    // or null.
+    const json* definition(const std::string& r) const {
+        for (const std::string section : {"$defs", "definitions"}) {
+            const std::string prefix = "#/" + section + "/";
+            if (r.rfind(prefix, 0) != 0) continue;
+            const std::string key = r.substr(prefix.size());
+            if (root_.contains(section) && root_[section].is_object() &&
+                root_[section].contains(key))
+                return &root_[section][key];
+        }
+        return nullptr;
     }
 
     std::string ref(const json& s, const std::string& where) {
@@ -177,28 +186,23 @@ class SchemaCompiler {
         if (!s["$ref"].is_string()) refuse(where, "\"$ref\" must be a string");
         const std::string r = s["$ref"].get<std::string>();
         if (auto it = refs_.find(r); it != refs_.end()) return it->second;
-        std::string key;
-        const json* defs = nullptr;
-        for (const char* prefix : {"#/$defs/", "#/definitions/"})
-            if (r.rfind(prefix, 0) == 0) {
-                key = r.substr(std::string(prefix).size());
-                const std::string section =
-                    std::string(prefix).substr(2, std::string(prefix).size() - 3);
-                if (root_.contains(section)) defs = &root_[section];
-            }
         if (r == "#") {
             refs_[r] = "root";
             return "root";
         }
-        if (key.empty())
+        const json* def = definition(r);
+        if (!def) {
+            if (r.rfind("#/$defs/", 0) == 0 || r.rfind("#/definitions/", 0) == 0)
+                refuse(where, "\"$ref\": \"" + r + "\" is not defined");
             refuse(where,
                    "\"$ref\": only #, #/$defs/NAME and #/definitions/NAME are supported, not \"" +
                        r + "\"");
-        if (!defs || !defs->contains(key)) refuse(where, "\"$ref\": \"" + r + "\" is not defined");
+        }
+        const std::string key = r.substr(r.rfind('/') + 1);
         // Named before its body is written, so a recursive reference finds it.
         const std::string name = fresh("def-" + key);
         refs_[r] = name;
-        const std::string b = body(name, (*defs)[key], r);
+        const std::string b = body(name, *def, r);
         add(name, b);
         return name;
     }
@@ -382,18 +386,13 @@ class SchemaCompiler {
             for (int hops = 0; p->is_object() && p->contains("$ref"); hops++) {
                 if (!(*p)["$ref"].is_string()) refuse(at, "\"$ref\" must be a string");
                 const std::string r = (*p)["$ref"].get<std::string>();
-                std::string key, section;
-                for (const char* prefix : {"#/$defs/", "#/definitions/"})
-                    if (r.rfind(prefix, 0) == 0)
-                        key = r.substr(std::string(prefix).size()),
-                        section = std::string(prefix).substr(2, std::string(prefix).size() - 3);
-                if (key.empty() || !root_.contains(section) || !root_[section].contains(key))
-                    refuse(at, "\"allOf\": a \"$ref\" that is not a local definition");
+                const json* def = definition(r);
+                if (!def) refuse(at, "\"allOf\": a \"$ref\" that is not a local definition");
                 if (hops > 32 || inlining_.count(r))
                     refuse(at, "\"allOf\" through a recursive \"$ref\" is not supported");
                 inlining_.insert(r);
                 inlined.push_back(r);
-                p = &root_[section][key];
+                p = def;
             }
             if (!p->is_object()) refuse(at, "\"allOf\" is supported for object schemas only");
             only(*p, at, {"type", "properties", "required", "additionalProperties"});

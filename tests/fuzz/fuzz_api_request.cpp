@@ -74,8 +74,7 @@ void write_seeds(const std::string& dir) {
         R"({"prompt": ["x"], "logprobs": 0, "echo": false, "suffix": "", "user": "u", "response_format": {"type": "text"}})",
         R"({"messages": [{"role": "user", "content": "x"}], "tools": [], "tool_choice": "none", "model": "nope"})",
     };
-    int i = 0;
-    for (const char* s : seeds) std::ofstream(dir + "/seed-" + std::to_string(i++)) << s;
+    kvfuzz::write_seed_texts(dir, seeds);
 }
 
 } // namespace

@@ -63,8 +63,7 @@ void write_seeds(const std::string& dir) {
         R"({"prompt": "x", "max_tokens": -1, "repeat_penalty": 1.1, "model": "m"})",
         "Tell me a story",
     };
-    int i = 0;
-    for (const char* s : seeds) std::ofstream(dir + "/seed-" + std::to_string(i++)) << s;
+    kvfuzz::write_seed_texts(dir, seeds);
 }
 
 } // namespace

@@ -30,8 +30,7 @@ void write_seeds(const std::string& dir) {
         "| "
         "string | [0-9]+\nstring ::= \"\\\"\" [^\"]* \"\\\"\"\nws ::= [ \\t\\n]*",
     };
-    int i = 0;
-    for (const char* s : seeds) std::ofstream(dir + "/seed-" + std::to_string(i++)) << s;
+    kvfuzz::write_seed_texts(dir, seeds);
 }
 
 } // namespace
