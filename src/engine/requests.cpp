@@ -92,7 +92,7 @@ struct RequestReader::Impl {
             const json j = parse_request_json(line);
             if (!j.is_object()) throw std::invalid_argument("a request is a JSON object");
             if (j.contains("id")) p.id = j.at("id");
-            p.req = request(j);
+            p.req = request(j, line);
             p.chat = j.contains("messages");
         } catch (const json::exception& e) {
             p.error = std::string("not JSON: ") + e.what();
@@ -122,7 +122,7 @@ struct RequestReader::Impl {
         r.gen.stop.insert(r.gen.stop.end(), end_.strings.begin(), end_.strings.end());
         return r;
     }
-    SeqRequest request(const json& j) const {
+    SeqRequest request(const json& j, std::string_view raw) const {
         static const char* known[] = {"id",          "prompt",  "messages",   "max_tokens",
                                       "temperature", "top_k",   "top_p",      "min_p",
                                       "seed",        "stop",    "ignore_eos", "repeat_penalty",
@@ -143,7 +143,7 @@ struct RequestReader::Impl {
         } else {
             r = from_messages(j["messages"]);
         }
-        read_fields(j, r);
+        read_fields(j, r, raw);
         return r;
     }
     SeqRequest from_prompt(const std::string& text) const {
@@ -200,7 +200,7 @@ struct RequestReader::Impl {
         }
         return text;
     }
-    void read_fields(const json& j, SeqRequest& r) const {
+    void read_fields(const json& j, SeqRequest& r, std::string_view raw) const {
         // A field set to null is a field not given (clients send nulls).
         auto has = [&j](const char* key) { return j.contains(key) && !j[key].is_null(); };
         if (has("max_tokens"))
@@ -240,18 +240,22 @@ struct RequestReader::Impl {
         if (has("json_schema")) { // a schema (an object), as kvrun --json-schema takes it
             if (r.sampling.grammar)
                 throw FieldError("json_schema", "give \"grammar\" or \"json_schema\", not both");
-            constrain(r, schema_grammar(j["json_schema"], "json_schema"),
+            constrain(r,
+                      schema_grammar(j["json_schema"], "json_schema",
+                                     raw.empty() ? std::string()
+                                                 : member_as_written(raw, {"json_schema"})),
                       "the request's json_schema");
         }
     }
     // The grammar of the texts a JSON schema accepts; FieldError(field) when
     // it cannot be built.
-    static std::shared_ptr<const Grammar> schema_grammar(const json& schema, const char* field) {
+    static std::shared_ptr<const Grammar> schema_grammar(const json& schema, const char* field,
+                                                         const std::string& as_written) {
         if (!schema.is_object() && !schema.is_boolean())
             throw FieldError(field, fmt::format("\"{}\" must be a JSON schema (an object)", field));
         try {
             return std::make_shared<const Grammar>(
-                compile_gbnf(json_schema_to_gbnf(schema.dump())));
+                compile_gbnf(json_schema_to_gbnf(as_written.empty() ? schema.dump() : as_written)));
         } catch (const Error& e) {
             throw FieldError(field, fmt::format("\"{}\": {}", field, e.what()));
         }
@@ -282,8 +286,19 @@ RequestReader::RequestReader(const LoadedModel& lm, RequestDefaults d)
 RequestReader::~RequestReader() = default;
 
 std::shared_ptr<const Grammar> RequestReader::schema_grammar(const nlohmann::json& schema,
-                                                             const char* field) {
-    return Impl::schema_grammar(schema, field);
+                                                             const char* field,
+                                                             const std::string& as_written) {
+    return Impl::schema_grammar(schema, field, as_written);
+}
+
+std::string member_as_written(std::string_view body, std::initializer_list<const char*> path) {
+    const auto j = nlohmann::ordered_json::parse(body, nullptr, false);
+    const nlohmann::ordered_json* at = &j;
+    for (const char* key : path) {
+        if (!at->is_object() || !at->contains(key)) return {};
+        at = &(*at)[key];
+    }
+    return at->dump();
 }
 
 void RequestReader::constrain(SeqRequest& r, std::shared_ptr<const Grammar> g,
@@ -307,8 +322,9 @@ SeqRequest RequestReader::from_messages(const nlohmann::json& messages) const {
     return impl_->from_messages(messages);
 }
 
-void RequestReader::read_fields(const nlohmann::json& j, SeqRequest& r) const {
-    impl_->read_fields(j, r);
+void RequestReader::read_fields(const nlohmann::json& j, SeqRequest& r,
+                                std::string_view raw) const {
+    impl_->read_fields(j, r, raw);
 }
 
 } // namespace kvrun

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -82,6 +83,12 @@ struct ParsedRequest {
     bool chat = false; // through the chat template: a reply's leading space is left out
 };
 
+// The member at `path` in the JSON text `body` (already parsed once, so
+// valid and not too deep) with its keys in the order written; "" when
+// missing. nlohmann::json sorts keys, and a schema's property order is the
+// order its answer is written in.
+std::string member_as_written(std::string_view body, std::initializer_list<const char*> path);
+
 class RequestReader {
   public:
     RequestReader(const LoadedModel& lm, RequestDefaults d);
@@ -100,14 +107,19 @@ class RequestReader {
     SeqRequest from_messages(const nlohmann::json& messages) const;
     // The sampling and stopping fields (max_tokens ... ignore_eos) of `j`
     // that are there, over r's.
-    void read_fields(const nlohmann::json& j, SeqRequest& r) const;
+    // `raw`: j's text, when there is one (a schema's key order).
+    void read_fields(const nlohmann::json& j, SeqRequest& r, std::string_view raw = {}) const;
     // r's answer must be a sentence of g (SamplerParams::grammar), ending
     // where r ends (its end tokens); `source` names it in messages.
     void constrain(SeqRequest& r, std::shared_ptr<const Grammar> g, std::string source) const;
     // The grammar of the texts a JSON schema accepts (FieldError(field)
     // when it cannot be built).
+    // `as_written`: the schema's text with its keys in the order given
+    // (member_as_written), so that properties come in that order; empty:
+    // schema's (sorted keys).
     static std::shared_ptr<const Grammar> schema_grammar(const nlohmann::json& schema,
-                                                         const char* field);
+                                                         const char* field,
+                                                         const std::string& as_written = {});
 
   private:
     struct Impl;

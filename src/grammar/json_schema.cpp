@@ -30,18 +30,20 @@ const std::set<std::string> kAnnotations = {
     "$comment", "readOnly",    "writeOnly",        "deprecated",     "$defs",   "definitions",
     "strict",   "$anchor",     "contentMediaType", "contentEncoding"};
 
-// Whitespace between tokens: bounded, as in the json_object grammar.
+// Whitespace between tokens: bounded, as in the json_object grammar. A value
+// ends with its last character (whitespace goes inside its container), so
+// the answer ends the moment the top value is complete.
 constexpr std::string_view kPrimitives = R"g(
 ws ::= | " " | "\n" [ \t]{0,20}
 json-char ::= [^"\\\x00-\x1F\x7F] | "\\" (["\\/bfnrt] | "u" ([0-9a-cA-CefEF] [0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2}))
-json-string ::= "\"" json-char* "\"" ws
-json-number ::= "-"? ("0" | [1-9] [0-9]{0,15}) ("." [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})? ws
-json-integer ::= "-"? ("0" | [1-9] [0-9]{0,15}) ws
-json-boolean ::= ("true" | "false") ws
-json-null ::= "null" ws
+json-string ::= "\"" json-char* "\""
+json-number ::= "-"? ("0" | [1-9] [0-9]{0,15}) ("." [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})?
+json-integer ::= "-"? ("0" | [1-9] [0-9]{0,15})
+json-boolean ::= "true" | "false"
+json-null ::= "null"
 json-value ::= json-object | json-array | json-string | json-number | json-boolean | json-null
-json-object ::= "{" ws ( json-string ":" ws json-value ("," ws json-string ":" ws json-value)* )? "}" ws
-json-array ::= "[" ws ( json-value ("," ws json-value)* )? "]" ws
+json-object ::= "{" ws ( json-string ws ":" ws json-value ws ("," ws json-string ws ":" ws json-value ws)* )? "}"
+json-array ::= "[" ws ( json-value ws ("," ws json-value ws)* )? "]"
 )g";
 
 // A GBNF string literal of raw bytes.
@@ -249,7 +251,7 @@ class SchemaCompiler {
             if (s.contains(k)) refuse(where, fmt::format("\"{}\" is not supported", k));
         if (s.contains("const")) {
             only(s, where, {"const"});
-            return literal(s["const"].dump()) + " ws";
+            return literal(s["const"].dump());
         }
         if (s.contains("enum")) {
             only(s, where, {"enum", "type"});
@@ -261,7 +263,7 @@ class SchemaCompiler {
                 alts += (alts.empty() ? "" : " | ") + literal(v.dump());
             }
             if (alts.empty()) refuse(where, "no value of \"enum\" has the \"type\"");
-            return "(" + alts + ") ws";
+            return "(" + alts + ")";
         }
         for (const char* k : {"anyOf", "oneOf"})
             if (s.contains(k)) {
@@ -450,8 +452,8 @@ class SchemaCompiler {
                     refuse(where,
                            "\"additionalProperties\" other than false beside \"properties\" is "
                            "not supported");
-                extra = "json-string \":\" ws " +
-                        rule(name + "-additional", a, where + "/additionalProperties");
+                extra = "json-string ws \":\" ws " +
+                        rule(name + "-additional", a, where + "/additionalProperties") + " ws";
             }
         }
         if (props.empty() && !s.contains("additionalProperties") && !s.contains("properties") &&
@@ -461,7 +463,7 @@ class SchemaCompiler {
         for (const auto& [k, v] : props.items()) {
             const std::string value = rule(name + "-" + k, v, where + "/properties/" + k);
             const std::string r = fresh(name + "-" + k + "-kv");
-            add(r, literal(json(k).dump()) + " ws \":\" ws " + value);
+            add(r, literal(json(k).dump()) + " ws \":\" ws " + value + " ws");
             kv.emplace_back(r, required.count(k) > 0);
         }
         // after(i): what may follow once a property is written, from the
@@ -482,7 +484,7 @@ class SchemaCompiler {
             add(first[i],
                 kv[i].first + " " + after[i + 1] + (kv[i].second ? "" : " | " + first[i + 1]));
         }
-        return "\"{\" ws " + first[0] + " \"}\" ws";
+        return "\"{\" ws " + first[0] + " \"}\"";
     }
 
     static uint64_t count(const json& s, const char* key, const std::string& where) {
@@ -524,12 +526,14 @@ class SchemaCompiler {
         if (bounded && hi < np) head.resize(hi);
         if (!more && lo > np) refuse(where, "\"minItems\" is more than \"prefixItems\" allow");
         std::string body = "\"[\" ws ";
+        item = "(" + item + " ws)"; // an element, then what may follow it
+        for (std::string& h : head) h = "(" + h + " ws)";
         if (np == 0) {
             const bool any = more && (!bounded || hi > 0);
-            if (!any) return body + "\"]\" ws";
+            if (!any) return body + "\"]\"";
             const std::string rest = repeat(lo > 0 ? lo - 1 : 0, bounded, bounded ? hi - 1 : 0);
             const std::string list = item + " (\",\" ws " + item + ")" + rest;
-            return body + (lo > 0 ? list : "(" + list + ")?") + " \"]\" ws";
+            return body + (lo > 0 ? list : "(" + list + ")?") + " \"]\"";
         }
         // Prefix items in order; the first `lo` of them required; beyond the
         // prefix, `item`s up to the bounds.
@@ -546,7 +550,7 @@ class SchemaCompiler {
                 (i ? "\",\" ws " : "") + head[i] + (seq.empty() ? "" : " " + seq);
             seq = i < lo ? here : "(" + here + ")?";
         }
-        return body + seq + " \"]\" ws";
+        return body + seq + " \"]\"";
     }
 
     std::string string(const json& s, const std::string& where) {
@@ -562,11 +566,11 @@ class SchemaCompiler {
                 R"g([0-9]{4} "-" (("0" [13578] | "1" [02]) "-" ("0" [1-9] | [12] [0-9] | "3" [01]) | ("0" [469] | "11") "-" ("0" [1-9] | [12] [0-9] | "30") | "02" "-" ("0" [1-9] | "1" [0-9] | "2" [0-8])))g";
             static const std::string time =
                 R"g(([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9] ":" [0-5] [0-9] ("." [0-9]{1,6})? ("Z" | [+-] ([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9]))g";
-            if (f == "date") return "\"\\\"\" " + date + " \"\\\"\" ws";
-            if (f == "time") return "\"\\\"\" " + time + " \"\\\"\" ws";
-            if (f == "date-time") return "\"\\\"\" " + date + " \"T\" " + time + " \"\\\"\" ws";
+            if (f == "date") return "\"\\\"\" " + date + " \"\\\"\"";
+            if (f == "time") return "\"\\\"\" " + time + " \"\\\"\"";
+            if (f == "date-time") return "\"\\\"\" " + date + " \"T\" " + time + " \"\\\"\"";
             if (f == "uuid")
-                return R"g("\"" [0-9a-f]{8} "-" [0-9a-f]{4} "-" [0-9a-f]{4} "-" [0-9a-f]{4} "-" [0-9a-f]{12} "\"" ws)g";
+                return R"g("\"" [0-9a-f]{8} "-" [0-9a-f]{4} "-" [0-9a-f]{4} "-" [0-9a-f]{4} "-" [0-9a-f]{12} "\"")g";
             refuse(where,
                    "\"format\": \"" + f + "\" is not supported (date, time, date-time, uuid are)");
         }
@@ -574,14 +578,14 @@ class SchemaCompiler {
             if (has_len) refuse(where, "\"pattern\" together with a length is not supported");
             if (!s["pattern"].is_string()) refuse(where, "\"pattern\" must be a string");
             return "\"\\\"\" " + pattern(s["pattern"].get<std::string>(), where + "/pattern") +
-                   " \"\\\"\" ws";
+                   " \"\\\"\"";
         }
         if (!has_len) return "json-string";
         const uint64_t lo = s.contains("minLength") ? count(s, "minLength", where) : 0;
         const bool bounded = s.contains("maxLength");
         const uint64_t hi = bounded ? count(s, "maxLength", where) : 0;
         if (bounded && hi < lo) refuse(where, "\"maxLength\" is less than \"minLength\"");
-        return "\"\\\"\" json-char" + repeat(lo, bounded, hi) + " \"\\\"\" ws";
+        return "\"\\\"\" json-char" + repeat(lo, bounded, hi) + " \"\\\"\"";
     }
 
     std::string integer(const json& s, const std::string& where) {
@@ -631,7 +635,7 @@ class SchemaCompiler {
         }
         std::string out = "(";
         for (size_t i = 0; i < alts.size(); i++) out += (i ? " | " : "") + alts[i];
-        return out + ") ws";
+        return out + ")";
     }
 
     // A regular expression (the subset grammars express) as GBNF over the

@@ -105,7 +105,7 @@ ApiParse ApiReader::parse(Route route, std::string_view body) const {
     try {
         const json j = parse_request_json(body);
         if (!j.is_object()) throw std::invalid_argument("the body must be a JSON object");
-        p.call = call(route, j);
+        p.call = call(route, j, body);
     } catch (const json::exception& e) {
         p.error.message = std::string("the body is not JSON: ") + e.what();
         p.error.code = "invalid_json";
@@ -123,7 +123,7 @@ ApiParse ApiReader::parse(Route route, std::string_view body) const {
     return p;
 }
 
-ApiCall ApiReader::call(Route route, const json& j) const {
+ApiCall ApiReader::call(Route route, const json& j, std::string_view body) const {
     ApiCall c;
     c.route = route;
     c.model = model();
@@ -190,7 +190,10 @@ ApiCall ApiReader::call(Route route, const json& j) const {
             reader_.constrain(c.req, json_object_grammar(), "response_format json_object");
         if (type == "json_schema")
             reader_.constrain(
-                c.req, RequestReader::schema_grammar(f["json_schema"]["schema"], "response_format"),
+                c.req,
+                RequestReader::schema_grammar(
+                    f["json_schema"]["schema"], "response_format",
+                    member_as_written(body, {"response_format", "json_schema", "schema"})),
                 "response_format json_schema");
     }
     c.seeded = given(j, "seed") && j["seed"] != -1;

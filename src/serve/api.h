@@ -64,7 +64,7 @@ class ApiReader {
     bool knows_model(const std::string& name) const;
 
   private:
-    ApiCall call(Route route, const nlohmann::json& j) const;
+    ApiCall call(Route route, const nlohmann::json& j, std::string_view body) const;
     const RequestReader& reader_;
     std::vector<std::string> models_;
     int n_vocab_;
