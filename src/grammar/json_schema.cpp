@@ -211,7 +211,8 @@ class SchemaCompiler {
 
     static void only(const json& s, const std::string& where,
                      std::initializer_list<const char*> allowed) {
-        for (const auto& [k, v] : s.items()) {
+        for (const auto& item : s.items()) {
+            const std::string& k = item.key(); // a lambda below uses it: not a structured binding
             if (kAnnotations.count(k)) continue;
             if (std::find_if(allowed.begin(), allowed.end(),
                              [&](const char* a) { return k == a; }) == allowed.end())
