@@ -79,6 +79,10 @@ for t in $targets; do
         KVRUN_FUZZ_WRITE_SEEDS=$seeds "$build/$t"
         args+=(-max_len=8192)
         ;;
+    fuzz_grammar)
+        KVRUN_FUZZ_WRITE_SEEDS=$seeds "$build/$t"
+        args+=(-max_len=16384)
+        ;;
     fuzz_vocab)
         cp "$shared"/vocab/*.gguf "$seeds"/
         KVRUN_FUZZ_WRITE_SEEDS=$seeds "$build/$t"
