@@ -432,15 +432,9 @@ int run_chat(int argc, char** argv) {
     std::string grammar_text = o.grammar.source; // what /grammar shows
     auto set_grammar = [&](std::shared_ptr<const Grammar> g, const std::string& source) {
         SamplerParams p = session.sampling();
-        p.grammar = nullptr;
-        if (g) {
-            auto og = std::make_shared<OutputGrammar>();
-            og->grammar = std::move(g);
-            og->vocab = vocab_bytes;
-            og->end_ids = session.reply_end_ids();
-            og->source = source;
-            p.grammar = std::move(og);
-        }
+        p.grammar = g ? std::make_shared<const OutputGrammar>(OutputGrammar{
+                            std::move(g), vocab_bytes, session.reply_end_ids(), false, source})
+                      : nullptr;
         session.set_sampling(p);
     };
     if (o.grammar.compiled) set_grammar(o.grammar.compiled, o.grammar.source);

@@ -57,13 +57,9 @@ std::shared_ptr<const OutputGrammar> GrammarOptions::bind(const Tokenizer& tok,
                                                           std::vector<int32_t> end_ids,
                                                           bool strip_first_space) const {
     if (!compiled) return nullptr;
-    auto g = std::make_shared<OutputGrammar>();
-    g->grammar = compiled;
-    g->vocab = std::make_shared<const TokenBytes>(tok);
-    g->end_ids = std::move(end_ids);
-    g->strip_first_space = strip_first_space;
-    g->source = source;
-    return g;
+    return std::make_shared<const OutputGrammar>(
+        OutputGrammar{compiled, std::make_shared<const TokenBytes>(tok), std::move(end_ids),
+                      strip_first_space, source});
 }
 
 int check_grammar_complete(const Sampler& s, const std::string& stop) {

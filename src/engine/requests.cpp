@@ -261,13 +261,9 @@ struct RequestReader::Impl {
         }
     }
     void constrain(SeqRequest& r, std::shared_ptr<const Grammar> g, std::string source) const {
-        auto og = std::make_shared<OutputGrammar>();
-        og->grammar = std::move(g);
-        og->vocab = vocab_bytes_;
-        og->end_ids = r.gen.end_ids;
-        og->strip_first_space = r.gen.strip_leading_space;
-        og->source = std::move(source);
-        r.sampling.grammar = std::move(og);
+        r.sampling.grammar = std::make_shared<const OutputGrammar>(
+            OutputGrammar{std::move(g), vocab_bytes_, r.gen.end_ids, r.gen.strip_leading_space,
+                          std::move(source)});
     }
 
     const LoadedModel& lm_;
