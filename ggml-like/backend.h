@@ -38,6 +38,15 @@ class Backend {
 
     // y[t] = W x[t] for n_tok rows.
     virtual void matmul(const Tensor& w, const float* x, int64_t n_tok, float* y) = 0;
+    // The same for n_tok rows gathered from a batch of batch_tok tokens (the
+    // tokens a mixture of experts sends to one expert): the product is taken
+    // by the path the whole batch would take, so that a prompt's precision
+    // does not depend on how its tokens were routed.
+    virtual void matmul_part(const Tensor& w, const float* x, int64_t n_tok, int64_t batch_tok,
+                             float* y) {
+        (void)batch_tok;
+        matmul(w, x, n_tok, y);
+    }
     // `rows` rows of n: out = rmsnorm(x) * w.
     virtual void rmsnorm(const float* x, const float* w, int64_t n, int64_t rows, float eps,
                          float* out) = 0;

@@ -35,6 +35,12 @@ class CpuBackend final : public Backend {
         ops::matmul(pool_, w, x, n_tok, y, matmul_scratch_.data(),
                     matmul_paths());
     }
+    void matmul_part(const Tensor& w, const float* x, int64_t n_tok, int64_t batch_tok,
+                     float* y) override {
+        ops::MatmulPaths paths = matmul_paths();
+        paths.batch_tokens = batch_tok;
+        ops::matmul(pool_, w, x, n_tok, y, matmul_scratch_.data(), paths);
+    }
 
     void rmsnorm(const float* x, const float* w, int64_t n, int64_t rows, float eps,
                  float* out) override {

@@ -245,8 +245,8 @@ void matmul_amx(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok
 } // namespace
 
 void matmul_tiles(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, float* y,
-                  void* scratch) {
-    switch (path_for(w.type, w.ne0, n_tok)) {
+                  void* scratch, int64_t batch_tok) {
+    switch (path_for(w.type, w.ne0, std::max(n_tok, batch_tok))) {
     case Path::Amx:
         return matmul_amx(pool, w, x, n_tok, y, scratch);
     case Path::Blas:

@@ -47,8 +47,10 @@ const char* path_name(Path p);
 bool applies(Type weight, int64_t n_in, int64_t n_tok);
 // Scratch for matmul_tiles: packed tokens plus one panel per thread.
 size_t scratch_bytes(int64_t n_in, int64_t n_tok, int n_threads);
-// y[t][r] = dot(W.row(r), x[t]); requires applies(W.type, W.ne0, n_tok).
+// y[t][r] = dot(W.row(r), x[t]); requires applies(W.type, W.ne0, max(n_tok,
+// batch_tok)): rows of a larger batch (ops::MatmulPaths::batch_tokens) take
+// the path the whole batch would, however few they are.
 void matmul_tiles(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, float* y,
-                  void* scratch);
+                  void* scratch, int64_t batch_tok = 0);
 
 } // namespace gl::gemm

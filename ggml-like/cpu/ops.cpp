@@ -163,7 +163,9 @@ bool packed_applies(const Tensor& w, MatmulPaths paths) {
 
 BatchPath batch_path(Type weight, int64_t n_in, int64_t n_tok, MatmulPaths paths) {
     const gemm::Path tile_path =
-        paths.tiles && !paths.rows_exact ? gemm::path_for(weight, n_in, n_tok) : gemm::Path::None;
+        paths.tiles && !paths.rows_exact
+            ? gemm::path_for(weight, n_in, std::max(n_tok, paths.batch_tokens))
+            : gemm::Path::None;
     const bool int8 = int8_applies(weight, n_tok, paths);
     // AMX tiles before the integer GEMM (faster where they exist); the
     // integer GEMM before OpenBLAS.
@@ -222,7 +224,8 @@ void matmul(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, fl
             void* scratch, MatmulPaths paths) {
     const BatchPath path =
         packed_applies(w, paths) ? BatchPath::Packed : batch_path(w.type, w.ne0, n_tok, paths);
-    if (path == BatchPath::Tiles) return gemm::matmul_tiles(pool, w, x, n_tok, y, scratch);
+    if (path == BatchPath::Tiles)
+        return gemm::matmul_tiles(pool, w, x, n_tok, y, scratch, paths.batch_tokens);
     const bool int8 = path == BatchPath::Int8 || path == BatchPath::Packed;
     const Type at = vec_dot_type(w.type);
     const int64_t n_in = w.ne0, n_out = w.ne1;

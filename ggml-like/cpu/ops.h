@@ -60,6 +60,11 @@ struct MatmulPaths {
     // and batch-invariant, so every other flag here is met. Off under
     // --precise (F32 activations).
     bool packed = true;
+    // The rows are part of a batch of this many tokens (the tokens a mixture
+    // of experts routes to one expert): the tiles are taken as for that
+    // batch, so that --precise prompts keep F32 activations in every expert
+    // however few tokens it gets. 0: the rows are the batch.
+    int64_t batch_tokens = 0;
 };
 // y[t][r] = dot(W.row(r), x[t]) for t < n_tok, r < W.ne1.
 // x: n_tok rows of W.ne0 floats; y: n_tok rows of W.ne1 floats. Batches go

@@ -315,16 +315,23 @@ int run_bench(int argc, char** argv) {
         const std::string name = path.substr(path.find_last_of('/') + 1);
         const ModelSummary summary = summarize_model(lm->file);
         const size_t rows_before = rows.size();
-        // Bytes one generated token reads: every weight matrix once, one embedding row.
+        // Bytes one generated token reads: every weight matrix once, one
+        // embedding row, and of a mixture's experts only the used ones.
         double weight_bytes_per_token = static_cast<double>(lm->model.token_embd.row_bytes);
-        for (const auto& L : lm->model.layers)
+        for (const auto& L : lm->model.layers) {
             for (const gl::Tensor* w : L.matrices())
                 weight_bytes_per_token += static_cast<double>(w->bytes());
+            double experts = 0;
+            for (const gl::Tensor* w : L.expert_matrices())
+                experts += static_cast<double>(w->bytes());
+            if (hp.is_moe()) weight_bytes_per_token += experts * hp.n_expert_used / hp.n_expert;
+        }
         weight_bytes_per_token += static_cast<double>(lm->model.output.bytes());
 
         // Which kernels the figures below come from (the same model runs 2-3x
         // apart between paths).
-        const gl::Tensor& up = lm->model.layers.front().w_up;
+        const LayerWeights& first = lm->model.layers.front();
+        const gl::Tensor& up = first.w_up ? first.w_up : first.exp_up.front();
         const gl::Type wt = up.type;
         fmt::print(stderr,
                    "kvrun bench: {}: {} ({} weights), {} kernels, prompt batches on {}, "

@@ -254,6 +254,8 @@ int run_info(int argc, char** argv) {
                             {"n_head_kv", hp.n_head_kv},
                             {"head_dim", hp.head_dim},
                             {"n_ff", hp.n_ff},
+                            {"active_params", summary.active_params},
+                            {"weight_bytes_per_token", summary.bytes_per_token},
                             {"n_ctx_train", hp.n_ctx_train},
                             {"rope_base", hp.rope_base},
                             {"tensor_types", type_counts},
@@ -284,6 +286,11 @@ int run_info(int argc, char** argv) {
                              {{"bytes_per_sequence", per_sequence},
                               {"sequences_that_fit",
                                batch_sequences_that_fit(plan.mem_available, per_sequence)}}}};
+        if (hp.is_moe())
+            j["experts"] = {{"count", hp.n_expert},
+                            {"used", hp.n_expert_used},
+                            {"n_ff", hp.n_ff_exp},
+                            {"shared_n_ff", hp.n_ff_shexp}};
         nlohmann::json pool = {{"block_slots", KvPool::kBlockSlots},
                                {"budget_bytes", budget},
                                {"kinds", nlohmann::json::array()},
@@ -341,6 +348,13 @@ int run_info(int argc, char** argv) {
     fmt::print(
         "dimensions:   {} layers, width {}, {} heads / {} KV heads of {}, FFN {}, vocab {}\n",
         hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff, hp.n_vocab);
+    if (hp.is_moe())
+        fmt::print("experts:      {} per layer of width {}, {} used per token{}; {} of the {} "
+                   "parameters active; a generated token reads {} of weights\n",
+                   hp.n_expert, hp.n_ff_exp, hp.n_expert_used,
+                   hp.n_ff_shexp ? fmt::format(", and a shared one of width {}", hp.n_ff_shexp) : "",
+                   params_text(summary.active_params), params_text(summary.params),
+                   human_bytes(summary.bytes_per_token));
     fmt::print("context:      {} tokens trained; RoPE base {}, {} dims{}\n", hp.n_ctx_train,
                hp.rope_base, hp.rope_dims, hp.rope_neox ? " (neox)" : "");
     if (file.tensor(std::string(tensor_names::rope_factors_long)))

@@ -85,6 +85,22 @@ Forward::Forward(const Model& m, KvCache& kv, Placement placement, int max_batch
         qg_.resize(2 * B * max_q);
         gate_.resize(B * max_q);
     }
+    if (hp.is_moe()) {
+        router_.resize(B * hp.n_expert);
+        expert_in_.resize(B * hp.n_embd);
+        expert_out_.resize(B * hp.n_embd);
+        experts_sum_.resize(B * hp.n_embd);
+        routing_.reserve(hp.n_expert, hp.n_expert_used, max_batch);
+        // The device backends read weights by whole matrix and record a
+        // step's launches ahead: routing decided on the host mid-step is not
+        // in them yet (--cpu-moe is).
+        for (const gl::Backend* b : backends)
+            if (b->name().rfind("cpu", 0) != 0)
+                fail(Exit::usage,
+                     "mixture-of-experts models ({}) run on the CPU only so far: drop --device / "
+                     "-ngl",
+                     hp.arch);
+    }
     if (!hp.recurrent_layers.empty()) {
         ssm_qkv_.resize(B * hp.ssm_conv_dim());
         ssm_conv_.resize(B * hp.ssm_conv_dim());
@@ -120,6 +136,7 @@ Forward::Forward(const Model& m, KvCache& kv, Placement placement, int max_batch
             if (place_.layers[l] != be) continue;
             const LayerWeights& L = m.layers[l];
             for (const gl::Tensor* w : L.matrices()) need(*w);
+            for (const gl::Tensor* w : L.expert_matrices()) need(*w);
             attends = true;
         }
         if (m.per_layer_model_proj && (place_.layers.empty() ? place_.head : place_.layers[0]) == be)
@@ -157,7 +174,11 @@ std::vector<std::pair<void*, size_t>> Forward::buffers() {
             f(cos_swa_),
             f(sin_swa_),
             {pos_.data(), sizeof(int64_t) * pos_.size()},
-            f(logits_)};
+            f(logits_),
+            f(router_),
+            f(expert_in_),
+            f(expert_out_),
+            f(experts_sum_)};
 }
 
 void Forward::track_all() {
@@ -352,7 +373,10 @@ void Forward::layer(int l, int n, Pass pass) {
         recurrent_block(l, n);
     else
         attention_block(l, n, pass);
-    ffn_block(l, n);
+    if (m_.hp.is_moe())
+        experts_block(l, n);
+    else
+        ffn_block(l, n);
     if (m_.hp.n_embd_per_layer > 0) per_layer_input_block(l, n);
     if (const float s = m_.layers[l].output_scale; s != 1.0f) {
         gl::Backend& be = *place_.layers[l];
@@ -591,6 +615,12 @@ void Forward::ffn_block(int l, int n) {
 void Forward::matmul(gl::Backend& be, Op op, const gl::Tensor& w, const float* x, int n, float* y) {
     OpTimer t(profile_, op, static_cast<double>(w.bytes()));
     be.matmul(w, x, n, y);
+}
+
+void Forward::matmul_part(gl::Backend& be, Op op, const gl::Tensor& w, const float* x, int n,
+                          int n_batch, float* y) {
+    OpTimer t(profile_, op, static_cast<double>(w.bytes()));
+    be.matmul_part(w, x, n, n_batch, y);
 }
 
 void Forward::rmsnorm(gl::Backend& be, const float* x, const std::vector<float>& w, int rows,

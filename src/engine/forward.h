@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "expert_routing.h"
 #include "ggml-like/backend.h"
 #include "kv_cache.h"
 #include "model.h"
@@ -113,6 +114,10 @@ class Forward {
     // eval_generated attends it, the slots it writes staged in view of the next.
     void attend_each(KvCache& kv, gl::AttentionArgs a, int l, int n, int64_t pos0, bool any_slid);
     void ffn_block(int l, int n);
+    // A mixture-of-experts FFN (forward_experts.cpp): route each token, run
+    // each chosen expert once over the tokens sent to it, add the weighted
+    // outputs (and the gated shared expert) to the residual stream.
+    void experts_block(int l, int n);
     // Gemma 4: every layer's per-layer input rows of the batch (pli_), once
     // per step; and one layer's use of them, x_ += norm(proj(gelu(gate x_) * pli)).
     void per_layer_inputs(gl::Backend& be, const int32_t* tokens, int n);
@@ -122,6 +127,9 @@ class Forward {
     void recurrent_block(int l, int n);
     // be's op, timed into profile_ (when set) as `op`, with w's bytes.
     void matmul(gl::Backend& be, Op op, const gl::Tensor& w, const float* x, int n, float* y);
+    // The same for n of a batch's n_batch tokens (Backend::matmul_part).
+    void matmul_part(gl::Backend& be, Op op, const gl::Tensor& w, const float* x, int n,
+                     int n_batch, float* y);
     // out = rmsnorm(x) * w for `rows` rows of n_embd; x_ += xb_ for n rows
     // (timed as norms, other).
     void rmsnorm(gl::Backend& be, const float* x, const std::vector<float>& w, int rows,
@@ -195,6 +203,11 @@ class Forward {
         std::vector<std::vector<uint8_t>> overwritten; // per segment: KvCache::save_slots
     };
     std::vector<SharedKv> shared_kv_;
+    // Mixture of experts: the router's [B][n_expert] logits, the routing, one
+    // expert's gathered input rows and output rows [B][n_embd], and the
+    // block's output [B][n_embd] as it is summed.
+    std::vector<float> router_, expert_in_, expert_out_, experts_sum_;
+    ExpertRouting routing_;
     SharedKv* shared_of(int source);
     OpProfile* profile_ = nullptr;
 };

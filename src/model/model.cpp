@@ -117,6 +117,60 @@ void bind_delta_net(const Binder& b, const Hparams& hp, int l, LayerWeights& L) 
                      x);
 }
 
+// A mixture-of-experts FFN of layer l: the router, each expert's three
+// matrices as views of the file's 3-D tensors, the shared expert and its gate.
+void bind_experts(const Binder& b, const Hparams& hp, int l, LayerWeights& L) {
+    auto name = [l](std::string_view suffix) { return tn::blk(l, suffix); };
+    const int E = hp.n_expert, ff = hp.n_ff_exp;
+    L.w_router = b.matrix(name(tn::ffn_gate_inp), hp.n_embd, E);
+    // Expert e is slice e of the last dimension: rows e * out .. of the
+    // tensor read as one matrix of E * out rows.
+    auto experts = [&](std::string_view suffix, int64_t in, int64_t out) {
+        const std::string n = name(suffix);
+        const GgufTensor* t = b.find(n);
+        if (!t) fail(Exit::bad_model, "{}: missing tensor '{}'", b.path(), n);
+        if (t->n_dims != 3 || t->ne[0] != in || t->ne[1] != out || t->ne[2] != E)
+            fail(Exit::bad_model, "{}: tensor '{}' has shape {}, expected [{}, {}, {}]", b.path(),
+                 n, t->shape_str(), in, out, E);
+        GgufTensor flat = *t;
+        flat.n_dims = 2;
+        flat.ne[1] = out * E;
+        flat.ne[2] = 1;
+        const gl::Tensor all = b.view(flat, in, out * E);
+        std::vector<gl::Tensor> v;
+        for (int e = 0; e < E; e++) v.push_back(all.rows(static_cast<int64_t>(e) * out, out));
+        return v;
+    };
+    if (b.find(name(tn::ffn_gate_up_exps))) { // merged: each expert's gate rows, then up rows
+        for (const gl::Tensor& gu : experts(tn::ffn_gate_up_exps, hp.n_embd, 2 * ff)) {
+            L.exp_gate.push_back(gu.rows(0, ff));
+            L.exp_up.push_back(gu.rows(ff, ff));
+        }
+    } else {
+        L.exp_gate = experts(tn::ffn_gate_exps, hp.n_embd, ff);
+        L.exp_up = experts(tn::ffn_up_exps, hp.n_embd, ff);
+    }
+    L.exp_down = experts(tn::ffn_down_exps, ff, hp.n_embd);
+
+    const bool has_shared = b.find(name(tn::ffn_gate_shexp)) || b.find(name(tn::ffn_up_shexp)) ||
+                            b.find(name(tn::ffn_down_shexp));
+    if (has_shared && hp.n_ff_shexp == 0)
+        fail(Exit::bad_model,
+             "{}: layer {} has a shared expert but no '{}.expert_shared_feed_forward_length'",
+             b.path(), l, hp.arch);
+    if (hp.n_ff_shexp == 0) return;
+    if (!b.find(name(tn::ffn_gate_inp_shexp)))
+        fail(Exit::bad_model, "{}: layer {}'s shared expert has no gate ('{}')", b.path(), l,
+             name(tn::ffn_gate_inp_shexp));
+    L.w_shexp_gate = b.matrix(name(tn::ffn_gate_shexp), hp.n_embd, hp.n_ff_shexp);
+    L.w_shexp_up = b.matrix(name(tn::ffn_up_shexp), hp.n_embd, hp.n_ff_shexp);
+    L.w_shexp_down = b.matrix(name(tn::ffn_down_shexp), hp.n_ff_shexp, hp.n_embd);
+    L.shexp_gate_inp = b.vector(name(tn::ffn_gate_inp_shexp), hp.n_embd);
+    for (float x : L.shexp_gate_inp)
+        if (!std::isfinite(x))
+            fail(Exit::bad_model, "{}: {} holds {}", b.path(), name(tn::ffn_gate_inp_shexp), x);
+}
+
 } // namespace
 
 float Model::attn_scale() const {
@@ -161,7 +215,7 @@ Hparams read_hparams(const GgufFile& f) {
         if (std::all_of(hp.n_ff_layers.begin(), hp.n_ff_layers.end(),
                         [&](int w) { return w == hp.n_ff; }))
             hp.n_ff_layers.clear();
-    } else {
+    } else if (!arch->experts || f.get_u64(ff_key)) {
         hp.n_ff = need("feed_forward_length");
     }
     hp.n_head = need("attention.head_count", 4096);
@@ -229,6 +283,7 @@ Hparams read_hparams(const GgufFile& f) {
         hp.sliding_window = static_cast<int64_t>(*sw);
     }
     if (arch->read_hparams) arch->read_hparams(f, hp);
+    if (arch->experts) read_expert_hparams(f, hp);
 
     const GgufTensor* emb = f.tensor(std::string(tn::token_embd));
     if (!emb) fail(Exit::bad_model, "{}: missing tensor '{}'", f.path(), tn::token_embd);
@@ -302,7 +357,9 @@ Model Model::load(const GgufFile& f) {
         // (2 n_ff: gate rows, then up; anything else is named as misshapen).
         const int ff = hp.layer_n_ff(l);
         const GgufTensor* up = b.find(name(tn::ffn_up));
-        if (!b.find(name(tn::ffn_gate)) && up && up->ne[1] != ff) {
+        if (hp.is_moe()) {
+            bind_experts(b, hp, l, L);
+        } else if (!b.find(name(tn::ffn_gate)) && up && up->ne[1] != ff) {
             const gl::Tensor gate_up = b.matrix(name(tn::ffn_up), hp.n_embd, 2 * ff);
             L.w_gate = gate_up.rows(0, ff);
             L.w_up = gate_up.rows(ff, ff);
@@ -310,7 +367,7 @@ Model Model::load(const GgufFile& f) {
             L.w_gate = b.matrix(name(tn::ffn_gate), hp.n_embd, ff);
             L.w_up = b.matrix(name(tn::ffn_up), hp.n_embd, ff);
         }
-        L.w_down = b.matrix(name(tn::ffn_down), ff, hp.n_embd);
+        if (!hp.is_moe()) L.w_down = b.matrix(name(tn::ffn_down), ff, hp.n_embd);
         if (P > 0) {
             L.w_inp_gate = b.matrix(name(tn::inp_gate), hp.n_embd, P);
             L.w_inp_proj = b.matrix(name(tn::inp_proj), P, hp.n_embd);

@@ -59,6 +59,13 @@ struct Hparams {
     int ssm_n_k_heads = 0, ssm_n_v_heads = 0;
     bool attn_output_gate = false;
     int n_mtp_layers = 0; // multi-token-prediction layers in the file, not run
+    // Mixture of experts (qwen3moe, qwen35moe): every FFN routes each token
+    // to n_expert_used of n_expert SwiGLU experts of width n_ff_exp, weighted
+    // by the router's softmax over the chosen ones (renormalised to sum 1),
+    // plus, where n_ff_shexp > 0, an always-on shared expert scaled by a
+    // sigmoid gate. n_ff is then the widest FFN a token runs.
+    int n_expert = 0, n_expert_used = 0, n_ff_exp = 0, n_ff_shexp = 0;
+    bool is_moe() const { return n_expert > 0; }
     bool is_swa(int layer) const { return !swa_layers.empty() && swa_layers[layer] != 0; }
     bool is_recurrent(int l) const { return !recurrent_layers.empty() && recurrent_layers[l] != 0; }
     int ssm_conv_dim() const { return 2 * ssm_n_k_heads * ssm_d_state + ssm_d_inner; }
@@ -130,13 +137,30 @@ struct LayerWeights {
     // projection back to the width.
     gl::Tensor w_ssm_qkv, w_ssm_z, w_ssm_beta, w_ssm_alpha, w_ssm_out;
     std::vector<float> ssm_conv, ssm_dt_bias, ssm_a, ssm_norm;
+    // A mixture-of-experts FFN (w_gate/w_up/w_down then absent): the router
+    // [n_embd] -> [n_expert] logits; each expert's gate, up and down (views
+    // of the file's 3-D tensors, one per expert, each in its own type); the
+    // shared expert and its gate [n_embd] (qwen35moe; absent elsewhere).
+    gl::Tensor w_router;
+    std::vector<gl::Tensor> exp_gate, exp_up, exp_down; // [n_expert]
+    gl::Tensor w_shexp_gate, w_shexp_up, w_shexp_down;
+    std::vector<float> shexp_gate_inp;
 
-    // The weight matrices the layer has, in the order a token uses them.
+    // The weight matrices every token reads, in the order it uses them (the
+    // routed experts are apart: a token reads only those it is sent to).
     std::vector<gl::Tensor*> matrices() {
         std::vector<gl::Tensor*> v;
         for (gl::Tensor* w : {&wq, &wk, &wv, &w_ssm_qkv, &w_ssm_z, &w_ssm_beta, &w_ssm_alpha, &wo,
-                              &w_ssm_out, &w_gate, &w_up, &w_down, &w_inp_gate, &w_inp_proj})
+                              &w_ssm_out, &w_router, &w_shexp_gate, &w_shexp_up, &w_shexp_down,
+                              &w_gate, &w_up, &w_down, &w_inp_gate, &w_inp_proj})
             if (*w) v.push_back(w);
+        return v;
+    }
+    // The routed experts' matrices: gate, up and down of expert 0, then 1, ...
+    std::vector<const gl::Tensor*> expert_matrices() const {
+        std::vector<const gl::Tensor*> v;
+        for (size_t e = 0; e < exp_gate.size(); e++)
+            for (const gl::Tensor* w : {&exp_gate[e], &exp_up[e], &exp_down[e]}) v.push_back(w);
         return v;
     }
     std::vector<const gl::Tensor*> matrices() const {

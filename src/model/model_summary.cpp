@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "tensor_names.h"
+
 namespace kvrun {
 
 // The numbering of general.file_type that GGUF files carry (the format's
@@ -63,10 +65,29 @@ ModelSummary summarize_model(const GgufFile& f) {
     // By bytes, the type most of the weights are stored in (norms are F32
     // but small): the label when the file does not say.
     std::map<std::string, uint64_t> bytes_by_type;
+    const std::optional<std::string_view> arch = f.get_str("general.architecture");
+    const uint64_t used =
+        arch ? f.get_u64(std::string(*arch) + ".expert_used_count").value_or(0) : 0;
+    const bool tied = !f.tensor(std::string(tensor_names::output));
     for (const GgufTensor& t : f.tensors()) {
-        s.params += static_cast<uint64_t>(t.n_elements());
+        const uint64_t n = static_cast<uint64_t>(t.n_elements());
+        s.params += n;
         s.weight_bytes += t.nbytes;
         bytes_by_type[gl::type_name(t.type)] += t.nbytes;
+        // Experts: slices of the last of 3 dimensions, "blk.N.ffn_*_exps".
+        const bool experts = t.n_dims == 3 && t.name.size() > 12 &&
+                             t.name.compare(t.name.size() - 12, 12, "_exps.weight") == 0 &&
+                             used > 0 && used <= static_cast<uint64_t>(t.ne[2]);
+        if (experts) {
+            s.n_expert = static_cast<int>(t.ne[2]);
+            s.n_expert_used = static_cast<int>(used);
+            s.active_params += n / t.ne[2] * used;
+            s.bytes_per_token += t.nbytes / t.ne[2] * used;
+        } else {
+            s.active_params += n;
+            const bool table = t.name == tensor_names::token_embd && !tied && t.ne[1] > 0;
+            s.bytes_per_token += table ? t.nbytes / t.ne[1] : t.nbytes;
+        }
     }
     const std::optional<uint64_t> ft = f.get_u64("general.file_type");
     if (const char* name = ft ? file_type_name(*ft) : nullptr) {

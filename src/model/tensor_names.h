@@ -58,6 +58,19 @@ inline constexpr std::string_view ssm_beta = "ssm_beta.weight";
 inline constexpr std::string_view ssm_alpha = "ssm_alpha.weight";
 inline constexpr std::string_view ssm_norm = "ssm_norm.weight";
 inline constexpr std::string_view ssm_out = "ssm_out.weight";
+// Mixture-of-experts FFNs (qwen3moe, qwen35moe): the router, the experts as
+// 3-D tensors (expert e is slice e of the last dimension; a merged gate_up
+// holds each expert's gate rows, then its up rows) and the shared expert with
+// its per-token gate (a 1-D weight: one scalar per token).
+inline constexpr std::string_view ffn_gate_inp = "ffn_gate_inp.weight";
+inline constexpr std::string_view ffn_gate_exps = "ffn_gate_exps.weight";
+inline constexpr std::string_view ffn_up_exps = "ffn_up_exps.weight";
+inline constexpr std::string_view ffn_gate_up_exps = "ffn_gate_up_exps.weight";
+inline constexpr std::string_view ffn_down_exps = "ffn_down_exps.weight";
+inline constexpr std::string_view ffn_gate_inp_shexp = "ffn_gate_inp_shexp.weight";
+inline constexpr std::string_view ffn_gate_shexp = "ffn_gate_shexp.weight";
+inline constexpr std::string_view ffn_up_shexp = "ffn_up_shexp.weight";
+inline constexpr std::string_view ffn_down_shexp = "ffn_down_shexp.weight";
 
 inline std::string blk(int layer, std::string_view suffix) {
     return "blk." + std::to_string(layer) + "." + std::string(suffix);

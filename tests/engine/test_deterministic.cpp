@@ -127,4 +127,11 @@ TEST_CASE("deterministic: logits are bit-identical whatever the batching, thread
     // attention layers.
     const auto q35 = LoadedModel::load(kvtest::shared("models/next/tiny-qwen35-Q4_K_M.gguf"));
     check_invariance(q35->model, "tiny-qwen35", gl::Type::F16);
+    // Mixtures of experts: a batch's tokens share experts (each expert's
+    // rows multiplied once for all its tokens), one at a time they do not.
+    for (const char* moe : {"tiny-qwen3moe", "tiny-qwen35moe"}) {
+        const auto lm =
+            LoadedModel::load(kvtest::shared(std::string("models/next/") + moe + "-Q4_K_M.gguf"));
+        check_invariance(lm->model, moe, gl::Type::F16);
+    }
 }

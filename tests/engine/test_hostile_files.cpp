@@ -732,6 +732,45 @@ TEST_CASE("files: Qwen 3.5 files with bad state sizes, decays or missing tensors
              });
 }
 
+// Mixture-of-experts headers (qwen3moe, qwen35moe): expert counts out of
+// range or disagreeing with the tensors, experts used of 0 or more than the
+// experts, a shared expert without its gate or its width.
+TEST_CASE("files: MoE files with bad expert counts, shapes or shared experts are bad models") {
+    const std::string q3 = kvtest::shared("models/next/tiny-qwen3moe-Q4_K_M.gguf");
+    REQUIRE(gen(q3).status == 0);
+    check_bad_models(
+        q3,
+        {
+            {"0 experts used", with_u32("qwen3moe.expert_used_count", 0), "expert_used_count"},
+            {"9 of 8 experts used", with_u32("qwen3moe.expert_used_count", 9), "expert_used_count"},
+            {"no expert_used_count", without_key("qwen3moe.expert_used_count"),
+             "expert_used_count"},
+            {"0 experts", with_u32("qwen3moe.expert_count", 0), "expert_count"},
+            {"7 experts, tensors of 8", with_u32("qwen3moe.expert_count", 7),
+             "blk.0.ffn_gate_inp.weight"},
+            {"expert width 64, tensors of 32", with_u32("qwen3moe.expert_feed_forward_length", 64),
+             "blk.0.ffn_gate_exps.weight"},
+            {"no router in layer 2", without_tensor("blk.2.ffn_gate_inp.weight"),
+             "blk.2.ffn_gate_inp.weight"},
+            {"no down experts in layer 3", without_tensor("blk.3.ffn_down_exps.weight"),
+             "blk.3.ffn_down_exps.weight"},
+        });
+    const std::string q35 = kvtest::shared("models/next/tiny-qwen35moe-Q4_K_M.gguf");
+    REQUIRE(gen(q35).status == 0);
+    check_bad_models(
+        q35, {
+                 {"a shared expert without its gate",
+                  without_tensor("blk.1.ffn_gate_inp_shexp.weight"), "has no gate"},
+                 {"a shared expert without its width",
+                  without_key("qwen35moe.expert_shared_feed_forward_length"),
+                  "expert_shared_feed_forward_length"},
+                 {"NaN in the shared expert's gate",
+                  with_first_float("blk.0.ffn_gate_inp_shexp.weight", NAN),
+                  "blk.0.ffn_gate_inp_shexp.weight"},
+                 {"2 experts, 3 used", with_u32("qwen35moe.expert_count", 2), "expert_used_count"},
+             });
+}
+
 TEST_CASE("files: NaN weights that reach the logits stop generation with exit 3") {
     TempDir d;
     const std::string m = d.file("nan.gguf");

@@ -10,9 +10,12 @@ extern const Family kGemma3;
 extern const Family kPhi3;
 extern const Family kGemma4;
 extern const Family kQwen35;
+extern const Family kQwen3Moe;
+extern const Family kQwen35Moe;
 
 namespace {
-const Family* const kFamilies[] = {&kLlama, &kQwen2, &kQwen3, &kGemma3, &kPhi3, &kGemma4, &kQwen35};
+const Family* const kFamilies[] = {&kLlama,  &kQwen2,  &kQwen3,    &kGemma3,   &kPhi3,
+                                   &kGemma4, &kQwen35, &kQwen3Moe, &kQwen35Moe};
 } // namespace
 
 const Family* find_family(std::string_view arch) {

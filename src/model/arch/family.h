@@ -34,6 +34,9 @@ struct Family {
     bool rope_factors_off = false;
     // Qwen 3.5: the norm before the FFN is named post_attention_norm.
     bool ffn_norm_is_post_attention = false;
+    // Every FFN a mixture of experts (arch/experts.cpp reads its keys;
+    // feed_forward_length is then optional and unused).
+    bool experts = false;
     // Family-specific metadata, read after the keys every family shares
     // (model.cpp); may throw Error(bad_model). Null: nothing more to read.
     void (*read_hparams)(const GgufFile& f, Hparams& hp) = nullptr;
@@ -44,6 +47,14 @@ struct Family {
 // attention.sliding_window_pattern, per-layer flags or, where default_period
 // is given, a period (or that default).
 void read_window_layers(const GgufFile& f, Hparams& hp, std::optional<uint64_t> default_period);
+
+// A mixture-of-experts family's keys (expert_count, expert_used_count,
+// expert_feed_forward_length, expert_shared_feed_forward_length,
+// expert_gating_func), checked; throws Error(bad_model).
+void read_expert_hparams(const GgufFile& f, Hparams& hp);
+
+// Qwen 3.5's hybrid layers (arch/qwen35.cpp), for qwen35 and qwen35moe.
+void read_qwen35_hparams(const GgufFile& f, Hparams& hp);
 
 // The family of `arch`, or null when kvrun does not run it.
 const Family* find_family(std::string_view arch);

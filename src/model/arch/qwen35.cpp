@@ -20,9 +20,7 @@
 
 namespace kvrun {
 
-namespace {
-
-void read_qwen35(const GgufFile& f, Hparams& hp) {
+void read_qwen35_hparams(const GgufFile& f, Hparams& hp) {
     const std::string p = hp.arch + ".";
     if (auto mtp = f.get_u64(p + "nextn_predict_layers"); mtp && *mtp > 0) {
         if (*mtp >= static_cast<uint64_t>(hp.n_layer))
@@ -86,8 +84,6 @@ void read_qwen35(const GgufFile& f, Hparams& hp) {
     hp.attn_output_gate = true;
 }
 
-} // namespace
-
 extern const Family kQwen35;
 const Family kQwen35{.name = "qwen35",
                      .rope_neox = true,
@@ -97,6 +93,6 @@ const Family kQwen35{.name = "qwen35",
                      .gelu_ffn = false,
                      .embed_scale = false,
                      .ffn_norm_is_post_attention = true,
-                     .read_hparams = read_qwen35};
+                     .read_hparams = read_qwen35_hparams};
 
 } // namespace kvrun
