@@ -8,9 +8,9 @@
 // GGUF file that other readers load.
 #include <cstdio>
 #include <cstdlib>
-#include <strings.h>
 
 #include "cli/common.h"
+#include "cli/quant_recipe.h"
 #include "tensor_names.h"
 #include "error.h"
 #include "ggml-like/kernels.h"
@@ -19,37 +19,6 @@
 #include "gguf_writer.h"
 
 namespace kvrun::cli {
-
-namespace {
-
-struct Recipe {
-    const char* name;
-    gl::Type base;
-    gl::Type output;    // output.weight
-    gl::Type important; // attn_v / ffn_down in the "more bits" layers
-    uint32_t file_type; // general.file_type as other tools number it
-};
-
-constexpr Recipe kRecipes[] = {
-    {"F16", gl::Type::F16, gl::Type::F16, gl::Type::F16, 1},
-    {"Q8_0", gl::Type::Q8_0, gl::Type::Q8_0, gl::Type::Q8_0, 7},
-    {"Q4_0", gl::Type::Q4_0, gl::Type::Q6_K, gl::Type::Q4_0, 2},
-    {"Q4_K_M", gl::Type::Q4_K, gl::Type::Q6_K, gl::Type::Q6_K, 15},
-    {"Q6_K", gl::Type::Q6_K, gl::Type::Q6_K, gl::Type::Q6_K, 18},
-};
-
-// Layers whose attn_v and ffn_down get more bits: the first and last eighth,
-// and every third layer in between.
-bool more_bits_layer(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
-
-// A type whose block fits rows of n elements, for tensors the recipe's type cannot hold.
-gl::Type fitting(gl::Type want, int64_t n) {
-    if (gl::row_size_ok(want, n)) return want;
-    const gl::Type fallback = want == gl::Type::Q6_K || want == gl::Type::Q8_0 ? gl::Type::Q8_0 : gl::Type::Q5_0;
-    return gl::row_size_ok(fallback, n) ? fallback : gl::Type::F16;
-}
-
-} // namespace
 
 int run_quantize(int argc, char** argv) {
     std::string in, out, type;
@@ -64,10 +33,8 @@ int run_quantize(int argc, char** argv) {
     app.add_flag("--allow-requantize", allow_requantize,
                  "re-encode weights that are already quantized (each step loses precision)");
     if (const auto done = parse_command_line(app, argc, argv)) return *done;
-    const Recipe* r = nullptr;
-    for (const Recipe& c : kRecipes)
-        if (strcasecmp(type.c_str(), c.name) == 0) r = &c;
-    if (!r) fail(Exit::usage, "quantize type '{}' is not one of F16, Q8_0, Q4_0, Q4_K_M, Q6_K", type);
+    const QuantRecipe* r = find_quant_recipe(type);
+    if (!r) fail(Exit::usage, "quantize type '{}' is not one of {}", type, quant_recipe_names());
     if (in == out) fail(Exit::usage, "input and output are the same file");
 
     GgufFile f = GgufFile::open(in);
@@ -96,18 +63,8 @@ int run_quantize(int argc, char** argv) {
             fail(Exit::bad_model, "{}: tensor '{}' has type {}, which kvrun cannot read yet", in, t.name,
                  gl::type_name(t.type));
         const int64_t n0 = t.ne[0], rows = t.n_elements() / n0;
-        gl::Type target = gl::Type::F32;
-        if (t.n_dims >= 2) {
-            namespace tn = tensor_names;
-            const int l = tn::layer_of(t.name).value_or(-1);
-            const bool important = l >= 0 && (tn::is_layer_tensor(t.name, tn::attn_v) ||
-                                              tn::is_layer_tensor(t.name, tn::attn_qkv) ||
-                                              tn::is_layer_tensor(t.name, tn::ffn_down));
-            target = t.name == tn::output ? r->output
-                     : important && more_bits_layer(l, n_layer) ? r->important
-                                                                 : r->base;
-            target = fitting(target, n0);
-        }
+        const gl::Type target =
+            t.n_dims >= 2 ? recipe_type(*r, t.name, n0, n_layer) : gl::Type::F32;
         const size_t in_rb = gl::row_size(t.type, n0), out_rb = gl::row_size(target, n0);
         std::vector<uint8_t> data(out_rb * rows);
         const auto* src = static_cast<const uint8_t*>(t.data);

@@ -21,9 +21,19 @@ MemoryPlan plan_memory(const GgufFile& f, const Hparams& hp, int64_t n_ctx, gl::
                        gl::Type tv, int batch, int threads) {
     MemoryPlan p;
     p.mem_available = mem_available_bytes();
+    // A mixture's experts stay in the file mapping (LoadedModel::load), and a
+    // token reads n_expert_used of n_expert: what they take is page cache,
+    // given back under pressure and read again when routed to. Of those not
+    // yet resident the plan counts that share; the rest costs no memory.
+    uint64_t experts_unread = 0;
     for (const auto& t : f.tensors()) {
         p.weights += t.nbytes;
-        p.weights_resident += resident_bytes(t.data, t.nbytes); // mapped, or moved (GgufFile)
+        const uint64_t resident = resident_bytes(t.data, t.nbytes); // mapped, or moved (GgufFile)
+        p.weights_resident += resident;
+        if (hp.is_moe() && t.n_dims == 3 && tensor_names::is_experts(t.name))
+            experts_unread += (t.nbytes - std::min(resident, t.nbytes)) *
+                              static_cast<uint64_t>(hp.n_expert - hp.n_expert_used) /
+                              static_cast<uint64_t>(hp.n_expert);
     }
     const KvCacheConfig cache = KvCacheConfig::for_model(hp, static_cast<int>(n_ctx), 0, tk, tv);
     p.kv_per_token = KvCache::bytes_per_token(cache);
@@ -37,7 +47,9 @@ MemoryPlan plan_memory(const GgufFile& f, const Hparams& hp, int64_t n_ctx, gl::
         4 * (b * (2ull * hp.n_embd + 3ull * hp.q_dim() + 2ull * hp.kv_dim() + 2ull * hp.n_ff) +
              static_cast<uint64_t>(threads) * (n_ctx + b + 2 * hp.kv_dim() + 512) + hp.n_vocab) +
         b * 2 * (gl::row_size(tk, hp.kv_dim()) + gl::row_size(tv, hp.kv_dim()));
-    const uint64_t to_fault = p.weights > p.weights_resident ? p.weights - p.weights_resident : 0;
+    if (hp.is_moe()) p.scratch += 4 * b * (static_cast<uint64_t>(hp.n_expert) + 3ull * hp.n_embd);
+    const uint64_t unread = p.weights > p.weights_resident ? p.weights - p.weights_resident : 0;
+    const uint64_t to_fault = unread - std::min(unread, experts_unread);
     const uint64_t used = to_fault + p.scratch + kReserve + state;
     p.kv_free = p.mem_available > used ? p.mem_available - used : 0;
     p.max_ctx_that_fits = KvCache::max_ctx_for_bytes(cache, p.kv_free);

@@ -59,9 +59,12 @@ std::unique_ptr<LoadedModel> LoadedModel::load(const std::string& path, Layers l
         // 35 layers' rows of 256 for each of 262144 tokens). So do the
         // matrices to be packed, which get a copy of their own: a tied
         // embedding among them, whose rows are then read from the mapping.
+        // So do a mixture's experts, of which a token reads a few: the ones
+        // never routed to cost no memory (Qwen3-30B-A3B: 8 of 128 a token).
         f.move_data_to_huge_pages([tied, pack](const GgufTensor& t) {
             return (!tied && t.name == tensor_names::token_embd) ||
                    t.name == tensor_names::per_layer_token_embd ||
+                   (t.n_dims == 3 && tensor_names::is_experts(t.name)) ||
                    (pack && t.n_dims == 2 && PackedWeights::packs(t.type));
         });
     Model m = Model::load(f);

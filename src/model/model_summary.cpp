@@ -75,9 +75,8 @@ ModelSummary summarize_model(const GgufFile& f) {
         s.weight_bytes += t.nbytes;
         bytes_by_type[gl::type_name(t.type)] += t.nbytes;
         // Experts: slices of the last of 3 dimensions, "blk.N.ffn_*_exps".
-        const bool experts = t.n_dims == 3 && t.name.size() > 12 &&
-                             t.name.compare(t.name.size() - 12, 12, "_exps.weight") == 0 &&
-                             used > 0 && used <= static_cast<uint64_t>(t.ne[2]);
+        const bool experts = t.n_dims == 3 && tensor_names::is_experts(t.name) && used > 0 &&
+                             used <= static_cast<uint64_t>(t.ne[2]);
         if (experts) {
             s.n_expert = static_cast<int>(t.ne[2]);
             s.n_expert_used = static_cast<int>(used);

@@ -72,6 +72,14 @@ inline constexpr std::string_view ffn_gate_shexp = "ffn_gate_shexp.weight";
 inline constexpr std::string_view ffn_up_shexp = "ffn_up_shexp.weight";
 inline constexpr std::string_view ffn_down_shexp = "ffn_down_shexp.weight";
 
+// A mixture's experts, "blk.N.ffn_{gate,up,down,gate_up}_exps.weight" (3-D:
+// expert e is slice e of the last dimension).
+inline bool is_experts(std::string_view name) {
+    constexpr std::string_view kSuffix = "_exps.weight";
+    return name.rfind("blk.", 0) == 0 && name.size() > kSuffix.size() &&
+           name.substr(name.size() - kSuffix.size()) == kSuffix;
+}
+
 inline std::string blk(int layer, std::string_view suffix) {
     return "blk." + std::to_string(layer) + "." + std::string(suffix);
 }

@@ -46,7 +46,7 @@ TEST_CASE("expert routing: the top k of the softmax, renormalised, grouped by ex
     struct Shape {
         int E, k, n;
     };
-    for (const auto [E, k, n] : {Shape{8, 2, 1}, {6, 3, 37}, {128, 8, 19}, {5, 5, 4}, {1, 1, 3}}) {
+    for (const auto& [E, k, n] : {Shape{8, 2, 1}, {6, 3, 37}, {128, 8, 19}, {5, 5, 4}, {1, 1, 3}}) {
         CAPTURE(E);
         CAPTURE(k);
         ExpertRouting r;

@@ -34,6 +34,10 @@ class ForwardingBackend : public gl::Backend {
     void matmul(const gl::Tensor& w, const float* x, int64_t n_tok, float* y) override {
         inner_->matmul(w, x, n_tok, y);
     }
+    void matmul_part(const gl::Tensor& w, const float* x, int64_t n_tok, int64_t batch_tok,
+                     float* y) override {
+        inner_->matmul_part(w, x, n_tok, batch_tok, y);
+    }
     void rmsnorm(const float* x, const float* w, int64_t n, int64_t rows, float eps,
                  float* out) override {
         inner_->rmsnorm(x, w, n, rows, eps, out);

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Mixtures of experts against the reference engine: the Qwen3-30B-A3B and
+# Qwen3.5-35B-A3B shapes (`kvrun synth`, Q4_K_M, fewer layers so that each
+# fits a 24 GiB machine: 16 of 48 and 12 of 40), written once into
+# $KVRUN_BENCH_DIR (~/.cache/kvrun-bench); then pp and tg side by side with
+# llama-bench (scripts/bench-vs-reference.sh: alternated per model), the
+# weight bytes a generated token reads against the file (`kvrun info`), and
+# the peak RSS of a short run (prompt PP tokens, 32 generated) beside the
+# file size.
+# Usage: LLAMA_BENCH=/path/to/llama-bench scripts/bench-moe.sh
+#   env: PP (512), TG (128), THREADS (2), REPS (2)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+: "${LLAMA_BENCH:?set LLAMA_BENCH to the llama-bench of the reference engine}"
+dir=${KVRUN_BENCH_DIR:-$HOME/.cache/kvrun-bench}
+vocabs=${KVRUN_MODEL_CACHE:-$HOME/.cache/kvrun-models}/llama.cpp-vocab
+mkdir -p "$dir"
+[ -x ./kvrun ] || make build >/dev/null
+[ -f "$vocabs/ggml-vocab-qwen2.gguf" ] || scripts/fetch-real-models.sh >&2
+models=()
+for spec in "qwen3-30b-a3b:16l:$vocabs/ggml-vocab-qwen2.gguf" \
+            "qwen3.5-35b-a3b:12l:../shared/vocab/ggml-vocab-qwen35.gguf"; do
+  IFS=: read -r preset layers vocab <<<"$spec"
+  m=$dir/$preset-$layers-Q4_K_M.gguf
+  [ -f "$m" ] || ./kvrun synth --preset "$preset" --type Q4_K_M --vocab "$vocab" -o "$m" \
+    -t "${THREADS:-2}" >&2
+  models+=("$m")
+done
+PP=${PP:-512} TG=${TG:-128} REPS=${REPS:-2} scripts/bench-vs-reference.sh "${models[@]}"
+echo
+echo "| model | file | weights read per generated token | peak RSS (prompt ${PP:-512}, 32 generated) |"
+echo "| --- | ---: | ---: | ---: |"
+for m in "${models[@]}"; do
+  j=$(./kvrun info -m "$m" --json)
+  read -r file per_token < <(python3 -c 'import json,sys; j=json.load(sys.stdin); print(j["file_bytes"], j["weight_bytes_per_token"])' <<<"$j")
+  prompt=$(python3 -c "print(' '.join(['the'] * ${PP:-512}))")
+  out=$(mktemp)
+  /usr/bin/time -f '%M' -o "$out" ./kvrun -m "$m" -p "$prompt" -n 32 -t "${THREADS:-2}" >/dev/null 2>&1
+  rss=$(tail -1 "$out")
+  rm -f "$out"
+  awk -v n="$(basename "$m" .gguf)" -v f="$file" -v t="$per_token" -v r="$rss" \
+    'BEGIN { printf "| %s | %.2f GiB | %.0f MiB | %.2f GiB |\n", n, f / 2^30, t / 2^20, r / 2^20 }'
+done
