@@ -5,8 +5,8 @@
 # $KVRUN_BENCH_DIR (~/.cache/kvrun-bench); then pp and tg side by side with
 # llama-bench (scripts/bench-vs-reference.sh: alternated per model), the
 # weight bytes a generated token reads against the file (`kvrun info`), and
-# the peak RSS of a short run (prompt PP tokens, 32 generated) beside the
-# file size.
+# the peak RSS of two runs beside the file size: a short prompt and 128
+# generated tokens, and a story of about 500 tokens and 32.
 # Usage: LLAMA_BENCH=/path/to/llama-bench scripts/bench-moe.sh
 #   env: PP (512), TG (128), THREADS (2), REPS (2)
 set -euo pipefail
@@ -28,16 +28,22 @@ for spec in "qwen3-30b-a3b:16l:$vocabs/ggml-vocab-qwen2.gguf" \
 done
 PP=${PP:-512} TG=${TG:-128} REPS=${REPS:-2} scripts/bench-vs-reference.sh "${models[@]}"
 echo
-echo "| model | file | weights read per generated token | peak RSS (prompt ${PP:-512}, 32 generated) |"
-echo "| --- | ---: | ---: | ---: |"
+echo "| model | file | weights read per generated token | peak RSS, 4-token prompt + 128 generated | peak RSS, a 2000-character story (about 500 tokens) + 32 |"
+echo "| --- | ---: | ---: | ---: | ---: |"
+# Peak RSS in KiB of one run (GNU time).
+rss() {
+  local out
+  out=$(mktemp)
+  /usr/bin/time -f '%M' -o "$out" ./kvrun "$@" -t "${THREADS:-2}" --temp 0 >/dev/null 2>&1
+  tail -1 "$out"
+  rm -f "$out"
+}
+text=$(head -c 2000 ../shared/text/stories260K-samples.txt | tr '\n' ' ')
 for m in "${models[@]}"; do
   j=$(./kvrun info -m "$m" --json)
   read -r file per_token < <(python3 -c 'import json,sys; j=json.load(sys.stdin); print(j["file_bytes"], j["weight_bytes_per_token"])' <<<"$j")
-  prompt=$(python3 -c "print(' '.join(['the'] * ${PP:-512}))")
-  out=$(mktemp)
-  /usr/bin/time -f '%M' -o "$out" ./kvrun -m "$m" -p "$prompt" -n 32 -t "${THREADS:-2}" >/dev/null 2>&1
-  rss=$(tail -1 "$out")
-  rm -f "$out"
-  awk -v n="$(basename "$m" .gguf)" -v f="$file" -v t="$per_token" -v r="$rss" \
-    'BEGIN { printf "| %s | %.2f GiB | %.0f MiB | %.2f GiB |\n", n, f / 2^30, t / 2^20, r / 2^20 }'
+  short=$(rss -m "$m" -p "Once upon a time" -n 128)
+  long=$(rss -m "$m" -p "$text" -n 32)
+  awk -v n="$(basename "$m" .gguf)" -v f="$file" -v t="$per_token" -v s="$short" -v l="$long" \
+    'BEGIN { printf "| %s | %.2f GiB | %.0f MiB | %.2f GiB | %.2f GiB |\n", n, f / 2^30, t / 2^20, s / 2^20, l / 2^20 }'
 done
