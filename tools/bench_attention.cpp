@@ -107,7 +107,7 @@ AttentionTimes bench_attention(const Model& m, gl::Type tk, gl::Type tv, int dep
     AttentionTimes t;
     for (int l = 0; l < hp.n_layer; l++) {
         const LayerWeights& L = m.layers[l];
-        for (const gl::Tensor* w : L.matrices())
+        for (const gl::Tensor* w : L.token_matrices(hp.n_expert_used))
             weights[l].push_back({static_cast<const uint8_t*>(w->data), w->bytes()});
         auto add = [&](const void* p, size_t bytes) {
             ring[l].push_back({static_cast<const uint8_t*>(p), bytes});

@@ -24,7 +24,7 @@ double ms_since(Clock::time_point t0) {
 MatrixTimes bench_matrices(const Model& m, int threads, int reps) {
     std::vector<const gl::Tensor*> mats;
     for (const LayerWeights& L : m.layers)
-        for (const gl::Tensor* w : L.matrices()) mats.push_back(w);
+        for (const gl::Tensor* w : L.token_matrices(m.hp.n_expert_used)) mats.push_back(w);
     mats.push_back(&m.output);
 
     MatrixTimes t;

@@ -66,8 +66,10 @@ std::string file_name(const std::string& path) {
 // them), with the kernels the figures come from said on stderr.
 std::unique_ptr<LoadedModel> load(const std::string& path) {
     auto lm = LoadedModel::load(path, LoadedModel::Layers::cpu);
+    const LayerWeights& first = lm->model.layers.front();
     fmt::print(stderr, "kvrun-lab: {}: {} weights, {} kernels\n", file_name(path),
-               gl::type_name(lm->model.layers.front().w_up.type), gl::cpu::isa_name());
+               gl::type_name((first.w_up ? first.w_up : first.exp_up.front()).type),
+               gl::cpu::isa_name());
     return lm;
 }
 

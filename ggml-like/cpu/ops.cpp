@@ -166,7 +166,7 @@ BatchPath batch_path(Type weight, int64_t n_in, int64_t n_tok, MatmulPaths paths
         paths.tiles && !paths.rows_exact
             ? gemm::path_for(weight, n_in, std::max(n_tok, paths.batch_tokens))
             : gemm::Path::None;
-    const bool int8 = int8_applies(weight, n_tok, paths);
+    const bool int8 = int8_applies(weight, std::max(n_tok, paths.batch_tokens), paths);
     // AMX tiles before the integer GEMM (faster where they exist); the
     // integer GEMM before OpenBLAS.
     if (tile_path == gemm::Path::Amx || (tile_path != gemm::Path::None && !int8))

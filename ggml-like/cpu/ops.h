@@ -61,9 +61,10 @@ struct MatmulPaths {
     // --precise (F32 activations).
     bool packed = true;
     // The rows are part of a batch of this many tokens (the tokens a mixture
-    // of experts routes to one expert): the tiles are taken as for that
-    // batch, so that --precise prompts keep F32 activations in every expert
-    // however few tokens it gets. 0: the rows are the batch.
+    // of experts routes to one expert): the path is the one that batch would
+    // take (the integer GEMM or the tiles), so that an expert's arithmetic
+    // does not depend on how many of the batch's tokens it got (--precise:
+    // F32 activations in every expert). 0: the rows are the batch.
     int64_t batch_tokens = 0;
 };
 // y[t][r] = dot(W.row(r), x[t]) for t < n_tok, r < W.ne1.

@@ -318,14 +318,9 @@ int run_bench(int argc, char** argv) {
         // Bytes one generated token reads: every weight matrix once, one
         // embedding row, and of a mixture's experts only the used ones.
         double weight_bytes_per_token = static_cast<double>(lm->model.token_embd.row_bytes);
-        for (const auto& L : lm->model.layers) {
-            for (const gl::Tensor* w : L.matrices())
+        for (const auto& L : lm->model.layers)
+            for (const gl::Tensor* w : L.token_matrices(hp.n_expert_used))
                 weight_bytes_per_token += static_cast<double>(w->bytes());
-            double experts = 0;
-            for (const gl::Tensor* w : L.expert_matrices())
-                experts += static_cast<double>(w->bytes());
-            if (hp.is_moe()) weight_bytes_per_token += experts * hp.n_expert_used / hp.n_expert;
-        }
         weight_bytes_per_token += static_cast<double>(lm->model.output.bytes());
 
         // Which kernels the figures below come from (the same model runs 2-3x

@@ -198,6 +198,16 @@ void add_offload_options(CLI::App& app, CommonOptions& o) {
            "keep only the sinks and the newest W tokens of each offloaded layer's KV cache on the "
            "GPU; older ones are attended on the CPU from host memory (default 0: all on the GPU)")
         ->check(int_in(0, 1 << 30));
+    app.add_flag("--cpu-moe", o.cpu_moe,
+                 "a mixture of experts' experts stay in host memory and run on the CPU, the rest "
+                 "of each layer where -ngl puts it (planned by kvrun info; MoE models run on the "
+                 "CPU only so far)");
+    app.add_option("--n-cpu-moe", o.n_cpu_moe, "the same for the first N layers' experts only")
+        ->check(int_in(0, 1 << 16));
+}
+
+int resolve_cpu_moe(const CommonOptions& o, int n_layer) {
+    return o.cpu_moe ? n_layer : std::clamp(o.n_cpu_moe, 0, n_layer);
 }
 
 namespace {
@@ -285,6 +295,9 @@ int resolve_gpu_layers(const CommonOptions& o, int n_layer) {
         fail(Exit::usage, "--device {}: unknown device (use cpu, cuda or cuda:N)", d);
     const std::string& s = o.n_gpu_layers;
     if (s.empty()) return is_cuda_device(d) ? n_layer : 0;
+    if (s == "auto")
+        fail(Exit::usage, "-ngl auto: only kvrun info fits a plan to the GPU so far; give a "
+                          "number of layers or all");
     long n = n_layer;
     if (s != "all") {
         char* end = nullptr;
@@ -342,9 +355,11 @@ Backends make_backends(const CommonOptions& o, int threads, const Hparams& hp) {
     if (o.deterministic && b.n_gpu_layers > 0)
         fail(Exit::usage, "--deterministic runs on the CPU only (not with -ngl or --device cuda)");
     // Gemma 4's window heads of their own size, shared K/V and per-layer
-    // inputs, and Qwen 3.5's recurrent layers have no CUDA kernels yet.
-    if (b.n_gpu_layers > 0 && (hp.head_dim_swa > 0 || hp.n_kv_shared > 0 || hp.n_embd_per_layer > 0 ||
-                               !hp.recurrent_layers.empty()))
+    // inputs, Qwen 3.5's recurrent layers and mixtures of experts have no
+    // CUDA path yet.
+    if (b.n_gpu_layers > 0 &&
+        (hp.head_dim_swa > 0 || hp.n_kv_shared > 0 || hp.n_embd_per_layer > 0 ||
+         !hp.recurrent_layers.empty() || hp.is_moe()))
         fail(Exit::usage, "{} models run on the CPU only for now (not with -ngl or --device cuda)",
              hp.arch);
     if (b.n_gpu_layers > 0) {
@@ -353,6 +368,16 @@ Backends make_backends(const CommonOptions& o, int threads, const Hparams& hp) {
             o.n_gpu_layers.empty() ? "--device " + d : "-ngl " + o.n_gpu_layers;
         b.gpu = make_cuda(d, what, {o.kv_gpu_window, threads});
         b.kv_gpu_window = o.kv_gpu_window;
+    }
+    // --cpu-moe / --n-cpu-moe with every layer on the CPU: nothing to keep
+    // back, as -ngl without a GPU; said once.
+    if ((o.cpu_moe || o.n_cpu_moe > 0) && b.n_gpu_layers == 0) {
+        static bool told = false;
+        if (!told)
+            fmt::print(stderr, "kvrun: warning: {}: {}; the experts run on the CPU with the rest\n",
+                       o.cpu_moe ? "--cpu-moe" : fmt::format("--n-cpu-moe {}", o.n_cpu_moe),
+                       hp.is_moe() ? "no layer is on a GPU" : "not a mixture of experts");
+        told = true;
     }
     if (b.n_gpu_layers < n_layer) b.cpu = gl::make_cpu_backend(threads, o.deterministic, o.precise);
     return b;

@@ -31,6 +31,8 @@ struct CommonOptions {
     std::string device;       // --device: cpu, cuda or cuda:N; "" = cpu (cuda with -ngl N)
     std::string n_gpu_layers; // -ngl N | all; "" = all with --device cuda, none on the CPU
     int kv_gpu_window = 0;    // --kv-gpu-window W; 0 = each offloaded layer's whole ring on the GPU
+    bool cpu_moe = false;     // --cpu-moe: every layer's experts in host memory
+    int n_cpu_moe = 0;        // --n-cpu-moe N: the first N layers' experts in host memory
     bool deterministic = false; // --deterministic: batch- and thread-invariant CPU arithmetic
     bool precise = false;       // --precise: F32 activations for CPU prompt batches
     bool k_rotate = false; // --k-rotate: keys stored in Hadamard blocks (ContextRequest::k_rotate)
@@ -49,6 +51,9 @@ std::unique_ptr<gl::Backend> make_backend(const CommonOptions& o, int threads);
 // all, else all with --device cuda and none otherwise. Throws Error(usage)
 // for junk or for -ngl N > 0 with --device cpu.
 int resolve_gpu_layers(const CommonOptions& o, int n_layer);
+// How many layers keep a mixture's experts in host memory: all with
+// --cpu-moe, else --n-cpu-moe N (clamped to n_layer).
+int resolve_cpu_moe(const CommonOptions& o, int n_layer);
 // Whether the options put every layer on the GPU (-ngl all, or --device cuda
 // without -ngl), known before the model is: then the CPU never streams the
 // weights, and loading leaves them in the file mapping. Invalid options are

@@ -231,16 +231,23 @@ int run_info(int argc, char** argv) {
     // The GPU side: the plan for -ngl / --kv-gpu-window (metadata only, so it
     // also works in a build or on a machine without CUDA), and the device's
     // memory when there is one.
-    const int n_gpu = resolve_gpu_layers(c, hp.n_layer);
-    if (c.kv_gpu_window > 0 && n_gpu == 0)
+    // -ngl auto: the plan that fills the device's free memory (fit_gpu:
+    // attention and KV first, then a mixture's experts).
+    const bool fit = c.n_gpu_layers == "auto";
+    const int n_gpu = fit ? 0 : resolve_gpu_layers(c, hp.n_layer);
+    if (c.kv_gpu_window > 0 && n_gpu == 0 && !fit)
         fail(Exit::usage, "--kv-gpu-window {} needs layers on the GPU (--device cuda or -ngl N)",
              c.kv_gpu_window);
-    const GpuPlan gp = plan_gpu(file, hp, n_ctx, 4, tk, tv, n_gpu, c.kv_gpu_window, 512);
     std::string no_gpu;
     uint64_t dev_free = 0, dev_total = 0;
     const int dev_id = c.device.rfind("cuda:", 0) == 0 ? std::atoi(c.device.c_str() + 5) : 0;
     const bool have_gpu =
         gl::cuda_available(&no_gpu) && gl::cuda_memory_info(dev_id, &dev_free, &dev_total);
+    if (fit && !have_gpu)
+        fail(Exit::usage, "-ngl auto fits the plan to a GPU's free memory: {}", no_gpu);
+    const GpuPlan gp = fit ? fit_gpu(file, hp, n_ctx, 4, tk, tv, c.kv_gpu_window, 512, dev_free)
+                           : plan_gpu(file, hp, n_ctx, 4, tk, tv, n_gpu, c.kv_gpu_window, 512,
+                                      resolve_cpu_moe(c, hp.n_layer));
     if (json) {
         nlohmann::json j = {{"architecture", hp.arch},
                             {"name", summary.name},
@@ -331,6 +338,9 @@ int run_info(int argc, char** argv) {
                     {"host_weights_bytes", gp.weights_host},
                     {"host_kv_bytes", gp.kv_host},
                     {"cold_kv_bytes", gp.kv_cold},
+                    {"n_cpu_moe", gp.n_cpu_moe},
+                    {"experts_bytes", gp.experts_gpu},
+                    {"host_experts_bytes", gp.experts_host},
                     {"device", dev},
                     {"unavailable", have_gpu ? nlohmann::json(nullptr) : nlohmann::json(no_gpu)}};
         if (have_gpu && gp.n_gpu_layers > 0) j["gpu"]["fits"] = gp.gpu_total() <= dev_free;
@@ -445,6 +455,10 @@ int run_info(int argc, char** argv) {
                    gp.kv_cold > 0 ? fmt::format("; {} of it attended on the CPU (cold)",
                                                 human_bytes(gp.kv_cold))
                                   : "");
+        if (hp.is_moe())
+            fmt::print("  experts:    {} on the GPU; {} in host memory, run on the CPU (the "
+                       "first {} layers' and those of layers on the CPU)\n",
+                       human_bytes(gp.experts_gpu), human_bytes(gp.experts_host), gp.n_cpu_moe);
     }
     if (have_gpu)
         fmt::print("GPU memory:   cuda:{}: {} free of {}{}\n", dev_id, human_bytes(dev_free),

@@ -180,9 +180,12 @@ int run_synth(int argc, char** argv) {
     for (const Preset& q : kPresets)
         if (preset_name == q.name) p = &q;
     if (!p) fail(Exit::usage, "--preset {}: unknown (known: {})", preset_name, names);
+    // A type name puts every matrix in that type; a recipe that is not one
+    // (Q4_K_M) mixes them per tensor.
     gl::Type wt = gl::Type::F32;
-    const QuantRecipe* recipe = find_quant_recipe(type_name);
-    if (!recipe && (!gl::type_from_name(type_name.c_str(), &wt) || !gl::type_info(wt).supported))
+    const bool one_type = gl::type_from_name(type_name.c_str(), &wt);
+    const QuantRecipe* recipe = one_type ? nullptr : find_quant_recipe(type_name);
+    if (!recipe && (!one_type || !gl::type_info(wt).supported))
         fail(Exit::usage, "--type {}: not a weight type kvrun can write, nor a recipe ({})",
              type_name, quant_recipe_names());
 

@@ -41,10 +41,13 @@ void ExpertRouting::route(const float* logits, int n) {
             id[at] = e;
         }
         // softmax(l)[i] / sum over the chosen of softmax(l)[j] =
-        // exp(l_i - l_top) / sum over the chosen of exp(l_j - l_top).
+        // exp(l_i - l_top) / sum over the chosen of exp(l_j - l_top); an
+        // infinite top takes all the weight (shared among its equals).
         const float top = val(id[0]);
         float sum = 0;
-        for (int j = 0; j < k; j++) sum += w[j] = std::exp(val(id[j]) - top);
+        for (int j = 0; j < k; j++)
+            sum += w[j] = std::isinf(top) && top > 0 ? (val(id[j]) == top ? 1.0f : 0.0f)
+                                                     : std::exp(val(id[j]) - top);
         const bool ok = std::isfinite(sum) && sum > 0;
         for (int j = 0; j < k; j++) w[j] = ok ? w[j] / sum : 1.0f / static_cast<float>(k);
     }

@@ -91,9 +91,8 @@ Forward::Forward(const Model& m, KvCache& kv, Placement placement, int max_batch
         expert_out_.resize(B * hp.n_embd);
         experts_sum_.resize(B * hp.n_embd);
         routing_.reserve(hp.n_expert, hp.n_expert_used, max_batch);
-        // The device backends read weights by whole matrix and record a
-        // step's launches ahead: routing decided on the host mid-step is not
-        // in them yet (--cpu-moe is).
+        // The device backends record a step's launches ahead: routing
+        // decided on the host mid-step has no place in them yet.
         for (const gl::Backend* b : backends)
             if (b->name().rfind("cpu", 0) != 0)
                 fail(Exit::usage,

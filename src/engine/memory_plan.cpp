@@ -57,10 +57,11 @@ MemoryPlan plan_memory(const GgufFile& f, const Hparams& hp, int64_t n_ctx, gl::
 }
 
 GpuPlan plan_gpu(const GgufFile& f, const Hparams& hp, int64_t n_ctx, int64_t keep, gl::Type tk,
-                 gl::Type tv, int n_gpu_layers, int64_t kv_window, int batch) {
+                 gl::Type tv, int n_gpu_layers, int64_t kv_window, int batch, int n_cpu_moe) {
     GpuPlan g;
     g.n_layer = hp.n_layer;
     g.n_gpu_layers = std::clamp(n_gpu_layers, 0, hp.n_layer);
+    g.n_cpu_moe = hp.is_moe() ? std::clamp(n_cpu_moe, 0, hp.n_layer) : 0;
     g.head_on_gpu = g.n_gpu_layers == hp.n_layer && hp.n_layer > 0;
     g.n_ctx = n_ctx;
     g.keep = std::min<int64_t>(keep, n_ctx - 1);
@@ -73,11 +74,13 @@ GpuPlan plan_gpu(const GgufFile& f, const Hparams& hp, int64_t n_ctx, int64_t ke
     for (const GgufTensor& t : f.tensors()) {
         bool on_gpu = false;
         const std::optional<int> layer = tensor_names::layer_of(t.name);
+        const bool experts = hp.is_moe() && t.n_dims == 3 && tensor_names::is_experts(t.name);
         if (t.n_dims >= 2 && layer)
-            on_gpu = *layer < g.n_gpu_layers;
+            on_gpu = *layer < g.n_gpu_layers && !(experts && *layer < g.n_cpu_moe);
         else if (t.name == tensor_names::output || (tied && t.name == tensor_names::token_embd))
             on_gpu = g.head_on_gpu;
         (on_gpu ? g.weights_gpu : g.weights_host) += t.nbytes;
+        if (experts) (on_gpu ? g.experts_gpu : g.experts_host) += t.nbytes;
     }
     // Per layer, as the cache sizes its rings (a sliding-window layer's is
     // smaller): the host holds every layer's; an offloaded layer's device
@@ -111,6 +114,39 @@ GpuPlan plan_gpu(const GgufFile& f, const Hparams& hp, int64_t n_ctx, int64_t ke
                         8 * static_cast<uint64_t>(g.n_gpu_layers) * g.gpu_slots;
     }
     return g;
+}
+
+GpuPlan fit_gpu(const GgufFile& f, const Hparams& hp, int64_t n_ctx, int64_t keep, gl::Type tk,
+                gl::Type tv, int64_t kv_window, int batch, uint64_t device_free) {
+    auto plan = [&](int layers, int cpu_moe) {
+        return plan_gpu(f, hp, n_ctx, keep, tk, tv, layers, kv_window, batch, cpu_moe);
+    };
+    auto fits = [&](const GpuPlan& g) { return g.gpu_total() <= device_free; };
+    const int n = hp.n_layer;
+    // Each step adds bytes (a layer's experts, or a whole layer): the first
+    // that does not fit ends the search, by halving.
+    auto largest = [](int lo, int hi, auto ok) { // the largest x in [lo, hi] with ok(x), or lo - 1
+        int best = lo - 1;
+        while (lo <= hi) {
+            const int mid = lo + (hi - lo) / 2;
+            if (ok(mid)) {
+                best = mid;
+                lo = mid + 1;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        return best;
+    };
+    if (hp.is_moe() && fits(plan(n, n))) {
+        // Every layer offloaded; the fewest layers' experts left on the host.
+        const int on_gpu = largest(0, n, [&](int k) { return fits(plan(n, n - k)); });
+        return plan(n, n - on_gpu);
+    }
+    // Whole layers from the first (a mixture's with their experts on the host).
+    const int cpu_moe = hp.is_moe() ? n : 0;
+    const int layers = largest(0, n, [&](int k) { return fits(plan(k, cpu_moe)); });
+    return plan(std::max(layers, 0), cpu_moe);
 }
 
 std::string memory_advice(const MemoryPlan& p, const Hparams& hp, int64_t n_prompt) {

@@ -55,6 +55,11 @@ std::string memory_advice(const MemoryPlan& p, const Hparams& hp, int64_t n_prom
 // cold part is attended from there).
 struct GpuPlan {
     int n_layer = 0, n_gpu_layers = 0;
+    // A mixture of experts: the first n_cpu_moe layers keep their experts in
+    // host memory and run them on the CPU (--n-cpu-moe; --cpu-moe: every
+    // layer), their attention, router, shared expert and KV on the GPU.
+    int n_cpu_moe = 0;
+    uint64_t experts_gpu = 0, experts_host = 0; // of weights_gpu / weights_host
     bool head_on_gpu = false;
     int64_t n_ctx = 0, keep = 0, kv_window = 0; // kv_window 0: the whole ring on the GPU
     int64_t gpu_slots = 0;                      // KV rows per offloaded layer on the GPU
@@ -68,6 +73,16 @@ struct GpuPlan {
 };
 
 GpuPlan plan_gpu(const GgufFile& f, const Hparams& hp, int64_t n_ctx, int64_t keep, gl::Type tk,
-                 gl::Type tv, int n_gpu_layers, int64_t kv_window, int batch);
+                 gl::Type tv, int n_gpu_layers, int64_t kv_window, int batch, int n_cpu_moe = 0);
+
+// -ngl auto (--fit): the plan that fills `device_free` bytes best. Every
+// layer's attention and KV first, with every expert on the host; then, for a
+// mixture of experts, as many layers' experts as fit, the last layers'
+// first (the first n_cpu_moe stay on the host, as --n-cpu-moe says). For a
+// dense model, or when not even that fits, as many layers as fit from the
+// first (a mixture's with all their experts on the host). n_gpu_layers 0
+// when none does.
+GpuPlan fit_gpu(const GgufFile& f, const Hparams& hp, int64_t n_ctx, int64_t keep, gl::Type tk,
+                gl::Type tv, int64_t kv_window, int batch, uint64_t device_free);
 
 } // namespace kvrun

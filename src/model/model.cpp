@@ -215,7 +215,7 @@ Hparams read_hparams(const GgufFile& f) {
         if (std::all_of(hp.n_ff_layers.begin(), hp.n_ff_layers.end(),
                         [&](int w) { return w == hp.n_ff; }))
             hp.n_ff_layers.clear();
-    } else if (!arch->experts || f.get_u64(ff_key)) {
+    } else if (!arch->experts) { // a mixture's is written but unused (experts.cpp)
         hp.n_ff = need("feed_forward_length");
     }
     hp.n_head = need("attention.head_count", 4096);

@@ -163,6 +163,17 @@ struct LayerWeights {
             for (const gl::Tensor* w : {&exp_gate[e], &exp_up[e], &exp_down[e]}) v.push_back(w);
         return v;
     }
+    // What one generated token reads: matrices(), then the matrices of
+    // n_used experts (the first ones: every expert of a layer has the same
+    // types and sizes).
+    std::vector<const gl::Tensor*> token_matrices(int n_used) const {
+        std::vector<const gl::Tensor*> v = matrices();
+        const std::vector<const gl::Tensor*> experts = expert_matrices();
+        v.insert(v.end(), experts.begin(),
+                 experts.begin() +
+                     std::min<size_t>(experts.size(), 3 * static_cast<size_t>(n_used)));
+        return v;
+    }
     std::vector<const gl::Tensor*> matrices() const {
         const auto v = const_cast<LayerWeights*>(this)->matrices();
         return {v.begin(), v.end()};

@@ -129,14 +129,15 @@ TEST_CASE("quantize: tiny-phi3 requantized stays near its goldens") {
 // quantizer leaves it; the experts stay one 3-D tensor each, re-encoded row
 // by row; the logits stay near the file's goldens (the story prompt, where
 // no router choice is close; measured F16 0.007, Q8_0 0.61 with its 8-bit
-// activations, the file itself 0.22).
+// activations and 0.93 without OpenBLAS (the sanitizer build), the file
+// itself 0.22; experts sliced in the wrong order move logits by many units).
 TEST_CASE("quantize: a mixture of experts keeps its router in F32 and its experts 3-D") {
     char tmpl[] = "/tmp/kvrun-q-XXXXXX";
     const fs::path dir = mkdtemp(tmpl);
     const std::string src = kvtest::shared("models/next/tiny-qwen3moe-Q4_K_M.gguf");
     const Golden g = read_golden("tiny-qwen3moe-Q4_K_M__story.json", "golden-next/");
     GgufFile in = GgufFile::open(src);
-    for (const auto& [type, bound] : {std::pair{"F16", 0.05}, {"Q8_0", 0.9}}) {
+    for (const auto& [type, bound] : {std::pair{"F16", 0.05}, {"Q8_0", 1.2}}) {
         CAPTURE(std::string(type));
         const std::string out = (dir / (std::string(type) + ".gguf")).string();
         auto r = kvtest::run_kvrun({"quantize", src, out, type, "--allow-requantize"});

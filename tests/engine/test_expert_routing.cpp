@@ -98,4 +98,11 @@ TEST_CASE("expert routing: ties go to the lower expert, NaN ranks last, weights 
     CHECK(r.weights[6] == 1.0f);
     CHECK(r.weights[7] == 0.0f);
     for (int j = 9; j < 12; j++) CHECK(r.weights[j] == doctest::Approx(1.0 / 3));
+    // An infinite logit takes all the weight, shared among its equals.
+    const float inf[] = {0, INFINITY, 5, INFINITY, -1, 2};
+    r.route(inf, 1);
+    CHECK(std::vector<int32_t>(r.ids.begin(), r.ids.begin() + 3) == std::vector<int32_t>{1, 3, 2});
+    CHECK(r.weights[0] == 0.5f);
+    CHECK(r.weights[1] == 0.5f);
+    CHECK(r.weights[2] == 0.0f);
 }

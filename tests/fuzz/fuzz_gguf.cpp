@@ -223,9 +223,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             touch_matrix(m.token_embd);
             touch_matrix(m.output);
             for (const LayerWeights& l : m.layers) {
-                for (const gl::Tensor* t :
-                     {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
-                    touch_matrix(*t);
+                for (const gl::Tensor* t : l.matrices()) touch_matrix(*t);
+                for (const gl::Tensor* t : l.expert_matrices()) touch_matrix(*t);
             }
         } catch (const Error& e) {
             if (e.code() != Exit::bad_model) std::abort();

@@ -8,11 +8,7 @@ namespace kvrun {
 extern const Family kQwen35Moe;
 const Family kQwen35Moe{.name = "qwen35moe",
                         .rope_neox = true,
-                        .qkv_bias = false,
                         .qk_norm = true,
-                        .post_norms = false,
-                        .gelu_ffn = false,
-                        .embed_scale = false,
                         .ffn_norm_is_post_attention = true,
                         .experts = true,
                         .read_hparams = read_qwen35_hparams};
