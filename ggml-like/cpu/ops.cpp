@@ -162,11 +162,16 @@ bool packed_applies(const Tensor& w, MatmulPaths paths) {
 }
 
 BatchPath batch_path(Type weight, int64_t n_in, int64_t n_tok, MatmulPaths paths) {
-    const gemm::Path tile_path =
-        paths.tiles && !paths.rows_exact
-            ? gemm::path_for(weight, n_in, std::max(n_tok, paths.batch_tokens))
-            : gemm::Path::None;
-    const bool int8 = int8_applies(weight, std::max(n_tok, paths.batch_tokens), paths);
+    // Rows of a larger batch (MatmulPaths::batch_tokens) take its arithmetic:
+    // where the batch would take the integer GEMM, its 8-bit activations (the
+    // GEMM, or for a few rows the dot products, 8-bit too); where it would
+    // take F32 tiles (--precise, types kept on F32 prompts), the tiles.
+    const int64_t whole = std::max(n_tok, paths.batch_tokens);
+    const bool int8 = int8_applies(weight, n_tok, paths);
+    const bool int8_whole = int8_applies(weight, whole, paths);
+    const gemm::Path tile_path = paths.tiles && !paths.rows_exact
+                                     ? gemm::path_for(weight, n_in, int8_whole ? n_tok : whole)
+                                     : gemm::Path::None;
     // AMX tiles before the integer GEMM (faster where they exist); the
     // integer GEMM before OpenBLAS.
     if (tile_path == gemm::Path::Amx || (tile_path != gemm::Path::None && !int8))
@@ -224,8 +229,11 @@ void matmul(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, fl
             void* scratch, MatmulPaths paths) {
     const BatchPath path =
         packed_applies(w, paths) ? BatchPath::Packed : batch_path(w.type, w.ne0, n_tok, paths);
-    if (path == BatchPath::Tiles)
-        return gemm::matmul_tiles(pool, w, x, n_tok, y, scratch, paths.batch_tokens);
+    if (path == BatchPath::Tiles) {
+        const bool int8_whole = int8_applies(w.type, std::max(n_tok, paths.batch_tokens), paths);
+        return gemm::matmul_tiles(pool, w, x, n_tok, y, scratch,
+                                  int8_whole ? 0 : paths.batch_tokens);
+    }
     const bool int8 = path == BatchPath::Int8 || path == BatchPath::Packed;
     const Type at = vec_dot_type(w.type);
     const int64_t n_in = w.ne0, n_out = w.ne1;

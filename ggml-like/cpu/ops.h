@@ -61,10 +61,12 @@ struct MatmulPaths {
     // --precise (F32 activations).
     bool packed = true;
     // The rows are part of a batch of this many tokens (the tokens a mixture
-    // of experts routes to one expert): the path is the one that batch would
-    // take (the integer GEMM or the tiles), so that an expert's arithmetic
-    // does not depend on how many of the batch's tokens it got (--precise:
-    // F32 activations in every expert). 0: the rows are the batch.
+    // of experts routes to one expert): they take that batch's arithmetic, so
+    // that an expert's precision does not depend on how many of the batch's
+    // tokens it got: 8-bit activations where the batch would take the integer
+    // GEMM (the GEMM, or the dot products for fewer than kInt8MinTokens
+    // rows), F32 tiles where it would take those (--precise). 0: the rows
+    // are the batch.
     int64_t batch_tokens = 0;
 };
 // y[t][r] = dot(W.row(r), x[t]) for t < n_tok, r < W.ne1.
