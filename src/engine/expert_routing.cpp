@@ -21,7 +21,6 @@ void ExpertRouting::reserve(int n_expert_, int k_, int max_tok) {
 
 void ExpertRouting::route(const float* logits, int n) {
     KV_ASSERT(static_cast<size_t>(n) * k <= ids.size());
-    n_tok = n;
     for (int t = 0; t < n; t++) {
         const float* l = logits + static_cast<size_t>(t) * n_expert;
         int32_t* id = ids.data() + static_cast<size_t>(t) * k;
@@ -55,12 +54,12 @@ void ExpertRouting::route(const float* logits, int n) {
     std::fill(offset.begin(), offset.end(), 0);
     for (size_t s = 0; s < static_cast<size_t>(n) * k; s++) offset[ids[s] + 1]++;
     for (int e = 0; e < n_expert; e++) offset[e + 1] += offset[e];
-    std::vector<int32_t>& at = tokens; // filled below; a cursor per expert lives in offset
+    // A cursor per expert in offset while filling.
     for (int t = 0; t < n; t++)
         for (int j = 0; j < k; j++) {
             const int e = ids[static_cast<size_t>(t) * k + j];
             const int32_t slot = offset[e]++;
-            at[slot] = t;
+            tokens[slot] = t;
             token_weights[slot] = weights[static_cast<size_t>(t) * k + j];
         }
     // The cursors ended at each expert's end: shift back to the starts.

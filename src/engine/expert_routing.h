@@ -11,7 +11,7 @@
 namespace kvrun {
 
 struct ExpertRouting {
-    int n_expert = 0, k = 0, n_tok = 0;
+    int n_expert = 0, k = 0;
     std::vector<int32_t> ids;   // [n_tok][k] chosen experts, most probable first
     std::vector<float> weights; // [n_tok][k] their weights (sum 1 per token)
     // Grouped by expert: the tokens sent to expert e are

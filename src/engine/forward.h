@@ -118,6 +118,9 @@ class Forward {
     // each chosen expert once over the tokens sent to it, add the weighted
     // outputs (and the gated shared expert) to the residual stream.
     void experts_block(int l, int n);
+    // One expert's SwiGLU over `rows` rows of an n_batch-token batch, into expert_out_.
+    void swiglu(gl::Backend& be, const gl::Tensor& gate, const gl::Tensor& up,
+                const gl::Tensor& down, const float* x, int rows, int n_batch, int width);
     // Gemma 4: every layer's per-layer input rows of the batch (pli_), once
     // per step; and one layer's use of them, x_ += norm(proj(gelu(gate x_) * pli)).
     void per_layer_inputs(gl::Backend& be, const int32_t* tokens, int n);

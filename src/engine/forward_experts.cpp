@@ -13,6 +13,29 @@
 
 namespace kvrun {
 
+namespace {
+
+// sum += w * y over n floats.
+void add_scaled(float* sum, const float* y, float w, size_t n) {
+    for (size_t i = 0; i < n; i++) sum[i] += w * y[i];
+}
+
+} // namespace
+
+// expert_out_ = down(silu(gate x) * up x) for `rows` rows of a batch of
+// n_batch tokens (hb_, hb2_ hold the `width` wide rows between).
+void Forward::swiglu(gl::Backend& be, const gl::Tensor& gate, const gl::Tensor& up,
+                     const gl::Tensor& down, const float* x, int rows, int n_batch, int width) {
+    matmul_part(be, Op::ffn_gate, gate, x, rows, n_batch, hb_.data());
+    matmul_part(be, Op::ffn_up, up, x, rows, n_batch, hb2_.data());
+    {
+        OpTimer t(profile_, Op::other);
+        be.silu_mul(hb_.data(), hb2_.data(), static_cast<int64_t>(rows) * width);
+    }
+    matmul_part(be, Op::ffn_down, down, hb_.data(), rows, n_batch, expert_out_.data());
+    be.host_read(expert_out_.data(), sizeof(float) * rows * m_.hp.n_embd);
+}
+
 void Forward::experts_block(int l, int n) {
     const Hparams& hp = m_.hp;
     const LayerWeights& L = m_.layers[l];
@@ -44,41 +67,22 @@ void Forward::experts_block(int l, int n) {
             wrote(expert_in_.data(), sizeof(float) * c * D);
             in = expert_in_.data();
         }
-        matmul_part(be, Op::ffn_gate, L.exp_gate[e], in, c, n, hb_.data());
-        matmul_part(be, Op::ffn_up, L.exp_up[e], in, c, n, hb2_.data());
-        {
-            OpTimer t(profile_, Op::other);
-            be.silu_mul(hb_.data(), hb2_.data(), static_cast<int64_t>(c) * ff);
-        }
-        matmul_part(be, Op::ffn_down, L.exp_down[e], hb_.data(), c, n, expert_out_.data());
-        be.host_read(expert_out_.data(), sizeof(float) * c * D);
+        swiglu(be, L.exp_gate[e], L.exp_up[e], L.exp_down[e], in, c, n, ff);
         OpTimer t(profile_, Op::other);
-        for (int j = 0; j < c; j++) {
-            float* sum = experts_sum_.data() + tokens[j] * D;
-            const float* y = expert_out_.data() + j * D;
-            const float w = weights[j];
-            for (size_t i = 0; i < D; i++) sum[i] += w * y[i];
-        }
+        for (int j = 0; j < c; j++)
+            add_scaled(experts_sum_.data() + tokens[j] * D, expert_out_.data() + j * D, weights[j],
+                       D);
     }
     if (L.w_shexp_gate) {
         // The shared expert, always on, scaled per token by sigmoid(g . x).
-        matmul(be, Op::ffn_gate, L.w_shexp_gate, xb_.data(), n, hb_.data());
-        matmul(be, Op::ffn_up, L.w_shexp_up, xb_.data(), n, hb2_.data());
-        {
-            OpTimer t(profile_, Op::other);
-            be.silu_mul(hb_.data(), hb2_.data(), static_cast<int64_t>(n) * hp.n_ff_shexp);
-        }
-        matmul(be, Op::ffn_down, L.w_shexp_down, hb_.data(), n, expert_out_.data());
-        be.host_read(expert_out_.data(), sizeof(float) * N * D);
+        swiglu(be, L.w_shexp_gate, L.w_shexp_up, L.w_shexp_down, xb_.data(), n, n, hp.n_ff_shexp);
         OpTimer t(profile_, Op::other);
         for (size_t i = 0; i < N; i++) {
             const float* x = xb_.data() + i * D;
             float g = 0;
             for (size_t j = 0; j < D; j++) g += L.shexp_gate_inp[j] * x[j];
-            g = 1.0f / (1.0f + std::exp(-g));
-            float* sum = experts_sum_.data() + i * D;
-            const float* y = expert_out_.data() + i * D;
-            for (size_t j = 0; j < D; j++) sum[j] += g * y[j];
+            add_scaled(experts_sum_.data() + i * D, expert_out_.data() + i * D,
+                       1.0f / (1.0f + std::exp(-g)), D);
         }
     }
     std::memcpy(xb_.data(), experts_sum_.data(), sizeof(float) * N * D);
