@@ -5,7 +5,9 @@
 // time: the rows share each activation block (read once from L1 for four
 // rows' products) and their weights stream side by side, which keeps more
 // lines in flight from DRAM than one row at a time (Q4_K_M generation on an
-// AMX Xeon +30%).
+// AMX Xeon +30%). On AMD cores it is the other way round (half the DRAM rate
+// on Zen 4), so gl::cpu::matvec calls vec_dot_row row by row there
+// (dispatch.cpp); both give a row the same bits.
 //
 // Included by files compiled with different -m flags: each defines its Row
 // types in its own namespace, so each instantiates its own copies.

@@ -454,6 +454,16 @@ TEST_CASE("matvec k: row groups of every table give each row's ref vec_dot") {
                         INFO("row ", r, " got ", got[r], " want ", want[r]);
                         CHECK(std::fabs(static_cast<double>(got[r]) - want[r]) <= tol[r]);
                     }
+                    // gl::cpu::matvec streams K-quant rows one at a time
+                    // (vec_dot) on some CPUs and four at once on others
+                    // (dispatch.cpp): a row's bits must not depend on which.
+                    const auto dot = k.vec_dot[id(t)];
+                    if (is_k(t) && dot && k.matvec[id(t)]) {
+                        for (int64_t r = 0; r < rows; r++) {
+                            INFO("row ", r);
+                            CHECK(got[r] == dot(n, wb.p + static_cast<size_t>(r) * stride, ab.p));
+                        }
+                    }
                 });
             }
         }
