@@ -47,6 +47,12 @@ class Backend {
         (void)batch_tok;
         matmul(w, x, n_tok, y);
     }
+    // One token's products with several matrices (a mixture of experts'
+    // generated token): each job's y = W x, the same bits as matmul(W, x, 1,
+    // y). The CPU backend runs them as one parallel loop.
+    virtual void matmul_group(const MatvecJob* jobs, int n_jobs) {
+        for (int j = 0; j < n_jobs; j++) matmul(*jobs[j].w, jobs[j].x, 1, jobs[j].y);
+    }
     // `rows` rows of n: out = rmsnorm(x) * w.
     virtual void rmsnorm(const float* x, const float* w, int64_t n, int64_t rows, float eps,
                          float* out) = 0;

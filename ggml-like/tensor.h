@@ -41,4 +41,12 @@ struct Tensor {
     explicit operator bool() const { return data != nullptr; }
 };
 
+// One token's product with a matrix, y = W x, as one job of a group
+// (Backend::matmul_group).
+struct MatvecJob {
+    const Tensor* w;
+    const float* x; // w->ne0 floats
+    float* y;       // w->ne1 floats
+};
+
 } // namespace gl

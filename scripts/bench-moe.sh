@@ -6,7 +6,9 @@
 # llama-bench (scripts/bench-vs-reference.sh: alternated per model), the
 # weight bytes a generated token reads against the file (`kvrun info`), and
 # the peak RSS of two runs beside the file size: a short prompt and 128
-# generated tokens, and a story of about 500 tokens and 32.
+# generated tokens, and a story of about 500 tokens and 32. Last, this
+# machine's read bandwidth (`kvrun-lab roofline`): a generated token's bytes
+# times tg over it is how near the memory roof each engine runs.
 # Usage: LLAMA_BENCH=/path/to/llama-bench scripts/bench-moe.sh
 #   env: PP (512), TG (128), THREADS (2), REPS (2)
 set -euo pipefail
@@ -15,7 +17,7 @@ cd "$(dirname "$0")/.."
 dir=${KVRUN_BENCH_DIR:-$HOME/.cache/kvrun-bench}
 vocabs=${KVRUN_MODEL_CACHE:-$HOME/.cache/kvrun-models}/llama.cpp-vocab
 mkdir -p "$dir"
-[ -x ./kvrun ] || make build >/dev/null
+[ -x ./kvrun ] && [ -x ./kvrun-lab ] || make build >/dev/null
 [ -f "$vocabs/ggml-vocab-qwen2.gguf" ] || scripts/fetch-real-models.sh >&2
 models=()
 for spec in "qwen3-30b-a3b:16l:$vocabs/ggml-vocab-qwen2.gguf" \
@@ -47,3 +49,5 @@ for m in "${models[@]}"; do
   awk -v n="$(basename "$m" .gguf)" -v f="$file" -v t="$per_token" -v s="$short" -v l="$long" \
     'BEGIN { printf "| %s | %.2f GiB | %.0f MiB | %.2f GiB | %.2f GiB |\n", n, f / 2^30, t / 2^20, s / 2^20, l / 2^20 }'
 done
+echo
+./kvrun-lab roofline -t "${THREADS:-2}"

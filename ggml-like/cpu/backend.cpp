@@ -42,6 +42,10 @@ class CpuBackend final : public Backend {
         ops::matmul(pool_, w, x, n_tok, y, matmul_scratch_.data(), paths);
     }
 
+    void matmul_group(const MatvecJob* jobs, int n_jobs) override {
+        ops::matvec_group(pool_, jobs, n_jobs, group_, matmul_scratch_.data(), matmul_paths());
+    }
+
     void rmsnorm(const float* x, const float* w, int64_t n, int64_t rows, float eps,
                  float* out) override {
         pool_.parallel_for(
@@ -133,6 +137,7 @@ class CpuBackend final : public Backend {
     // Backend::set_rows_exact.
     bool rows_exact_ = false;
     std::vector<uint8_t> matmul_scratch_;
+    ops::MatvecGroupScratch group_; // matmul_group's, kept between tokens
     std::vector<float> att_scratch_;
 };
 

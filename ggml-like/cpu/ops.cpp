@@ -293,4 +293,63 @@ void matmul(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, fl
         n_out * n_in * n_tok);
 }
 
+void matvec_group(ThreadPool& pool, const MatvecJob* jobs, int n_jobs, MatvecGroupScratch& group,
+                  void* scratch, MatmulPaths paths) {
+    // Which jobs join the loop, and where their activations go.
+    group.offset.assign(static_cast<size_t>(n_jobs), MatvecGroupScratch::kNone);
+    group.joins.assign(static_cast<size_t>(n_jobs), 0);
+    auto& joins = group.joins;
+    size_t bytes = 0;
+    int prev = -1; // the last joining job with converted activations
+    for (int j = 0; j < n_jobs; j++) {
+        const Tensor& w = *jobs[j].w;
+        joins[j] =
+            !packed_applies(w, paths) && batch_path(w.type, w.ne0, 1, paths) == BatchPath::Dots;
+        const Type at = vec_dot_type(w.type);
+        if (!joins[j] || at == Type::F32) continue;
+        if (prev >= 0 && jobs[prev].x == jobs[j].x && vec_dot_type(jobs[prev].w->type) == at &&
+            jobs[prev].w->ne0 == w.ne0) {
+            group.offset[j] = group.offset[prev];
+        } else {
+            group.offset[j] = bytes;
+            bytes += ActivationLayout::align64(row_size(at, w.ne0));
+        }
+        prev = j;
+    }
+    if (group.acts.size() < bytes) group.acts.resize(bytes);
+    group.chunks.clear();
+    int64_t work = 0;
+    for (int j = 0; j < n_jobs; j++) {
+        const Tensor& w = *jobs[j].w;
+        if (!joins[j]) {
+            matmul(pool, w, jobs[j].x, 1, jobs[j].y, scratch, paths);
+            continue;
+        }
+        const size_t off = group.offset[j];
+        // Converted once: the first job with this offset.
+        if (off != MatvecGroupScratch::kNone &&
+            (j == 0 || group.offset[j - 1] != off || !joins[j - 1]))
+            cpu::quantize_row(vec_dot_type(w.type), jobs[j].x, group.acts.data() + off, w.ne0);
+        for (int64_t r0 = 0; r0 < w.ne1; r0 += kRowChunk)
+            group.chunks.push_back({j, r0, std::min(w.ne1, r0 + kRowChunk)});
+        work += w.ne0 * w.ne1;
+    }
+    const int64_t n_chunks = static_cast<int64_t>(group.chunks.size());
+    if (n_chunks == 0) return;
+    pool.parallel_for(
+        n_chunks,
+        [&](int64_t cb, int64_t ce, int) {
+            for (int64_t c = cb; c < ce; c++) {
+                const MatvecGroupScratch::Chunk& k = group.chunks[c];
+                const MatvecJob& job = jobs[k.job];
+                const Tensor& w = *job.w;
+                const size_t off = group.offset[k.job];
+                const void* a = off == MatvecGroupScratch::kNone ? static_cast<const void*>(job.x)
+                                                                 : group.acts.data() + off;
+                cpu::matvec(w.type, w.ne0, w.row(k.r0), w.row_bytes, k.r1 - k.r0, a, job.y + k.r0);
+            }
+        },
+        work);
+}
+
 } // namespace gl::ops

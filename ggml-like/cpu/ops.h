@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <cstddef>
 #include <string>
+#include <vector>
 
 #include "ggml-like/tensor.h"
 #include "ggml-like/cpu/thread_pool.h"
@@ -78,6 +80,29 @@ struct MatmulPaths {
 // paths.invariant every batch of a block-chain type takes the GEMM.
 void matmul(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, float* y,
             void* scratch, MatmulPaths paths = {});
+// One token's products with several matrices in one parallel loop (a
+// mixture of experts' generated token: its experts' gate and up rows, then
+// their down rows): job j sets y = W_j x_j, the same bits as matmul(pool,
+// *W_j, x_j, 1, y_j, ...) with these paths. The rows of every job whose one
+// token takes the dot products are cut into one loop's chunks, so that each
+// thread streams one contiguous run of them instead of joining a loop per
+// matrix; each distinct (x, activation type) is converted once. A job whose
+// token takes another path (packed weights, the invariant mode's GEMM) runs
+// alone through matmul, with `scratch` as its scratch.
+// What matvec_group keeps between calls (it grows to the largest group).
+struct MatvecGroupScratch {
+    std::vector<uint8_t> acts;  // the converted activations
+    std::vector<size_t> offset; // job j's activations in acts; kNone: x itself
+    std::vector<uint8_t> joins; // whether job j's rows are in the loop
+    struct Chunk {
+        int32_t job;
+        int64_t r0, r1;
+    };
+    std::vector<Chunk> chunks;
+    static constexpr size_t kNone = SIZE_MAX;
+};
+void matvec_group(ThreadPool& pool, const MatvecJob* jobs, int n_jobs, MatvecGroupScratch& group,
+                  void* scratch, MatmulPaths paths = {});
 // What matmul runs for this weight type and batch: "amx-bf16", "openblas",
 // "int8 gemm (<isa>)" or "dot products" (for --version, info and bench).
 std::string batch_path_name(Type weight, int64_t n_in, int64_t n_tok, MatmulPaths paths = {});

@@ -90,6 +90,15 @@ Forward::Forward(const Model& m, KvCache& kv, Placement placement, int max_batch
         expert_in_.resize(B * hp.n_embd);
         expert_out_.resize(B * hp.n_embd);
         experts_sum_.resize(B * hp.n_embd);
+        // A generated token's experts side by side, the shared one too
+        // (Forward::experts_one_token).
+        const size_t side = static_cast<size_t>(hp.n_expert_used) + 1;
+        hb_.resize(std::max(hb_.size(), side * hp.n_ff));
+        hb2_.resize(std::max(hb2_.size(), side * hp.n_ff));
+        expert_out_.resize(std::max(expert_out_.size(), side * hp.n_embd));
+        picked_.resize(static_cast<size_t>(hp.n_expert_used));
+        picked_weight_.resize(static_cast<size_t>(hp.n_expert_used));
+        group_jobs_.resize(2 * side);
         routing_.reserve(hp.n_expert, hp.n_expert_used, max_batch);
         // The device backends record a step's launches ahead: routing
         // decided on the host mid-step has no place in them yet.

@@ -118,6 +118,7 @@ class Forward {
     // each chosen expert once over the tokens sent to it, add the weighted
     // outputs (and the gated shared expert) to the residual stream.
     void experts_block(int l, int n);
+    void experts_one_token(gl::Backend& be, const LayerWeights& L);
     // One expert's SwiGLU over `rows` rows of an n_batch-token batch, into expert_out_.
     void swiglu(gl::Backend& be, const gl::Tensor& gate, const gl::Tensor& up,
                 const gl::Tensor& down, const float* x, int rows, int n_batch, int width);
@@ -211,6 +212,10 @@ class Forward {
     // block's output [B][n_embd] as it is summed.
     std::vector<float> router_, expert_in_, expert_out_, experts_sum_;
     ExpertRouting routing_;
+    // experts_one_token's: the routed experts, their weights, the products.
+    std::vector<int> picked_;
+    std::vector<float> picked_weight_;
+    std::vector<gl::MatvecJob> group_jobs_;
     SharedKv* shared_of(int source);
     OpProfile* profile_ = nullptr;
 };

@@ -20,6 +20,13 @@ void add_scaled(float* sum, const float* y, float w, size_t n) {
     for (size_t i = 0; i < n; i++) sum[i] += w * y[i];
 }
 
+// The shared expert's weight for a token: sigmoid(g . x).
+float shared_weight(const LayerWeights& L, const float* x, size_t n) {
+    float g = 0;
+    for (size_t j = 0; j < n; j++) g += L.shexp_gate_inp[j] * x[j];
+    return 1.0f / (1.0f + std::exp(-g));
+}
+
 } // namespace
 
 // expert_out_ = down(silu(gate x) * up x) for `rows` rows of a batch of
@@ -34,6 +41,67 @@ void Forward::swiglu(gl::Backend& be, const gl::Tensor& gate, const gl::Tensor& 
     }
     matmul_part(be, Op::ffn_down, down, hb_.data(), rows, n_batch, expert_out_.data());
     be.host_read(expert_out_.data(), sizeof(float) * rows * m_.hp.n_embd);
+}
+
+// One token (generation): every routed expert's gate and up rows, and the
+// shared expert's, in one call of the backend, then their down rows in
+// another. The CPU backend runs each as one parallel loop, where a loop per
+// matrix would hand work to the threads 24 times a layer and restart their
+// streams as often. Each product takes the bits of its one-token matmul, and
+// the sum runs in the same order as in a batch: the experts ascending, then
+// the shared one.
+void Forward::experts_one_token(gl::Backend& be, const LayerWeights& L) {
+    const Hparams& hp = m_.hp;
+    const size_t D = static_cast<size_t>(hp.n_embd), F = static_cast<size_t>(hp.n_ff);
+    std::vector<int>& picked = picked_;
+    std::vector<float>& weight = picked_weight_;
+    std::vector<gl::MatvecJob>& jobs = group_jobs_;
+    int k = 0;
+    for (int e = 0; e < hp.n_expert && k < hp.n_expert_used; e++) {
+        if (routing_.count(e) == 0) continue;
+        picked[k] = e;
+        weight[k++] = routing_.token_weights[routing_.offset[e]];
+    }
+    const bool shared = static_cast<bool>(L.w_shexp_gate);
+    double bytes = 0;
+    int n_jobs = 0;
+    auto gate_up = [&](const gl::Tensor& gate, const gl::Tensor& up, size_t slot) {
+        jobs[n_jobs++] = {&gate, xb_.data(), hb_.data() + slot * F};
+        jobs[n_jobs++] = {&up, xb_.data(), hb2_.data() + slot * F};
+        bytes += static_cast<double>(gate.bytes() + up.bytes());
+    };
+    for (int j = 0; j < k; j++) gate_up(L.exp_gate[picked[j]], L.exp_up[picked[j]], j);
+    if (shared) gate_up(L.w_shexp_gate, L.w_shexp_up, k);
+    {
+        OpTimer t(profile_, Op::ffn_gate_up, bytes);
+        be.matmul_group(jobs.data(), n_jobs);
+    }
+    const int slots = k + (shared ? 1 : 0);
+    {
+        // Each slot's width: the routed experts' and the shared one's may differ.
+        OpTimer t(profile_, Op::other);
+        for (int j = 0; j < slots; j++)
+            be.silu_mul(hb_.data() + j * F, hb2_.data() + j * F,
+                        j < k ? hp.n_ff_exp : hp.n_ff_shexp);
+    }
+    n_jobs = 0;
+    bytes = 0;
+    for (int j = 0; j < slots; j++) {
+        const gl::Tensor& down = j < k ? L.exp_down[picked[j]] : L.w_shexp_down;
+        jobs[n_jobs++] = {&down, hb_.data() + j * F, expert_out_.data() + j * D};
+        bytes += static_cast<double>(down.bytes());
+    }
+    {
+        OpTimer t(profile_, Op::ffn_down, bytes);
+        be.matmul_group(jobs.data(), n_jobs);
+    }
+    be.host_read(expert_out_.data(), sizeof(float) * slots * D);
+    OpTimer t(profile_, Op::other);
+    for (int j = 0; j < k; j++)
+        add_scaled(experts_sum_.data(), expert_out_.data() + j * D, weight[j], D);
+    if (shared)
+        add_scaled(experts_sum_.data(), expert_out_.data() + k * D, shared_weight(L, xb_.data(), D),
+                   D);
 }
 
 void Forward::experts_block(int l, int n) {
@@ -51,6 +119,13 @@ void Forward::experts_block(int l, int n) {
         OpTimer t(profile_, Op::other);
         routing_.route(router_.data(), n);
         std::fill_n(experts_sum_.data(), N * D, 0.0f);
+    }
+    if (n == 1) {
+        experts_one_token(be, L);
+        std::memcpy(xb_.data(), experts_sum_.data(), sizeof(float) * D);
+        wrote(xb_.data(), sizeof(float) * D);
+        add_residual(be, n, L.post_ffn_norm);
+        return;
     }
     for (int e = 0; e < hp.n_expert; e++) {
         const int c = routing_.count(e);
@@ -77,13 +152,9 @@ void Forward::experts_block(int l, int n) {
         // The shared expert, always on, scaled per token by sigmoid(g . x).
         swiglu(be, L.w_shexp_gate, L.w_shexp_up, L.w_shexp_down, xb_.data(), n, n, hp.n_ff_shexp);
         OpTimer t(profile_, Op::other);
-        for (size_t i = 0; i < N; i++) {
-            const float* x = xb_.data() + i * D;
-            float g = 0;
-            for (size_t j = 0; j < D; j++) g += L.shexp_gate_inp[j] * x[j];
+        for (size_t i = 0; i < N; i++)
             add_scaled(experts_sum_.data() + i * D, expert_out_.data() + i * D,
-                       1.0f / (1.0f + std::exp(-g)), D);
-        }
+                       shared_weight(L, xb_.data() + i * D, D), D);
     }
     std::memcpy(xb_.data(), experts_sum_.data(), sizeof(float) * N * D);
     wrote(xb_.data(), sizeof(float) * N * D);

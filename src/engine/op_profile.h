@@ -22,7 +22,8 @@ enum class Op : uint8_t {
     ffn_gate,
     ffn_up,
     ffn_down,
-    ffn_router, // a mixture of experts' router (ffn_gate_inp)
+    ffn_router,  // a mixture of experts' router (ffn_gate_inp)
+    ffn_gate_up, // a generated token's experts' gate and up rows, one loop
     output,
     attention, // scores, softmax, weighted values, and the new K/V rows stored
     norms,     // RMSNorm before attention, before the FFN, before the output
@@ -31,9 +32,9 @@ enum class Op : uint8_t {
 };
 // The weights' GGUF names (attn_q, ..., output) and attention, norms, other.
 inline const char* op_name(Op op) {
-    static constexpr const char* kNames[] = {"attn_q",   "attn_k",    "attn_v",   "attn_output",
-                                             "ffn_gate", "ffn_up",    "ffn_down", "ffn_gate_inp",
-                                             "output",   "attention", "norms",    "other"};
+    static constexpr const char* kNames[] = {
+        "attn_q",       "attn_k",      "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down",
+        "ffn_gate_inp", "ffn_gate_up", "output", "attention",   "norms",    "other"};
     static_assert(std::size(kNames) == static_cast<size_t>(Op::count));
     return op < Op::count ? kNames[static_cast<size_t>(op)] : "?";
 }

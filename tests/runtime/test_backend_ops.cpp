@@ -568,6 +568,68 @@ TEST_CASE("backend ops: the table covers every weight type and every KV cache ty
     }
 }
 
+TEST_CASE("backend ops: matmul_group gives each job the bits of its own one-token matmul") {
+    // A generated token's experts go through matmul_group (one parallel loop
+    // on the CPU). Mixed types and odd row counts, chunks that end mid-job;
+    // jobs 0-2 share one x (converted once), jobs 3-4 another of the same
+    // width but another activation type; F16 takes F32 activations.
+    struct JobSpec {
+        Type type;
+        int64_t n_in, n_out;
+        int x; // which input
+    };
+    const JobSpec specs[] = {{Type::Q4_K, 512, 17, 0}, {Type::Q4_K, 512, 33, 0},
+                             {Type::Q6_K, 512, 3, 0},  {Type::Q8_0, 256, 1, 1},
+                             {Type::Q4_0, 256, 19, 1}, {Type::F16, 256, 5, 1},
+                             {Type::Q5_K, 256, 16, 1}, {Type::Q4_K, 768, 7, 2}};
+    const int64_t widths[] = {512, 256, 768};
+    std::vector<std::vector<float>> xs;
+    uint32_t seed = 7000;
+    for (int64_t w : widths) xs.push_back(random_floats(static_cast<size_t>(w), seed++));
+    std::vector<std::vector<uint8_t>> wq;
+    std::vector<gl::Tensor> ws;
+    for (const JobSpec& j : specs) {
+        wq.push_back(quantize(j.type,
+                              random_floats(static_cast<size_t>(j.n_in * j.n_out), seed++, 0.5f),
+                              j.n_in, j.n_out));
+        ws.push_back({j.type, j.n_in, j.n_out, gl::row_size(j.type, j.n_in), wq.back().data()});
+    }
+    for (BackendUnderTest& b : backends_under_test()) {
+        INFO("backend ", std::string(b.name));
+        size_t scratch = 0;
+        for (const JobSpec& j : specs)
+            scratch = std::max(scratch,
+                               gl::ops::matmul_scratch_bytes(j.type, j.n_in, 1, b.be->n_threads()));
+        b.be->reserve(scratch, 0);
+        std::vector<std::vector<float>> want, got;
+        std::vector<gl::MatvecJob> jobs;
+        std::vector<Buf> bufs;
+        for (const auto& x : xs) bufs.push_back(in(x));
+        for (size_t i = 0; i < std::size(specs); i++) {
+            want.emplace_back(static_cast<size_t>(specs[i].n_out), NAN);
+            run_on(b, {in(xs[specs[i].x]), out(want.back())}, [&](gl::Backend& be) {
+                be.matmul(ws[i], xs[specs[i].x].data(), 1, want.back().data());
+            });
+            got.emplace_back(static_cast<size_t>(specs[i].n_out), NAN);
+        }
+        for (size_t i = 0; i < std::size(specs); i++) {
+            jobs.push_back({&ws[i], xs[specs[i].x].data(), got[i].data()});
+            bufs.push_back(out(got[i]));
+        }
+        run_on(b, bufs, [&](gl::Backend& be) {
+            be.matmul_group(jobs.data(), static_cast<int>(jobs.size()));
+        });
+        for (size_t i = 0; i < std::size(specs); i++) {
+            INFO("job ", i, " ", std::string(gl::type_name(specs[i].type)));
+            for (int64_t r = 0; r < specs[i].n_out; r++) {
+                INFO("row ", r, " got ", got[i][r], " want ", want[i][r]);
+                CHECK(std::isfinite(got[i][r]));
+                CHECK(std::memcmp(&got[i][r], &want[i][r], sizeof(float)) == 0);
+            }
+        }
+    }
+}
+
 TEST_CASE("backend ops: every op and type on every backend against a double-precision reference") {
     std::vector<BackendUnderTest> backends = backends_under_test();
     {

@@ -75,6 +75,15 @@ class FakeDeviceBackend final : public ForwardingBackend {
         matmuls++;
         inner().matmul(w, in(x, 4 * n_tok * w.ne0), n_tok, out(y, 4 * n_tok * w.ne1));
     }
+    void matmul_group(const gl::MatvecJob* jobs, int n_jobs) override {
+        matmuls += n_jobs;
+        std::vector<gl::MatvecJob> twins(jobs, jobs + n_jobs);
+        for (gl::MatvecJob& j : twins) {
+            j.x = in(j.x, 4 * j.w->ne0);
+            j.y = out(j.y, 4 * j.w->ne1);
+        }
+        inner().matmul_group(twins.data(), n_jobs);
+    }
     void rmsnorm(const float* x, const float* w, int64_t n, int64_t rows, float eps,
                  float* o) override {
         inner().rmsnorm(in(x, 4 * n * rows), w, n, rows, eps, out(o, 4 * n * rows));

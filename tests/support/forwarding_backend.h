@@ -38,6 +38,9 @@ class ForwardingBackend : public gl::Backend {
                      float* y) override {
         inner_->matmul_part(w, x, n_tok, batch_tok, y);
     }
+    void matmul_group(const gl::MatvecJob* jobs, int n_jobs) override {
+        inner_->matmul_group(jobs, n_jobs);
+    }
     void rmsnorm(const float* x, const float* w, int64_t n, int64_t rows, float eps,
                  float* out) override {
         inner_->rmsnorm(x, w, n, rows, eps, out);
