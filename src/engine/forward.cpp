@@ -212,11 +212,16 @@ void Forward::cross(gl::Backend* from, gl::Backend* to, int n) {
 }
 
 const float* Forward::eval(const int32_t* tokens, int n, bool all_logits) {
-    return run(tokens, n, all_logits, Pass::prompt);
+    return run(tokens, n, all_logits ? 0 : n - 1, Pass::prompt);
+}
+
+const float* Forward::eval_rows(const int32_t* tokens, int n, int first) {
+    KV_ASSERT(first >= 0 && first < n);
+    return run(tokens, n, first, Pass::prompt);
 }
 
 const float* Forward::eval_generated(int32_t token) {
-    return run(&token, 1, false, Pass::generated);
+    return run(&token, 1, 0, Pass::generated);
 }
 
 // Rows exact for one pass only, also when it throws.
@@ -233,13 +238,13 @@ struct Forward::RowsExact {
 const float* Forward::eval_verify(const int32_t* tokens, int n) {
     KV_ASSERT(n <= kMaxVerify);
     RowsExact exact(backends_);
-    return run(tokens, n, true, Pass::verify);
+    return run(tokens, n, 0, Pass::verify);
 }
 
 const float* Forward::eval(KvCache& kv, const int32_t* tokens, int n, bool all_logits) {
     KV_ASSERT(kv.config().n_ctx == home_->n_ctx() && kv.head_major() == home_->head_major());
     segs_.assign(1, Segment{&kv, 0, n, kv.n_past()});
-    return run_segments(tokens, n, all_logits, Pass::prompt);
+    return run_segments(tokens, n, all_logits ? 0 : n - 1, Pass::prompt);
 }
 
 void Forward::adopt(KvCache& kv) const {
@@ -266,15 +271,15 @@ const float* Forward::eval_generated(std::span<const SeqToken> seqs) {
         seq_tokens_.push_back(seqs[i].token);
     }
     RowsExact exact(backends_);
-    return run_segments(seq_tokens_.data(), n, true, Pass::generated);
+    return run_segments(seq_tokens_.data(), n, 0, Pass::generated);
 }
 
-const float* Forward::run(const int32_t* tokens, int n, bool all_logits, Pass pass) {
+const float* Forward::run(const int32_t* tokens, int n, int first, Pass pass) {
     segs_.assign(1, Segment{home_, 0, n, home_->n_past()});
-    return run_segments(tokens, n, all_logits, pass);
+    return run_segments(tokens, n, first, pass);
 }
 
-const float* Forward::run_segments(const int32_t* tokens, int n, bool all_logits, Pass pass) {
+const float* Forward::run_segments(const int32_t* tokens, int n, int first, Pass pass) {
     const Hparams& hp = m_.hp;
     KV_ASSERT(n >= 1 && n <= max_batch_);
     for (const Segment& g : segs_) {
@@ -283,9 +288,8 @@ const float* Forward::run_segments(const int32_t* tokens, int n, bool all_logits
         KV_ASSERT(g.pos0 >= g.kv->keep() || g.pos0 + g.n <= g.kv->n_ctx());
     }
     // Several sequences: one generated token each (their logits, every row).
-    KV_ASSERT(segs_.size() == 1 || (pass == Pass::generated && all_logits));
+    KV_ASSERT(segs_.size() == 1 || (pass == Pass::generated && first == 0));
     for (int i = 0; i < n; i++) KV_ASSERT(tokens[i] >= 0 && tokens[i] < hp.n_vocab);
-    const int first = all_logits ? 0 : n - 1;
     const int rows = n - first;
     if (logits_.size() < static_cast<size_t>(rows) * hp.n_vocab) {
         for (gl::Backend* be : backends_) be->untrack(logits_.data());

@@ -50,6 +50,11 @@ class Forward {
     // Evaluate n (<= max_batch) tokens at positions kv.n_past() .. + n - 1.
     // Returns logits: n rows of n_vocab if all_logits, else the last row only.
     const float* eval(const int32_t* tokens, int n, bool all_logits);
+    // The same with the logits of rows first .. n - 1 only (first < n): the
+    // output matrix, a large part of a batch's work where the vocabulary is
+    // large, skips the rows no one reads (perplexity scores a chunk's second
+    // half).
+    const float* eval_rows(const int32_t* tokens, int n, int first);
     // One generated (sampled) token: as eval(&token, 1, false), but its
     // attention may take the faster half-precision products
     // (gl::AttentionArgs::half_ok), which prompt tokens never do.
@@ -102,9 +107,10 @@ class Forward {
     // What a batch is: prompt tokens, one generated token (its attention may
     // take the half-precision products), or a verification batch.
     enum class Pass { prompt, generated, verify };
-    const float* run(const int32_t* tokens, int n, bool all_logits, Pass pass);
+    // Logits of rows first .. n - 1.
+    const float* run(const int32_t* tokens, int n, int first, Pass pass);
     // run() over segs_ (set by the caller).
-    const float* run_segments(const int32_t* tokens, int n, bool all_logits, Pass pass);
+    const float* run_segments(const int32_t* tokens, int n, int first, Pass pass);
     // Embedding, layers and head of one batch (no commit): may run twice
     // when a backend lost a recorded step (Backend::end_step).
     void step(const int32_t* tokens, int n, int first, Pass pass);

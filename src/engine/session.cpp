@@ -21,15 +21,16 @@ bool Session::eval(std::span<const int32_t> more, const EvalHooks& hooks) {
     for (int64_t i = 0; i < total;) {
         if (hooks.should_stop && hooks.should_stop()) return false;
         const int n = static_cast<int>(std::min<int64_t>(fwd_.max_batch(), total - i));
-        const float* rows = fwd_.eval(more.data() + i, n, static_cast<bool>(hooks.on_rows));
+        // The batch's logits from row `from` on: the last row's alone unless
+        // on_rows wants more of them.
+        const int from = hooks.on_rows
+                             ? static_cast<int>(std::clamp<int64_t>(hooks.rows_from - i, 0, n - 1))
+                             : n - 1;
+        const float* rows = fwd_.eval_rows(more.data() + i, n, from);
         forward_tokens_ += n;
         tokens_.insert(tokens_.end(), more.begin() + i, more.begin() + i + n);
-        if (hooks.on_rows) {
-            hooks.on_rows(i, n, rows);
-            last_ = const_cast<float*>(rows) + static_cast<size_t>(n - 1) * n_vocab;
-        } else {
-            last_ = const_cast<float*>(rows);
-        }
+        if (hooks.on_rows && i + n > hooks.rows_from) hooks.on_rows(i + from, n - from, rows);
+        last_ = const_cast<float*>(rows) + static_cast<size_t>(n - 1 - from) * n_vocab;
         i += n;
         if (hooks.on_progress) hooks.on_progress(i, total);
     }

@@ -32,6 +32,9 @@ struct EvalHooks {
     // When set, every token's logits are computed and handed over a batch at
     // a time: rows[r * n_vocab ...] are the logits after token first + r.
     std::function<void(int64_t first, int n, const float* rows)> on_rows;
+    // on_rows gets the rows of tokens from this one on; those before it are
+    // not computed (nor handed over).
+    int64_t rows_from = 0;
 };
 
 struct GenerateParams {
