@@ -52,10 +52,11 @@ TEST_CASE("session eval: rows_from hands over the logits from that token on, the
         INFO("rows_from ", from);
         const Out got = run(from);
         CHECK(got.rows.size() == tokens.size() - static_cast<size_t>(from));
-        for (const auto& [pos, row] : got.rows) {
+        for (const auto& kv : got.rows) {
+            const int64_t pos = kv.first;
             INFO("token ", pos);
             CHECK(pos >= from);
-            CHECK(row == all.rows.at(pos));
+            CHECK(kv.second == all.rows.at(pos));
         }
         CHECK(got.last == all.last);
     }
