@@ -295,41 +295,30 @@ void matmul(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, fl
 
 void matvec_group(ThreadPool& pool, const MatvecJob* jobs, int n_jobs, MatvecGroupScratch& group,
                   void* scratch, MatmulPaths paths) {
-    // Which jobs join the loop, and where their activations go.
     group.offset.assign(static_cast<size_t>(n_jobs), MatvecGroupScratch::kNone);
-    group.joins.assign(static_cast<size_t>(n_jobs), 0);
-    auto& joins = group.joins;
-    size_t bytes = 0;
-    int prev = -1; // the last joining job with converted activations
-    for (int j = 0; j < n_jobs; j++) {
-        const Tensor& w = *jobs[j].w;
-        joins[j] =
-            !packed_applies(w, paths) && batch_path(w.type, w.ne0, 1, paths) == BatchPath::Dots;
-        const Type at = vec_dot_type(w.type);
-        if (!joins[j] || at == Type::F32) continue;
-        if (prev >= 0 && jobs[prev].x == jobs[j].x && vec_dot_type(jobs[prev].w->type) == at &&
-            jobs[prev].w->ne0 == w.ne0) {
-            group.offset[j] = group.offset[prev];
-        } else {
-            group.offset[j] = bytes;
-            bytes += ActivationLayout::align64(row_size(at, w.ne0));
-        }
-        prev = j;
-    }
-    if (group.acts.size() < bytes) group.acts.resize(bytes);
     group.chunks.clear();
+    size_t bytes = 0;
+    int prev = -1; // the last job whose activations were converted
     int64_t work = 0;
     for (int j = 0; j < n_jobs; j++) {
         const Tensor& w = *jobs[j].w;
-        if (!joins[j]) {
+        if (packed_applies(w, paths) || batch_path(w.type, w.ne0, 1, paths) != BatchPath::Dots) {
             matmul(pool, w, jobs[j].x, 1, jobs[j].y, scratch, paths);
             continue;
         }
-        const size_t off = group.offset[j];
-        // Converted once: the first job with this offset.
-        if (off != MatvecGroupScratch::kNone &&
-            (j == 0 || group.offset[j - 1] != off || !joins[j - 1]))
-            cpu::quantize_row(vec_dot_type(w.type), jobs[j].x, group.acts.data() + off, w.ne0);
+        const Type at = vec_dot_type(w.type);
+        if (at != Type::F32) {
+            if (prev >= 0 && jobs[prev].x == jobs[j].x && vec_dot_type(jobs[prev].w->type) == at &&
+                jobs[prev].w->ne0 == w.ne0) {
+                group.offset[j] = group.offset[prev];
+            } else {
+                group.offset[j] = bytes;
+                bytes += ActivationLayout::align64(row_size(at, w.ne0));
+                if (group.acts.size() < bytes) group.acts.resize(bytes);
+                cpu::quantize_row(at, jobs[j].x, group.acts.data() + group.offset[j], w.ne0);
+            }
+            prev = j;
+        }
         for (int64_t r0 = 0; r0 < w.ne1; r0 += kRowChunk)
             group.chunks.push_back({j, r0, std::min(w.ne1, r0 + kRowChunk)});
         work += w.ne0 * w.ne1;

@@ -93,7 +93,6 @@ void matmul(ThreadPool& pool, const Tensor& w, const float* x, int64_t n_tok, fl
 struct MatvecGroupScratch {
     std::vector<uint8_t> acts;  // the converted activations
     std::vector<size_t> offset; // job j's activations in acts; kNone: x itself
-    std::vector<uint8_t> joins; // whether job j's rows are in the loop
     struct Chunk {
         int32_t job;
         int64_t r0, r1;

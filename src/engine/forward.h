@@ -125,6 +125,7 @@ class Forward {
     // outputs (and the gated shared expert) to the residual stream.
     void experts_block(int l, int n);
     void experts_one_token(gl::Backend& be, const LayerWeights& L);
+    void experts_batch(gl::Backend& be, const LayerWeights& L, int n);
     // One expert's SwiGLU over `rows` rows of an n_batch-token batch, into expert_out_.
     void swiglu(gl::Backend& be, const gl::Tensor& gate, const gl::Tensor& up,
                 const gl::Tensor& down, const float* x, int rows, int n_batch, int width);

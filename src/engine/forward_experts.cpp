@@ -52,42 +52,40 @@ void Forward::swiglu(gl::Backend& be, const gl::Tensor& gate, const gl::Tensor& 
 // the shared one.
 void Forward::experts_one_token(gl::Backend& be, const LayerWeights& L) {
     const Hparams& hp = m_.hp;
-    const size_t D = static_cast<size_t>(hp.n_embd), F = static_cast<size_t>(hp.n_ff);
-    std::vector<int>& picked = picked_;
-    std::vector<float>& weight = picked_weight_;
-    std::vector<gl::MatvecJob>& jobs = group_jobs_;
+    const size_t D = static_cast<size_t>(hp.n_embd), F = static_cast<size_t>(hp.n_ff_exp);
     int k = 0;
     for (int e = 0; e < hp.n_expert && k < hp.n_expert_used; e++) {
         if (routing_.count(e) == 0) continue;
-        picked[k] = e;
-        weight[k++] = routing_.token_weights[routing_.offset[e]];
+        picked_[k] = e;
+        picked_weight_[k++] = routing_.token_weights[routing_.offset[e]];
     }
     const bool shared = static_cast<bool>(L.w_shexp_gate);
+    // Routed expert j's hidden rows at j * F of hb_ and hb2_, the shared
+    // expert's right after them: one SwiGLU call covers every slot.
+    const size_t width = k * F + (shared ? static_cast<size_t>(hp.n_ff_shexp) : 0);
+    std::vector<gl::MatvecJob>& jobs = group_jobs_;
     double bytes = 0;
     int n_jobs = 0;
-    auto gate_up = [&](const gl::Tensor& gate, const gl::Tensor& up, size_t slot) {
-        jobs[n_jobs++] = {&gate, xb_.data(), hb_.data() + slot * F};
-        jobs[n_jobs++] = {&up, xb_.data(), hb2_.data() + slot * F};
+    auto gate_up = [&](const gl::Tensor& gate, const gl::Tensor& up, size_t at) {
+        jobs[n_jobs++] = {&gate, xb_.data(), hb_.data() + at};
+        jobs[n_jobs++] = {&up, xb_.data(), hb2_.data() + at};
         bytes += static_cast<double>(gate.bytes() + up.bytes());
     };
-    for (int j = 0; j < k; j++) gate_up(L.exp_gate[picked[j]], L.exp_up[picked[j]], j);
-    if (shared) gate_up(L.w_shexp_gate, L.w_shexp_up, k);
+    for (int j = 0; j < k; j++) gate_up(L.exp_gate[picked_[j]], L.exp_up[picked_[j]], j * F);
+    if (shared) gate_up(L.w_shexp_gate, L.w_shexp_up, k * F);
     {
         OpTimer t(profile_, Op::ffn_gate_up, bytes);
         be.matmul_group(jobs.data(), n_jobs);
     }
-    const int slots = k + (shared ? 1 : 0);
     {
-        // Each slot's width: the routed experts' and the shared one's may differ.
         OpTimer t(profile_, Op::other);
-        for (int j = 0; j < slots; j++)
-            be.silu_mul(hb_.data() + j * F, hb2_.data() + j * F,
-                        j < k ? hp.n_ff_exp : hp.n_ff_shexp);
+        be.silu_mul(hb_.data(), hb2_.data(), static_cast<int64_t>(width));
     }
+    const int slots = k + (shared ? 1 : 0);
     n_jobs = 0;
     bytes = 0;
     for (int j = 0; j < slots; j++) {
-        const gl::Tensor& down = j < k ? L.exp_down[picked[j]] : L.w_shexp_down;
+        const gl::Tensor& down = j < k ? L.exp_down[picked_[j]] : L.w_shexp_down;
         jobs[n_jobs++] = {&down, hb_.data() + j * F, expert_out_.data() + j * D};
         bytes += static_cast<double>(down.bytes());
     }
@@ -98,35 +96,19 @@ void Forward::experts_one_token(gl::Backend& be, const LayerWeights& L) {
     be.host_read(expert_out_.data(), sizeof(float) * slots * D);
     OpTimer t(profile_, Op::other);
     for (int j = 0; j < k; j++)
-        add_scaled(experts_sum_.data(), expert_out_.data() + j * D, weight[j], D);
+        add_scaled(experts_sum_.data(), expert_out_.data() + j * D, picked_weight_[j], D);
     if (shared)
         add_scaled(experts_sum_.data(), expert_out_.data() + k * D, shared_weight(L, xb_.data(), D),
                    D);
 }
 
-void Forward::experts_block(int l, int n) {
+// A batch of n tokens: each expert that has tokens multiplies all of them at
+// once (their rows gathered unless they are the whole batch), then the shared
+// expert the whole batch.
+void Forward::experts_batch(gl::Backend& be, const LayerWeights& L, int n) {
     const Hparams& hp = m_.hp;
-    const LayerWeights& L = m_.layers[l];
-    gl::Backend& be = *place_.layers[l];
     const size_t D = static_cast<size_t>(hp.n_embd), N = static_cast<size_t>(n);
     const int ff = hp.n_ff_exp;
-
-    rmsnorm(be, x_.data(), L.ffn_norm, n, xb_.data());
-    matmul(be, Op::ffn_router, L.w_router, xb_.data(), n, router_.data());
-    be.host_read(router_.data(), sizeof(float) * N * hp.n_expert);
-    be.host_read(xb_.data(), sizeof(float) * N * D);
-    {
-        OpTimer t(profile_, Op::other);
-        routing_.route(router_.data(), n);
-        std::fill_n(experts_sum_.data(), N * D, 0.0f);
-    }
-    if (n == 1) {
-        experts_one_token(be, L);
-        std::memcpy(xb_.data(), experts_sum_.data(), sizeof(float) * D);
-        wrote(xb_.data(), sizeof(float) * D);
-        add_residual(be, n, L.post_ffn_norm);
-        return;
-    }
     for (int e = 0; e < hp.n_expert; e++) {
         const int c = routing_.count(e);
         if (c == 0) continue;
@@ -156,6 +138,27 @@ void Forward::experts_block(int l, int n) {
             add_scaled(experts_sum_.data() + i * D, expert_out_.data() + i * D,
                        shared_weight(L, xb_.data() + i * D, D), D);
     }
+}
+
+void Forward::experts_block(int l, int n) {
+    const Hparams& hp = m_.hp;
+    const LayerWeights& L = m_.layers[l];
+    gl::Backend& be = *place_.layers[l];
+    const size_t D = static_cast<size_t>(hp.n_embd), N = static_cast<size_t>(n);
+
+    rmsnorm(be, x_.data(), L.ffn_norm, n, xb_.data());
+    matmul(be, Op::ffn_router, L.w_router, xb_.data(), n, router_.data());
+    be.host_read(router_.data(), sizeof(float) * N * hp.n_expert);
+    be.host_read(xb_.data(), sizeof(float) * N * D);
+    {
+        OpTimer t(profile_, Op::other);
+        routing_.route(router_.data(), n);
+        std::fill_n(experts_sum_.data(), N * D, 0.0f);
+    }
+    if (n == 1)
+        experts_one_token(be, L);
+    else
+        experts_batch(be, L, n);
     std::memcpy(xb_.data(), experts_sum_.data(), sizeof(float) * N * D);
     wrote(xb_.data(), sizeof(float) * N * D);
     add_residual(be, n, L.post_ffn_norm);
