@@ -188,7 +188,8 @@ int run_batch(int argc, char** argv) {
         parallel =
             static_cast<int>(std::clamp<uint64_t>(batch_sequences_that_fit(available, per_seq), 1,
                                                   std::max<size_t>(1, std::min<size_t>(16, n_ok))));
-    const Backends backends = make_backends(o.common, threads, hp);
+    const GpuFitInput fit{lm->file, plan.cache, plan.batch};
+    const Backends backends = make_backends(o.common, threads, hp, &fit);
     if (backends.gpu && o.parallel == 0) parallel = 1; // one sequence on CUDA, for now
     if (backends.gpu && parallel > 1)
         fail(Exit::usage, "kvrun batch runs more than one sequence on the CPU only for now: with "

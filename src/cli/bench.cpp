@@ -309,6 +309,8 @@ int run_bench(int argc, char** argv) {
         placement.device = device;
         placement.n_gpu_layers = offload.n_gpu_layers;
         placement.kv_gpu_window = offload.kv_gpu_window;
+        placement.cpu_moe = offload.cpu_moe;
+        placement.n_cpu_moe = offload.n_cpu_moe;
         placement.precise = precise;
         auto lm = LoadedModel::load(path, layers_home(placement), !placement.precise);
         const Hparams& hp = lm->model.hp;
@@ -357,6 +359,8 @@ int run_bench(int argc, char** argv) {
             co.device = device;
             co.n_gpu_layers = offload.n_gpu_layers;
             co.kv_gpu_window = offload.kv_gpu_window;
+            co.cpu_moe = offload.cpu_moe;
+            co.n_cpu_moe = offload.n_cpu_moe;
             co.deterministic = deterministic;
             co.precise = precise;
             const Backends be = make_backends(co, threads, hp);
@@ -449,10 +453,15 @@ int run_bench(int argc, char** argv) {
                     if (tg > 0)
                         bench_speculative(*lm, name, session, be, threads, plan, speculative,
                                           spec_prompt, tg, reps, deterministic, rows);
+            const int host_experts = std::min(be.n_cpu_moe, be.n_gpu_layers);
             const std::string backend =
-                !be.gpu   ? "cpu"
-                : !be.cpu ? "cuda"
-                          : fmt::format("cuda {}/{} layers", be.n_gpu_layers, be.n_layer);
+                !be.gpu ? "cpu"
+                : be.n_gpu_layers == be.n_layer && host_experts == 0
+                    ? "cuda"
+                    : fmt::format("cuda {}/{} layers{}", be.n_gpu_layers, be.n_layer,
+                                  host_experts > 0
+                                      ? fmt::format(", {} layers' experts on the CPU", host_experts)
+                                      : "");
             for (size_t i = rows_at_threads; i < rows.size(); i++) rows[i].backend = backend;
         }
         for (size_t i = rows_before; i < rows.size(); i++) {

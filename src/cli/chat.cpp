@@ -400,7 +400,8 @@ int run_chat(int argc, char** argv) {
     req.threads = threads;
     const ContextPlan plan = plan_and_tell(*lm, req, o.common.verbose);
     const int n_ctx = plan.cache.n_ctx;
-    const Backends backends = make_backends(o.common, threads, lm->model.hp);
+    const GpuFitInput fit{lm->file, plan.cache, plan.batch};
+    const Backends backends = make_backends(o.common, threads, lm->model.hp, &fit);
     ChatConfig cfg;
     cfg.batch = o.batch;
     cfg.n_predict = o.n_predict;

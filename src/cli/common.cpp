@@ -22,6 +22,7 @@
 #include "ggml-like/cpu/thread_pool.h"
 #include "kv_cache.h"
 #include "loader.h"
+#include "memory_plan.h"
 #include "unicode.h"
 
 namespace kvrun::cli {
@@ -199,9 +200,9 @@ void add_offload_options(CLI::App& app, CommonOptions& o) {
            "GPU; older ones are attended on the CPU from host memory (default 0: all on the GPU)")
         ->check(int_in(0, 1 << 30));
     app.add_flag("--cpu-moe", o.cpu_moe,
-                 "a mixture of experts' experts stay in host memory and run on the CPU, the rest "
-                 "of each layer where -ngl puts it (planned by kvrun info; MoE models run on the "
-                 "CPU only so far)");
+                 "a mixture of experts' routed experts stay in host memory and run on the CPU, "
+                 "the rest of each layer (attention, router, shared expert, KV) where -ngl puts "
+                 "it");
     app.add_option("--n-cpu-moe", o.n_cpu_moe, "the same for the first N layers' experts only")
         ->check(int_in(0, 1 << 16));
 }
@@ -256,8 +257,9 @@ bool gpu_layers_fall_back(const CommonOptions& o) {
     // Only a valid -ngl that asks for GPU layers ("x" and -1 are usage errors later).
     const std::string& n = o.n_gpu_layers;
     const bool layers =
-        n == "all" || (!n.empty() && n.size() <= 9 &&
-                       n.find_first_not_of("0123456789") == std::string::npos && std::stol(n) > 0);
+        n == "all" || n == "auto" ||
+        (!n.empty() && n.size() <= 9 && n.find_first_not_of("0123456789") == std::string::npos &&
+         std::stol(n) > 0);
     if (!layers) return false;
     static const std::optional<std::string> why = [] {
         std::string w;
@@ -268,8 +270,11 @@ bool gpu_layers_fall_back(const CommonOptions& o) {
         // Every GPU flag falls back with it: one line names them all.
         const std::string window =
             o.kv_gpu_window > 0 ? fmt::format(" --kv-gpu-window {}", o.kv_gpu_window) : "";
-        fmt::print(stderr, "kvrun: warning: -ngl {}{}: {}; running on the CPU\n", o.n_gpu_layers,
-                   window, *why);
+        const std::string experts = o.cpu_moe         ? " --cpu-moe"
+                                    : o.n_cpu_moe > 0 ? fmt::format(" --n-cpu-moe {}", o.n_cpu_moe)
+                                                      : "";
+        fmt::print(stderr, "kvrun: warning: -ngl {}{}{}: {}; running on the CPU\n", o.n_gpu_layers,
+                   window, experts, *why);
         told = true;
     }
     return why.has_value();
@@ -296,7 +301,7 @@ int resolve_gpu_layers(const CommonOptions& o, int n_layer) {
     const std::string& s = o.n_gpu_layers;
     if (s.empty()) return is_cuda_device(d) ? n_layer : 0;
     if (s == "auto")
-        fail(Exit::usage, "-ngl auto: only kvrun info fits a plan to the GPU so far; give a "
+        fail(Exit::usage, "-ngl auto: this command does not fit a plan to the GPU; give a "
                           "number of layers or all");
     long n = n_layer;
     if (s != "all") {
@@ -315,22 +320,60 @@ int resolve_gpu_layers(const CommonOptions& o, int n_layer) {
 }
 
 Placement Backends::placement() const {
-    if (!cpu) return Placement::all(*gpu, n_layer);
     if (!gpu) return Placement::all(*cpu, n_layer);
-    return Placement::split(*gpu, *cpu, n_gpu_layers, n_layer);
+    Placement p = n_gpu_layers == n_layer ? Placement::all(*gpu, n_layer)
+                                          : Placement::split(*gpu, *cpu, n_gpu_layers, n_layer);
+    // Experts of the CPU's layers are there already.
+    if (n_cpu_moe > 0) p.experts_on(*cpu, std::min(n_cpu_moe, n_gpu_layers));
+    return p;
 }
 
 std::string Backends::describe() const {
     const std::string window =
         kv_gpu_window > 0 ? fmt::format(", KV on the GPU: sinks + newest {} tokens", kv_gpu_window)
                           : "";
-    if (!cpu) return gpu->name() + window;
     if (!gpu) return cpu->name();
-    return fmt::format("{} for layers 0-{}{}, {} for layers {}-{} and the output", gpu->name(),
-                       n_gpu_layers - 1, window, cpu->name(), n_gpu_layers, n_layer - 1);
+    const int host_experts = std::min(n_cpu_moe, n_gpu_layers);
+    const std::string experts =
+        host_experts == 0 ? ""
+        : host_experts == 1
+            ? fmt::format(", {} for layer 0's experts", cpu->name())
+            : fmt::format(", {} for the experts of layers 0-{}", cpu->name(), host_experts - 1);
+    if (n_gpu_layers == n_layer) return gpu->name() + window + experts;
+    return fmt::format("{} for layers 0-{}{}{}, {} for layers {}-{} and the output", gpu->name(),
+                       n_gpu_layers - 1, window, experts, cpu->name(), n_gpu_layers, n_layer - 1);
 }
 
-Backends make_backends(const CommonOptions& o, int threads, const Hparams& hp) {
+namespace {
+
+// -ngl auto: fit_gpu's plan for this run's cache in the device's free memory,
+// said on stderr.
+GpuPlan fit_to_device(const CommonOptions& o, const Hparams& hp, const GpuFitInput* fit) {
+    if (!fit)
+        fail(Exit::usage, "-ngl auto: this command does not fit a plan to the GPU; give a number "
+                          "of layers or all");
+    const int dev = o.device.rfind("cuda:", 0) == 0 ? std::atoi(o.device.c_str() + 5) : 0;
+    uint64_t free_bytes = 0, total = 0;
+    if (!gl::cuda_memory_info(dev, &free_bytes, &total))
+        fail(Exit::usage, "-ngl auto: cannot read the free memory of CUDA device {}", dev);
+    const KvCacheConfig& c = fit->cache;
+    const GpuPlan g = fit_gpu(fit->file, hp, c.n_ctx, c.keep, c.type_k, c.type_v, o.kv_gpu_window,
+                              fit->batch, free_bytes);
+    const std::string experts =
+        hp.is_moe() && g.n_gpu_layers > 0
+            ? fmt::format(", the experts of {} of them on the host (--n-cpu-moe {})",
+                          std::min(g.n_cpu_moe, g.n_gpu_layers), g.n_cpu_moe)
+            : "";
+    fmt::print(stderr, "kvrun: -ngl auto: {} of {} layers on the GPU{}: {} of its {} free\n",
+               g.n_gpu_layers, hp.n_layer, experts, human_bytes(g.gpu_total()),
+               human_bytes(free_bytes));
+    return g;
+}
+
+} // namespace
+
+Backends make_backends(const CommonOptions& o, int threads, const Hparams& hp,
+                       const GpuFitInput* fit) {
     // OpenBLAS first, before the CUDA runtime's threads: its load sets an
     // environment variable (ggml-like/cpu/openblas.h).
     gl::gemm::load_blas();
@@ -338,7 +381,14 @@ Backends make_backends(const CommonOptions& o, int threads, const Hparams& hp) {
     Backends b;
     b.n_layer = n_layer;
     const bool fell_back = gpu_layers_fall_back(o);
-    b.n_gpu_layers = fell_back ? 0 : resolve_gpu_layers(o, n_layer);
+    std::optional<GpuPlan> fitted;
+    if (!fell_back && o.n_gpu_layers == "auto") {
+        if (o.device == "cpu")
+            fail(Exit::usage, "-ngl auto puts layers on the GPU but --device is cpu (use --device "
+                              "cuda, or no --device)");
+        fitted = fit_to_device(o, hp, fit);
+    }
+    b.n_gpu_layers = fell_back ? 0 : fitted ? fitted->n_gpu_layers : resolve_gpu_layers(o, n_layer);
     if (o.kv_gpu_window > 0 && b.n_gpu_layers == 0 && !fell_back)
         fail(Exit::usage, "--kv-gpu-window {} needs layers on the GPU (--device cuda or -ngl N)",
              o.kv_gpu_window);
@@ -355,11 +405,9 @@ Backends make_backends(const CommonOptions& o, int threads, const Hparams& hp) {
     if (o.deterministic && b.n_gpu_layers > 0)
         fail(Exit::usage, "--deterministic runs on the CPU only (not with -ngl or --device cuda)");
     // Gemma 4's window heads of their own size, shared K/V and per-layer
-    // inputs, Qwen 3.5's recurrent layers and mixtures of experts have no
-    // CUDA path yet.
-    if (b.n_gpu_layers > 0 &&
-        (hp.head_dim_swa > 0 || hp.n_kv_shared > 0 || hp.n_embd_per_layer > 0 ||
-         !hp.recurrent_layers.empty() || hp.is_moe()))
+    // inputs and Qwen 3.5's recurrent layers have no CUDA path yet.
+    if (b.n_gpu_layers > 0 && (hp.head_dim_swa > 0 || hp.n_kv_shared > 0 ||
+                               hp.n_embd_per_layer > 0 || !hp.recurrent_layers.empty()))
         fail(Exit::usage, "{} models run on the CPU only for now (not with -ngl or --device cuda)",
              hp.arch);
     if (b.n_gpu_layers > 0) {
@@ -371,7 +419,7 @@ Backends make_backends(const CommonOptions& o, int threads, const Hparams& hp) {
     }
     // --cpu-moe / --n-cpu-moe with every layer on the CPU: nothing to keep
     // back, as -ngl without a GPU; said once.
-    if ((o.cpu_moe || o.n_cpu_moe > 0) && b.n_gpu_layers == 0) {
+    if ((o.cpu_moe || o.n_cpu_moe > 0) && b.n_gpu_layers == 0 && !fell_back) {
         static bool told = false;
         if (!told)
             fmt::print(stderr, "kvrun: warning: {}: {}; the experts run on the CPU with the rest\n",
@@ -379,7 +427,9 @@ Backends make_backends(const CommonOptions& o, int threads, const Hparams& hp) {
                        hp.is_moe() ? "no layer is on a GPU" : "not a mixture of experts");
         told = true;
     }
-    if (b.n_gpu_layers < n_layer) b.cpu = gl::make_cpu_backend(threads, o.deterministic, o.precise);
+    b.n_cpu_moe = !hp.is_moe() ? 0 : fitted ? fitted->n_cpu_moe : resolve_cpu_moe(o, n_layer);
+    if (b.n_gpu_layers < n_layer || (b.n_gpu_layers > 0 && b.n_cpu_moe > 0))
+        b.cpu = gl::make_cpu_backend(threads, o.deterministic, o.precise);
     return b;
 }
 

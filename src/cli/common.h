@@ -66,18 +66,29 @@ LoadedModel::Layers layers_home(const CommonOptions& o);
 
 // The backends of a run and which layers each runs (Placement in forward.h):
 // the first n_gpu_layers on the GPU, the rest and, unless the GPU holds every
-// layer, the output head on the CPU.
+// layer, the output head on the CPU; a mixture's first n_cpu_moe layers'
+// routed experts on the CPU too.
 struct Backends {
     std::unique_ptr<gl::Backend> gpu; // null when no layer is offloaded
     std::unique_ptr<gl::Backend> cpu; // null when the GPU runs everything
     int n_gpu_layers = 0, n_layer = 0;
+    int n_cpu_moe = 0; // --cpu-moe, --n-cpu-moe (0 for a dense model)
     int kv_gpu_window = 0;
     Placement placement() const;
     // For -v and logs: "cpu/avx2", "cuda:0 (...)", or both with their layers.
     std::string describe() const;
 };
 // Throws Error(usage) like make_backend ("-ngl 4: kvrun was built without CUDA").
-Backends make_backends(const CommonOptions& o, int threads, const Hparams& hp);
+// What -ngl auto fits to the device's free memory (fit_gpu): the file and
+// the run's cache and batch. Commands without a memory plan pass none, and
+// -ngl auto is then a usage error.
+struct GpuFitInput {
+    const GgufFile& file;
+    const KvCacheConfig& cache;
+    int batch = 512;
+};
+Backends make_backends(const CommonOptions& o, int threads, const Hparams& hp,
+                       const GpuFitInput* fit = nullptr);
 int resolve_threads(int requested);
 // plan_context, with what it decided told on stderr ("kvrun: -c auto reduced
 // to ..."; the notes meant for -v only with `verbose`).

@@ -330,7 +330,8 @@ int run_generate(int argc, char** argv) {
                    "the window "
                    "slides, only {} recent tokens are seen\n",
                    kc.keep, n_ctx, n_ctx - kc.keep);
-    const Backends backends = make_backends(o.common, threads, hp);
+    const GpuFitInput fit{lm->file, kc, plan.batch};
+    const Backends backends = make_backends(o.common, threads, hp, &fit);
     Session session(*lm, kc, backends.placement(), plan.batch);
     KvCache& kv = session.cache();
     o.sampling.grammar = o.grammar.bind(

@@ -146,7 +146,8 @@ int run_serve(int argc, char** argv) {
     req.threads = threads;
     const ContextPlan plan = plan_and_tell(*lm, req, o.common.verbose);
     const KvCacheConfig& kc = plan.cache;
-    const Backends backends = make_backends(o.common, threads, hp);
+    const GpuFitInput fit{lm->file, kc, plan.batch};
+    const Backends backends = make_backends(o.common, threads, hp, &fit);
     if (backends.gpu && o.parallel > 1)
         fail(Exit::usage, "kvrun serve runs more than one sequence on the CPU only for now: with "
                           "-ngl give --parallel 1");

@@ -21,8 +21,15 @@ Placement Placement::split(gl::Backend& first, gl::Backend& rest, int n_first, i
     KV_ASSERT(n_layer >= 0 && n_first >= 0 && n_first <= n_layer);
     Placement p;
     for (int l = 0; l < n_layer; l++) p.layers.push_back(l < n_first ? &first : &rest);
+    p.experts = p.layers;
     p.head = n_first == n_layer ? &first : &rest;
     return p;
+}
+
+Placement& Placement::experts_on(gl::Backend& host, int n) {
+    KV_ASSERT(n >= 0 && static_cast<size_t>(n) <= experts.size());
+    for (int l = 0; l < n; l++) experts[l] = &host;
+    return *this;
 }
 
 std::vector<gl::Backend*> Placement::distinct() const {
@@ -31,6 +38,7 @@ std::vector<gl::Backend*> Placement::distinct() const {
         if (std::find(v.begin(), v.end(), b) == v.end()) v.push_back(b);
     };
     for (gl::Backend* b : layers) note(b);
+    for (gl::Backend* b : experts) note(b);
     note(head);
     return v;
 }
@@ -43,7 +51,9 @@ Forward::Forward(const Model& m, KvCache& kv, Placement placement, int max_batch
     const Hparams& hp = m.hp;
     KV_ASSERT(max_batch >= 1);
     KV_ASSERT(place_.layers.size() == static_cast<size_t>(hp.n_layer) && place_.head);
+    KV_ASSERT(place_.experts.size() == place_.layers.size());
     for (gl::Backend* b : place_.layers) KV_ASSERT(b);
+    for (gl::Backend* b : place_.experts) KV_ASSERT(b);
     KV_ASSERT(kv.config().n_layer == hp.n_layer);
     int max_q = 0, max_kv = 0;
     for (int l = 0; l < hp.n_layer; l++) {
@@ -100,14 +110,6 @@ Forward::Forward(const Model& m, KvCache& kv, Placement placement, int max_batch
         picked_weight_.resize(static_cast<size_t>(hp.n_expert_used));
         group_jobs_.resize(2 * side);
         routing_.reserve(hp.n_expert, hp.n_expert_used, max_batch);
-        // The device backends record a step's launches ahead: routing
-        // decided on the host mid-step has no place in them yet.
-        for (const gl::Backend* b : backends)
-            if (b->name().rfind("cpu", 0) != 0)
-                fail(Exit::usage,
-                     "mixture-of-experts models ({}) run on the CPU only so far: drop --device / "
-                     "-ngl",
-                     hp.arch);
     }
     if (!hp.recurrent_layers.empty()) {
         ssm_qkv_.resize(B * hp.ssm_conv_dim());
@@ -141,10 +143,11 @@ Forward::Forward(const Model& m, KvCache& kv, Placement placement, int max_batch
             mm = std::max(mm, gl::ops::matmul_scratch_bytes(w.type, w.ne0, B, be->n_threads()));
         };
         for (int l = 0; l < hp.n_layer; l++) {
-            if (place_.layers[l] != be) continue;
             const LayerWeights& L = m.layers[l];
+            if (place_.experts[l] == be)
+                for (const gl::Tensor* w : L.expert_matrices()) need(*w);
+            if (place_.layers[l] != be) continue;
             for (const gl::Tensor* w : L.matrices()) need(*w);
-            for (const gl::Tensor* w : L.expert_matrices()) need(*w);
             attends = true;
         }
         if (m.per_layer_model_proj && (place_.layers.empty() ? place_.head : place_.layers[0]) == be)

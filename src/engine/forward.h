@@ -26,6 +26,10 @@ namespace kvrun {
 // the host.
 struct Placement {
     std::vector<gl::Backend*> layers; // [n_layer]
+    // [n_layer] The backend that runs a mixture-of-experts layer's routed
+    // experts: the layer's own, unless experts_on() keeps them on the host.
+    // The router and the shared expert run on the layer's backend.
+    std::vector<gl::Backend*> experts;
     gl::Backend* head = nullptr;
 
     // Everything on one backend.
@@ -33,6 +37,10 @@ struct Placement {
     // Layers 0 .. n_first - 1 on `first` (-ngl), the rest on `rest`; the head
     // runs on `first` only when it holds every layer.
     static Placement split(gl::Backend& first, gl::Backend& rest, int n_first, int n_layer);
+    // The routed experts of layers 0 .. n - 1 on `host` (--n-cpu-moe N,
+    // --cpu-moe): their weights stay in host memory, and a layer's
+    // activations cross to the host and back around them.
+    Placement& experts_on(gl::Backend& host, int n);
     // The distinct backends, in order of first use.
     std::vector<gl::Backend*> distinct() const;
 };
@@ -124,11 +132,17 @@ class Forward {
     // each chosen expert once over the tokens sent to it, add the weighted
     // outputs (and the gated shared expert) to the residual stream.
     void experts_block(int l, int n);
-    void experts_one_token(gl::Backend& be, const LayerWeights& L);
-    void experts_batch(gl::Backend& be, const LayerWeights& L, int n);
-    // One expert's SwiGLU over `rows` rows of an n_batch-token batch, into expert_out_.
+    // be runs the layer (and its shared expert), eb its routed experts.
+    void experts_one_token(gl::Backend& be, gl::Backend& eb, const LayerWeights& L);
+    void experts_batch(gl::Backend& be, gl::Backend& eb, const LayerWeights& L, int n);
+    // One expert's SwiGLU over `rows` rows of an n_batch-token batch, into
+    // `out` (host memory once it returns).
     void swiglu(gl::Backend& be, const gl::Tensor& gate, const gl::Tensor& up,
-                const gl::Tensor& down, const float* x, int rows, int n_batch, int width);
+                const gl::Tensor& down, const float* x, int rows, int n_batch, int width,
+                float* out);
+    // Backend `eb` wrote these host bytes of the FFN buffers: every other
+    // backend's device twins are older now (routed experts on the host).
+    void experts_wrote(gl::Backend& be, gl::Backend& eb, size_t hidden_floats, size_t out_floats);
     // Gemma 4: every layer's per-layer input rows of the batch (pli_), once
     // per step; and one layer's use of them, x_ += norm(proj(gelu(gate x_) * pli)).
     void per_layer_inputs(gl::Backend& be, const int32_t* tokens, int n);

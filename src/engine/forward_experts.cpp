@@ -29,18 +29,27 @@ float shared_weight(const LayerWeights& L, const float* x, size_t n) {
 
 } // namespace
 
-// expert_out_ = down(silu(gate x) * up x) for `rows` rows of a batch of
-// n_batch tokens (hb_, hb2_ hold the `width` wide rows between).
+// out = down(silu(gate x) * up x) for `rows` rows of a batch of n_batch
+// tokens (hb_, hb2_ hold the `width` wide rows between).
 void Forward::swiglu(gl::Backend& be, const gl::Tensor& gate, const gl::Tensor& up,
-                     const gl::Tensor& down, const float* x, int rows, int n_batch, int width) {
+                     const gl::Tensor& down, const float* x, int rows, int n_batch, int width,
+                     float* out) {
     matmul_part(be, Op::ffn_gate, gate, x, rows, n_batch, hb_.data());
     matmul_part(be, Op::ffn_up, up, x, rows, n_batch, hb2_.data());
     {
         OpTimer t(profile_, Op::other);
         be.silu_mul(hb_.data(), hb2_.data(), static_cast<int64_t>(rows) * width);
     }
-    matmul_part(be, Op::ffn_down, down, hb_.data(), rows, n_batch, expert_out_.data());
-    be.host_read(expert_out_.data(), sizeof(float) * rows * m_.hp.n_embd);
+    matmul_part(be, Op::ffn_down, down, hb_.data(), rows, n_batch, out);
+    be.host_read(out, sizeof(float) * rows * m_.hp.n_embd);
+}
+
+void Forward::experts_wrote(gl::Backend& be, gl::Backend& eb, size_t hidden_floats,
+                            size_t out_floats) {
+    if (&eb == &be) return;
+    wrote(hb_.data(), sizeof(float) * hidden_floats);
+    wrote(hb2_.data(), sizeof(float) * hidden_floats);
+    wrote(expert_out_.data(), sizeof(float) * out_floats);
 }
 
 // One token (generation): every routed expert's gate and up rows, and the
@@ -49,8 +58,9 @@ void Forward::swiglu(gl::Backend& be, const gl::Tensor& gate, const gl::Tensor& 
 // matrix would hand work to the threads 24 times a layer and restart their
 // streams as often. Each product takes the bits of its one-token matmul, and
 // the sum runs in the same order as in a batch: the experts ascending, then
-// the shared one.
-void Forward::experts_one_token(gl::Backend& be, const LayerWeights& L) {
+// the shared one. Where the routed experts run on another backend than the
+// layer (--n-cpu-moe), the shared expert runs on the layer's, after them.
+void Forward::experts_one_token(gl::Backend& be, gl::Backend& eb, const LayerWeights& L) {
     const Hparams& hp = m_.hp;
     const size_t D = static_cast<size_t>(hp.n_embd), F = static_cast<size_t>(hp.n_ff_exp);
     int k = 0;
@@ -59,7 +69,8 @@ void Forward::experts_one_token(gl::Backend& be, const LayerWeights& L) {
         picked_[k] = e;
         picked_weight_[k++] = routing_.token_weights[routing_.offset[e]];
     }
-    const bool shared = static_cast<bool>(L.w_shexp_gate);
+    const bool shared_elsewhere = L.w_shexp_gate && &eb != &be;
+    const bool shared = L.w_shexp_gate && !shared_elsewhere; // in eb's group
     // Routed expert j's hidden rows at j * F of hb_ and hb2_, the shared
     // expert's right after them: one SwiGLU call covers every slot.
     const size_t width = k * F + (shared ? static_cast<size_t>(hp.n_ff_shexp) : 0);
@@ -75,11 +86,11 @@ void Forward::experts_one_token(gl::Backend& be, const LayerWeights& L) {
     if (shared) gate_up(L.w_shexp_gate, L.w_shexp_up, k * F);
     {
         OpTimer t(profile_, Op::ffn_gate_up, bytes);
-        be.matmul_group(jobs.data(), n_jobs);
+        eb.matmul_group(jobs.data(), n_jobs);
     }
     {
         OpTimer t(profile_, Op::other);
-        be.silu_mul(hb_.data(), hb2_.data(), static_cast<int64_t>(width));
+        eb.silu_mul(hb_.data(), hb2_.data(), static_cast<int64_t>(width));
     }
     const int slots = k + (shared ? 1 : 0);
     n_jobs = 0;
@@ -91,21 +102,25 @@ void Forward::experts_one_token(gl::Backend& be, const LayerWeights& L) {
     }
     {
         OpTimer t(profile_, Op::ffn_down, bytes);
-        be.matmul_group(jobs.data(), n_jobs);
+        eb.matmul_group(jobs.data(), n_jobs);
     }
-    be.host_read(expert_out_.data(), sizeof(float) * slots * D);
+    eb.host_read(expert_out_.data(), sizeof(float) * slots * D);
+    experts_wrote(be, eb, width, slots * D);
+    if (shared_elsewhere)
+        swiglu(be, L.w_shexp_gate, L.w_shexp_up, L.w_shexp_down, xb_.data(), 1, 1, hp.n_ff_shexp,
+               expert_out_.data() + k * D);
     OpTimer t(profile_, Op::other);
     for (int j = 0; j < k; j++)
         add_scaled(experts_sum_.data(), expert_out_.data() + j * D, picked_weight_[j], D);
-    if (shared)
+    if (L.w_shexp_gate)
         add_scaled(experts_sum_.data(), expert_out_.data() + k * D, shared_weight(L, xb_.data(), D),
                    D);
 }
 
 // A batch of n tokens: each expert that has tokens multiplies all of them at
 // once (their rows gathered unless they are the whole batch), then the shared
-// expert the whole batch.
-void Forward::experts_batch(gl::Backend& be, const LayerWeights& L, int n) {
+// expert the whole batch (on the layer's backend).
+void Forward::experts_batch(gl::Backend& be, gl::Backend& eb, const LayerWeights& L, int n) {
     const Hparams& hp = m_.hp;
     const size_t D = static_cast<size_t>(hp.n_embd), N = static_cast<size_t>(n);
     const int ff = hp.n_ff_exp;
@@ -124,7 +139,8 @@ void Forward::experts_batch(gl::Backend& be, const LayerWeights& L, int n) {
             wrote(expert_in_.data(), sizeof(float) * c * D);
             in = expert_in_.data();
         }
-        swiglu(be, L.exp_gate[e], L.exp_up[e], L.exp_down[e], in, c, n, ff);
+        swiglu(eb, L.exp_gate[e], L.exp_up[e], L.exp_down[e], in, c, n, ff, expert_out_.data());
+        experts_wrote(be, eb, static_cast<size_t>(c) * ff, c * D);
         OpTimer t(profile_, Op::other);
         for (int j = 0; j < c; j++)
             add_scaled(experts_sum_.data() + tokens[j] * D, expert_out_.data() + j * D, weights[j],
@@ -132,7 +148,8 @@ void Forward::experts_batch(gl::Backend& be, const LayerWeights& L, int n) {
     }
     if (L.w_shexp_gate) {
         // The shared expert, always on, scaled per token by sigmoid(g . x).
-        swiglu(be, L.w_shexp_gate, L.w_shexp_up, L.w_shexp_down, xb_.data(), n, n, hp.n_ff_shexp);
+        swiglu(be, L.w_shexp_gate, L.w_shexp_up, L.w_shexp_down, xb_.data(), n, n, hp.n_ff_shexp,
+               expert_out_.data());
         OpTimer t(profile_, Op::other);
         for (size_t i = 0; i < N; i++)
             add_scaled(experts_sum_.data() + i * D, expert_out_.data() + i * D,
@@ -155,10 +172,11 @@ void Forward::experts_block(int l, int n) {
         routing_.route(router_.data(), n);
         std::fill_n(experts_sum_.data(), N * D, 0.0f);
     }
+    gl::Backend& eb = *place_.experts[l];
     if (n == 1)
-        experts_one_token(be, L);
+        experts_one_token(be, eb, L);
     else
-        experts_batch(be, L, n);
+        experts_batch(be, eb, L, n);
     std::memcpy(xb_.data(), experts_sum_.data(), sizeof(float) * N * D);
     wrote(xb_.data(), sizeof(float) * N * D);
     add_residual(be, n, L.post_ffn_norm);

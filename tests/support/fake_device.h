@@ -75,6 +75,12 @@ class FakeDeviceBackend final : public ForwardingBackend {
         matmuls++;
         inner().matmul(w, in(x, 4 * n_tok * w.ne0), n_tok, out(y, 4 * n_tok * w.ne1));
     }
+    void matmul_part(const gl::Tensor& w, const float* x, int64_t n_tok, int64_t batch_tok,
+                     float* y) override {
+        matmuls++;
+        inner().matmul_part(w, in(x, 4 * n_tok * w.ne0), n_tok, batch_tok,
+                            out(y, 4 * n_tok * w.ne1));
+    }
     void matmul_group(const gl::MatvecJob* jobs, int n_jobs) override {
         matmuls += n_jobs;
         std::vector<gl::MatvecJob> twins(jobs, jobs + n_jobs);
