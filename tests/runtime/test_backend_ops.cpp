@@ -222,6 +222,50 @@ void run_matmul(BackendUnderTest& b, const OpCase& oc, Worst& worst) {
             }
 }
 
+// matmul_part: one expert of a mixture, a view into a 3-D tensor of three
+// (the middle one, so that an offset view is read), over the n_tok rows a
+// batch of batch_tok tokens sent to it; the path is the whole batch's (at
+// 40 and 512 tokens the batched kernels even for one row). Measure as
+// run_matmul.
+void run_matmul_part(BackendUnderTest& b, const OpCase& oc, Worst& worst) {
+    const Type t = oc.type;
+    const int64_t bs = gl::type_info(t).block_size;
+    uint32_t seed = 5000 + static_cast<uint32_t>(t) * 16;
+    for (int64_t n_in : {bs, 3 * bs})
+        for (int64_t n_out : {3, 17})
+            for (int64_t n_tok : {1, 5, 17})
+                for (int64_t batch_tok : {n_tok, int64_t{40}, int64_t{512}}) {
+                    const int64_t n_expert = 3, e = 1;
+                    const auto wf =
+                        random_floats(static_cast<size_t>(n_in * n_out * n_expert), seed++, 0.5f);
+                    const auto wq = quantize(t, wf, n_in, n_out * n_expert);
+                    const size_t row = gl::row_size(t, n_in);
+                    const gl::Tensor w{t, n_in, n_out, row, wq.data() + e * n_out * row};
+                    const auto wd = dequantize(t, wq.data() + e * n_out * row, n_in, n_out);
+                    const auto x = random_floats(static_cast<size_t>(n_in * n_tok), seed++);
+                    std::vector<float> y(static_cast<size_t>(n_tok * n_out), NAN);
+                    b.be->reserve(
+                        gl::ops::matmul_scratch_bytes(t, n_in, batch_tok, b.be->n_threads()), 0);
+                    run_on(b, {in(x), out(y)}, [&](gl::Backend& be) {
+                        be.matmul_part(w, x.data(), n_tok, batch_tok, y.data());
+                    });
+                    double err = 0;
+                    for (int64_t tk = 0; tk < n_tok; tk++)
+                        for (int64_t r = 0; r < n_out; r++) {
+                            double s = 0, m = 0;
+                            for (int64_t k = 0; k < n_in; k++) {
+                                const double p =
+                                    static_cast<double>(wd[r * n_in + k]) * x[tk * n_in + k];
+                                s += p;
+                                m += std::abs(p);
+                            }
+                            err = std::max(err, rel_err(y[tk * n_out + r], s, m));
+                        }
+                    worst.add(err, "n_in " + str(n_in) + " n_out " + str(n_out) + " n_tok " +
+                                       str(n_tok) + " of " + str(batch_tok));
+                }
+}
+
 // rmsnorm: out = x / sqrt(mean(x^2) + eps) * w per row; measure: relative to |want|.
 void run_rmsnorm(BackendUnderTest& b, const OpCase&, Worst& worst) {
     const float eps = 1e-5f;
@@ -520,6 +564,13 @@ const OpCase kOps[] = {
     {"matmul q4_K", run_matmul, Type::Q4_K, false, 1e-2, kInt8Dot},
     {"matmul q5_K", run_matmul, Type::Q5_K, false, 1e-2, kInt8Dot},
     {"matmul q6_K", run_matmul, Type::Q6_K, false, 1e-2, kInt8Dot},
+    // A mixture of experts' per-expert products: the types Q4_K_M files give
+    // experts (Q4_K gate/up, Q6_K or Q5_0/Q8_0 down) and F16.
+    {"matmul_part q4_K", run_matmul_part, Type::Q4_K, false, 1e-2, kInt8Dot},
+    {"matmul_part q6_K", run_matmul_part, Type::Q6_K, false, 1e-2, kInt8Dot},
+    {"matmul_part q5_0", run_matmul_part, Type::Q5_0, false, 1e-2, kInt8Dot},
+    {"matmul_part q8_0", run_matmul_part, Type::Q8_0, false, 1e-2, kInt8Dot},
+    {"matmul_part f16", run_matmul_part, Type::F16, false, 1e-5, kFloatDot},
     {"rmsnorm", run_rmsnorm, Type::F32, false, 1e-5,
      "two float products after the sum of squares (measured 1.4e-7); room for a device's float "
      "sum of squares over 1001 elements"},
