@@ -66,6 +66,15 @@ class Backend {
     // The inverse, R^-1 (gl::hadamard_rows_inverse): attention's output back
     // from rotated values (KvCacheConfig::v_rotate).
     virtual void hadamard_rows_inverse(float* x, int64_t rows, int64_t n, int block) = 0;
+    // x += y for `rows` rows of n, then out = rmsnorm(x) * w: a block's
+    // residual add and the next block's norm (out may be y). The two ops by
+    // default; a device backend may run them as one kernel (a launch less a
+    // layer), with the same bits.
+    virtual void add_rmsnorm(float* x, const float* y, const float* w, int64_t n, int64_t rows,
+                             float eps, float* out) {
+        add(x, y, n * rows);
+        rmsnorm(x, w, n, rows, eps, out);
+    }
     virtual void silu_mul(float* gate, const float* up, int64_t n) = 0;
     // gate[i] = gelu(gate[i]) * up[i], GELU by its tanh approximation
     // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (Gemma's gated FFN).

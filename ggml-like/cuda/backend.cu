@@ -50,6 +50,7 @@ CudaBackend::CudaBackend(int device, const CudaOptions& opt)
     // Graphs record whole decode steps; the hot/cold split waits for the
     // GPU in the middle of each layer, so it keeps eager launches.
     graphs_ = graphs_enabled(std::getenv("KVRUN_CUDA_GRAPHS")) && window_ == 0;
+    if (const char* f = std::getenv("KVRUN_CUDA_FUSED")) fused_ = f[0] == '1';
     if (const char* d = std::getenv("KVRUN_CUDA_DEBUG"))
         debug_ = d[0] == '1' ? 1 : d[0] == '2' ? 2 : 0;
     if (debug_) {
@@ -154,6 +155,27 @@ void CudaBackend::rmsnorm(const float* x, const float* w, int64_t n, int64_t row
         cuda::rmsnorm(dx, dw, n, rows, eps, static_cast<float*>(r.dev), s_);
         GL_CUDA(cudaGetLastError());
         finish({r});
+    });
+}
+
+void CudaBackend::add_rmsnorm(float* x, const float* y, const float* w, int64_t n, int64_t rows,
+                              float eps, float* o) {
+    if (!fused_) return Backend::add_rmsnorm(x, y, w, n, rows, eps, o);
+    if (n <= 0 || rows <= 0) return;
+    op(OpKind::other, [&] {
+        const size_t xb = sizeof(float) * static_cast<size_t>(n * rows),
+                     wb = sizeof(float) * static_cast<size_t>(n);
+        const auto* dw = static_cast<const float*>(in_step_ ? weight(w, wb) : in(w, wb, kW));
+        // y in before o's out(), both through scratch kY where untracked: o
+        // may be y, and the kernel reads each y[i] before the same thread
+        // writes out[i].
+        const auto* dy = static_cast<const float*>(in(y, xb, kY));
+        const Out rx = inout(x, xb, kX);
+        const Out ro = out(o, xb, kY);
+        cuda::add_rmsnorm(static_cast<float*>(rx.dev), dy, dw, n, rows, eps,
+                          static_cast<float*>(ro.dev), s_);
+        GL_CUDA(cudaGetLastError());
+        finish({rx, ro});
     });
 }
 

@@ -60,6 +60,10 @@ class CudaBackend final : public Backend {
     void matmul(const Tensor& w, const float* x, int64_t n_tok, float* y) override;
     void rmsnorm(const float* x, const float* w, int64_t n, int64_t rows, float eps,
                  float* o) override;
+    // One kernel with KVRUN_CUDA_FUSED=1, else the two ops (the default until
+    // a device run has checked it: tests/cuda/test_cuda.cpp).
+    void add_rmsnorm(float* x, const float* y, const float* w, int64_t n, int64_t rows, float eps,
+                     float* o) override;
     void rope(float* x, int64_t rows, int n_heads, int head_dim, int rope_dims, const float* cos,
               const float* sin, bool neox) override;
     void hadamard_rows(float* x, int64_t rows, int64_t n, int block) override;
@@ -298,6 +302,7 @@ class CudaBackend final : public Backend {
     uint64_t warm_ = 0; // decode steps run eagerly so far
     bool graphs_ = false, graphs_off_later_ = false, capturing_ = false;
     int debug_ = 0; // KVRUN_CUDA_DEBUG: 1 counts and step times, 2 also per-op times
+    bool fused_ = false; // KVRUN_CUDA_FUSED=1: add_rmsnorm as one kernel
     cudaGraphExec_t exec_ = nullptr;
     uint64_t fail_at_ = 0;
     Stats st_;

@@ -26,6 +26,10 @@ void matmul(Type t, const void* w, size_t row_bytes, int64_t n_in, int64_t n_out
 // ---- element-wise and row operations ----------------------------------------------------
 void rmsnorm(const float* x, const float* w, int64_t n, int64_t rows, float eps, float* out,
              cudaStream_t s);
+// x += y, then rmsnorm(x) into out (which may be y), in one kernel: the bits
+// of add then rmsnorm.
+void add_rmsnorm(float* x, const float* y, const float* w, int64_t n, int64_t rows, float eps,
+                 float* out, cudaStream_t s);
 void rope(float* x, int64_t rows, int n_heads, int head_dim, int rope_dims, const float* cos,
           const float* sin, bool neox, cudaStream_t s);
 // n_blocks runs of `block` floats (a power of two, at most

@@ -36,6 +36,32 @@ __global__ void rmsnorm_kernel(const float* __restrict__ x, const float* __restr
         orow[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
 }
 
+// One block per row: x += y, then rmsnorm_kernel's arithmetic on the sums
+// (each thread adds and squares the same elements, in the same order, as the
+// two kernels would: the same bits). A thread writes out[i] only after it
+// read y[i], and no other thread touches element i: out may be y.
+__global__ void add_rmsnorm_kernel(float* __restrict__ x, const float* y,
+                                   const float* __restrict__ w, int64_t n, float eps, float* out) {
+    __shared__ double part[kThreads / 32];
+    float* xr = x + blockIdx.x * n;
+    const float* yr = y + blockIdx.x * n;
+    float* orow = out + blockIdx.x * n;
+    double ss = 0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = __fadd_rn(xr[i], yr[i]);
+        xr[i] = v;
+        ss += static_cast<double>(v) * v;
+    }
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
+    __syncthreads();
+    double total = 0;
+    for (int i = 0; i < kThreads / 32; i++) total += part[i];
+    const float scale = static_cast<float>(1.0 / sqrt(total / static_cast<double>(n) + eps));
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+        orow[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+}
+
 // One thread per rotated pair.
 __global__ void rope_kernel(float* x, int64_t rows, int n_heads, int head_dim, int half,
                             const float* __restrict__ cs, const float* __restrict__ sn, bool neox) {
@@ -150,6 +176,12 @@ void rmsnorm(const float* x, const float* w, int64_t n, int64_t rows, float eps,
              cudaStream_t s) {
     if (rows <= 0 || n <= 0) return;
     rmsnorm_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, w, n, eps, out);
+}
+
+void add_rmsnorm(float* x, const float* y, const float* w, int64_t n, int64_t rows, float eps,
+                 float* out, cudaStream_t s) {
+    if (rows <= 0 || n <= 0) return;
+    add_rmsnorm_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, y, w, n, eps, out);
 }
 
 void rope(float* x, int64_t rows, int n_heads, int head_dim, int rope_dims, const float* cos,

@@ -320,6 +320,7 @@ void Forward::step(const int32_t* tokens, int n, int first, Pass pass) {
     const int half = hp.rope_dims / 2;
     const Rope rope = m_.rope(home_->n_ctx()); // every cache has its n_ctx (adopt)
     const int half_swa = cos_swa_.empty() ? 0 : m_.rope(home_->n_ctx(), true).dims / 2;
+    residual_pending_ = nullptr; // a step that threw mid-layer left no add for this one
     for (const Segment& g : segs_)
         for (int i = 0; i < g.n; i++) pos_[g.row0 + i] = g.pos0 + i;
     {
@@ -392,6 +393,7 @@ void Forward::layer(int l, int n, Pass pass) {
         experts_block(l, n);
     else
         ffn_block(l, n);
+    KV_ASSERT(!residual_pending_);
     if (m_.hp.n_embd_per_layer > 0) per_layer_input_block(l, n);
     if (const float s = m_.layers[l].output_scale; s != 1.0f) {
         gl::Backend& be = *place_.layers[l];
@@ -571,7 +573,7 @@ void Forward::attention_block(int l, int n, Pass pass) {
         be.host_wrote(att_.data(), sizeof(float) * count);
     }
     matmul(be, Op::attn_output, L.wo, att_.data(), n, xb_.data());
-    add_residual(be, n, L.post_attn_norm);
+    defer_residual(be, n, L.post_attn_norm); // added by the FFN's norm_residual
 }
 
 void Forward::attend_each(KvCache& kv, gl::AttentionArgs a, int l, int n, int64_t pos0,
@@ -612,7 +614,7 @@ void Forward::ffn_block(int l, int n) {
     const Hparams& hp = m_.hp;
     const LayerWeights& L = m_.layers[l];
     gl::Backend& be = *place_.layers[l];
-    rmsnorm(be, x_.data(), L.ffn_norm, n, xb_.data());
+    norm_residual(be, L.ffn_norm, n, xb_.data()); // the attention block's add, then the norm
     matmul(be, Op::ffn_gate, L.w_gate, xb_.data(), n, hb_.data());
     matmul(be, Op::ffn_up, L.w_up, xb_.data(), n, hb2_.data());
     {
@@ -645,15 +647,28 @@ void Forward::rmsnorm(gl::Backend& be, const float* x, const std::vector<float>&
 }
 
 void Forward::add_residual(gl::Backend& be, int n, const std::vector<float>& post) {
-    const float* y = xb_.data();
+    defer_residual(be, n, post);
+    OpTimer t(profile_, Op::other);
+    be.add(x_.data(), residual_pending_, static_cast<int64_t>(n) * m_.hp.n_embd);
+    residual_pending_ = nullptr;
+}
+
+void Forward::defer_residual(gl::Backend& be, int n, const std::vector<float>& post) {
+    KV_ASSERT(!residual_pending_);
+    residual_pending_ = xb_.data();
     if (!post.empty()) {
         // Into hb2_: free by now (the FFN's up rows are consumed), and at
         // least n_embd wide.
         rmsnorm(be, xb_.data(), post, n, hb2_.data());
-        y = hb2_.data();
+        residual_pending_ = hb2_.data();
     }
-    OpTimer t(profile_, Op::other);
-    be.add(x_.data(), y, static_cast<int64_t>(n) * m_.hp.n_embd);
+}
+
+void Forward::norm_residual(gl::Backend& be, const std::vector<float>& w, int n, float* out) {
+    if (!residual_pending_) return rmsnorm(be, x_.data(), w, n, out);
+    OpTimer t(profile_, Op::norms);
+    be.add_rmsnorm(x_.data(), residual_pending_, w.data(), m_.hp.n_embd, n, m_.hp.rms_eps, out);
+    residual_pending_ = nullptr;
 }
 
 } // namespace kvrun

@@ -162,6 +162,11 @@ class Forward {
     // x_ += xb_ for n rows, through `post` first when it is not empty (the
     // block's output norm, gemma3).
     void add_residual(gl::Backend& be, int n, const std::vector<float>& post);
+    // The same add left for the next block's norm (a layer's attention or
+    // recurrent block, before its FFN): norm_residual then adds and norms in
+    // one Backend::add_rmsnorm. Without a pending add it is rmsnorm(x_).
+    void defer_residual(gl::Backend& be, int n, const std::vector<float>& post);
+    void norm_residual(gl::Backend& be, const std::vector<float>& w, int n, float* out);
     // The residual stream x_ (n rows) moves from backend `from` to `to`.
     void cross(gl::Backend* from, gl::Backend* to, int n);
     // The activation buffers, registered with every backend (Backend::track).
@@ -239,6 +244,7 @@ class Forward {
     std::vector<gl::MatvecJob> group_jobs_;
     SharedKv* shared_of(int source);
     OpProfile* profile_ = nullptr;
+    const float* residual_pending_ = nullptr; // defer_residual's rows (xb_ or hb2_)
 };
 
 } // namespace kvrun

@@ -108,7 +108,7 @@ void Forward::recurrent_block(int l, int n) {
                ssm_o2_.data());
     be.silu_mul(ssm_z_.data(), ssm_o2_.data(), static_cast<int64_t>(n) * inner);
     matmul(be, Op::attn_output, L.w_ssm_out, ssm_z_.data(), n, xb_.data());
-    add_residual(be, n, L.post_attn_norm);
+    defer_residual(be, n, L.post_attn_norm); // added by the FFN's norm_residual
 }
 
 void Forward::log_recurrent_inputs(int l, int64_t at, int n, size_t row0) {

@@ -163,7 +163,7 @@ void Forward::experts_block(int l, int n) {
     gl::Backend& be = *place_.layers[l];
     const size_t D = static_cast<size_t>(hp.n_embd), N = static_cast<size_t>(n);
 
-    rmsnorm(be, x_.data(), L.ffn_norm, n, xb_.data());
+    norm_residual(be, L.ffn_norm, n, xb_.data()); // the attention block's add, then the norm
     matmul(be, Op::ffn_router, L.w_router, xb_.data(), n, router_.data());
     be.host_read(router_.data(), sizeof(float) * N * hp.n_expert);
     be.host_read(xb_.data(), sizeof(float) * N * D);

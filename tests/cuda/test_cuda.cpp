@@ -866,6 +866,53 @@ std::unique_ptr<gl::Backend> cuda_with_graphs(const char* graphs, const char* fa
 
 } // namespace
 
+TEST_CASE("cuda add_rmsnorm: KVRUN_CUDA_FUSED=1's one kernel gives the two ops' bits, and "
+          "Forward's logits with it") {
+    if (!gpu_or_skip()) return;
+    std::unique_ptr<gl::Backend> two, one;
+    {
+        ScopedEnv off("KVRUN_CUDA_FUSED", nullptr);
+        two = gl::make_cuda_backend(0);
+    }
+    {
+        ScopedEnv on("KVRUN_CUDA_FUSED", "1");
+        one = gl::make_cuda_backend(0);
+    }
+    std::mt19937 rng(3);
+    std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+    for (int64_t n : {1, 7, 257, 2048})
+        for (int64_t rows : {1, 5}) {
+            for (bool in_place : {false, true}) {
+                std::vector<float> x0(n * rows), y0(n * rows), w(n);
+                for (auto* v : {&x0, &y0, &w})
+                    for (float& f : *v) f = u(rng);
+                auto run = [&](gl::Backend& be, std::vector<float>& x, std::vector<float>& y,
+                               std::vector<float>& o) {
+                    x = x0, y = y0, o.assign(x0.size(), NAN);
+                    be.add_rmsnorm(x.data(), y.data(), w.data(), n, rows, 1e-6f,
+                                   in_place ? y.data() : o.data());
+                };
+                std::vector<float> xa, ya, oa, xb, yb, ob;
+                run(*two, xa, ya, oa);
+                run(*one, xb, yb, ob);
+                CAPTURE(n);
+                CAPTURE(rows);
+                CAPTURE(in_place);
+                CHECK(std::memcmp(xa.data(), xb.data(), 4 * xa.size()) == 0);
+                CHECK(std::memcmp(ya.data(), yb.data(), 4 * ya.size()) == 0);
+                if (!in_place) CHECK(std::memcmp(oa.data(), ob.data(), 4 * oa.size()) == 0);
+            }
+        }
+    // A whole model: the fused kernel is one launch less a layer, and the
+    // logits do not move.
+    auto lm = shared_model("stories260K.gguf");
+    if (!lm) return;
+    const int n_layer = lm->model.hp.n_layer;
+    const auto want = wrap_logits(*lm, kvrun::Placement::all(*two, n_layer), Type::F16, 40);
+    const auto got = wrap_logits(*lm, kvrun::Placement::all(*one, n_layer), Type::F16, 40);
+    CHECK(worst_diff(got, want) == 0);
+}
+
 TEST_CASE("cuda graphs: recorded decode steps equal eager ones bit for bit, and a lost graph is "
           "redone") {
     if (!gpu_or_skip()) return;

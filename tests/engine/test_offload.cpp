@@ -49,6 +49,12 @@ class CountingBackend final : public kvtest::ForwardingBackend {
         norms++;
         ForwardingBackend::rmsnorm(x, w, n, rows, eps, out);
     }
+    // The attention block's residual add with the FFN's norm (one norm).
+    void add_rmsnorm(float* x, const float* y, const float* w, int64_t n, int64_t rows, float eps,
+                     float* out) override {
+        norms++;
+        ForwardingBackend::add_rmsnorm(x, y, w, n, rows, eps, out);
+    }
     void attention(const gl::AttentionArgs& a) override {
         attentions++;
         ForwardingBackend::attention(a);

@@ -405,6 +405,51 @@ void run_add(BackendUnderTest& b, const OpCase&, Worst& worst) {
     }
 }
 
+// add_rmsnorm: x += y, then out = rmsnorm(x) * w per row, out apart from y
+// and out in y's place (a block's residual add and the next block's norm, as
+// Forward calls it). Measure: the new x against the float sum, out as
+// run_rmsnorm against that sum's norm.
+void run_add_rmsnorm(BackendUnderTest& b, const OpCase&, Worst& worst) {
+    const float eps = 1e-5f;
+    uint32_t seed = 7500;
+    for (bool in_place : {false, true})
+        for (int64_t n : {1, 7, 33, 1001})
+            for (int64_t rows : {1, 3, 17}) {
+                const size_t count = static_cast<size_t>(n * rows);
+                const auto x0 = random_floats(count, seed++, 3.0f);
+                const auto y0 = random_floats(count, seed++, 3.0f);
+                const auto w = random_floats(static_cast<size_t>(n), seed++);
+                std::vector<float> x = x0, y = y0, o(count, NAN);
+                float* out_to = in_place ? y.data() : o.data();
+                run_on(b,
+                       in_place ? std::vector<Buf>{inout(x), inout(y)}
+                                : std::vector<Buf>{inout(x), in(y), out(o)},
+                       [&](gl::Backend& be) {
+                           be.add_rmsnorm(x.data(), y.data(), w.data(), n, rows, eps, out_to);
+                       });
+                const std::vector<float>& got = in_place ? y : o;
+                double e = 0;
+                for (int64_t r = 0; r < rows; r++) {
+                    double ss = 0;
+                    for (int64_t i = 0; i < n; i++) {
+                        const size_t at = static_cast<size_t>(r * n + i);
+                        const double sum = static_cast<double>(x0[at]) + y0[at];
+                        e = std::max(e, rel_err(x[at], sum, std::abs(x0[at]) + std::abs(y0[at])));
+                        const float v = x0[at] + y0[at];
+                        ss += static_cast<double>(v) * v;
+                    }
+                    const double s = 1.0 / std::sqrt(ss / static_cast<double>(n) + eps);
+                    for (int64_t i = 0; i < n; i++) {
+                        const size_t at = static_cast<size_t>(r * n + i);
+                        const double want = (x0[at] + y0[at]) * s * w[i];
+                        e = std::max(e, rel_err(got[at], want, std::abs(want)));
+                    }
+                }
+                worst.add(e, std::string(in_place ? "out = y, " : "") + "n " + str(n) + " rows " +
+                                 str(rows));
+            }
+}
+
 // convert_rows: rows of floats to a KV cache type, against gl::ref::quantize_row
 // of the same rows; measure: the decoded values, relative to the reference's.
 void run_convert_rows(BackendUnderTest& b, const OpCase& oc, Worst& worst) {
@@ -586,6 +631,8 @@ const OpCase kOps[] = {
      "1 + tanh(u)'s cancellation (which measured 7e-5); relative to |want| plus a 1e-3 floor of "
      "|up|"},
     {"add", run_add, Type::F32, false, 1e-7, "one float rounding: 2^-24 of |y| + |x|"},
+    {"add_rmsnorm", run_add_rmsnorm, Type::F32, false, 1e-5,
+     "add's rounding, then rmsnorm's two float products (measured as rmsnorm's)"},
     {"convert_rows f32", run_convert_rows, Type::F32, false, 0, kKvExact},
     {"convert_rows f16", run_convert_rows, Type::F16, false, 0, kKvExact},
     {"convert_rows bf16", run_convert_rows, Type::BF16, false, 0, kKvExact},

@@ -120,6 +120,12 @@ class FakeDeviceBackend final : public ForwardingBackend {
         const float* xx = in(x, 4 * n);
         inner().add(inout(y, 4 * n), xx, n);
     }
+    void add_rmsnorm(float* x, const float* y, const float* w, int64_t n, int64_t rows, float eps,
+                     float* o) override {
+        const float* yy = in(y, 4 * n * rows); // before out(): o may be y
+        float* xx = inout(x, 4 * n * rows);
+        inner().add_rmsnorm(xx, yy, w, n, rows, eps, out(o, 4 * n * rows));
+    }
     void convert_rows(gl::Type t, const float* x, int64_t n, int64_t rows, void* dst) override {
         const float* xx = in(x, 4 * n * rows);
         inner().convert_rows(t, xx, n, rows, out(dst, gl::row_size(t, n) * rows));

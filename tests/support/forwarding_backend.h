@@ -62,6 +62,10 @@ class ForwardingBackend : public gl::Backend {
         inner_->gelu_mul(gate, up, n);
     }
     void add(float* y, const float* x, int64_t n) override { inner_->add(y, x, n); }
+    void add_rmsnorm(float* x, const float* y, const float* w, int64_t n, int64_t rows, float eps,
+                     float* out) override {
+        inner_->add_rmsnorm(x, y, w, n, rows, eps, out);
+    }
     void convert_rows(gl::Type t, const float* x, int64_t n, int64_t rows, void* dst) override {
         inner_->convert_rows(t, x, n, rows, dst);
     }
