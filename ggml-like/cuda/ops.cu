@@ -18,20 +18,27 @@ unsigned blocks_for(int64_t n, int per = kThreads) {
     return static_cast<unsigned>((n + per - 1) / per);
 }
 
-// One block per row.
-__global__ void rmsnorm_kernel(const float* __restrict__ x, const float* __restrict__ w, int64_t n,
-                               float eps, float* __restrict__ out) {
+// RMSNorm's scale for a row, from each thread's sum of squares (in double,
+// like the CPU): the block's sum, in a fixed order, so that every kernel
+// using it gives the same bits for the same sums.
+__device__ float rms_scale(double ss, int64_t n, float eps) {
     __shared__ double part[kThreads / 32];
-    const float* xr = x + blockIdx.x * n;
-    float* orow = out + blockIdx.x * n;
-    double ss = 0;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += static_cast<double>(xr[i]) * xr[i];
     for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
     if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
     __syncthreads();
     double total = 0;
     for (int i = 0; i < kThreads / 32; i++) total += part[i];
-    const float scale = static_cast<float>(1.0 / sqrt(total / static_cast<double>(n) + eps));
+    return static_cast<float>(1.0 / sqrt(total / static_cast<double>(n) + eps));
+}
+
+// One block per row.
+__global__ void rmsnorm_kernel(const float* __restrict__ x, const float* __restrict__ w, int64_t n,
+                               float eps, float* __restrict__ out) {
+    const float* xr = x + blockIdx.x * n;
+    float* orow = out + blockIdx.x * n;
+    double ss = 0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += static_cast<double>(xr[i]) * xr[i];
+    const float scale = rms_scale(ss, n, eps);
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
         orow[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
 }
@@ -42,7 +49,6 @@ __global__ void rmsnorm_kernel(const float* __restrict__ x, const float* __restr
 // read y[i], and no other thread touches element i: out may be y.
 __global__ void add_rmsnorm_kernel(float* __restrict__ x, const float* y,
                                    const float* __restrict__ w, int64_t n, float eps, float* out) {
-    __shared__ double part[kThreads / 32];
     float* xr = x + blockIdx.x * n;
     const float* yr = y + blockIdx.x * n;
     float* orow = out + blockIdx.x * n;
@@ -52,12 +58,7 @@ __global__ void add_rmsnorm_kernel(float* __restrict__ x, const float* y,
         xr[i] = v;
         ss += static_cast<double>(v) * v;
     }
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
-    __syncthreads();
-    double total = 0;
-    for (int i = 0; i < kThreads / 32; i++) total += part[i];
-    const float scale = static_cast<float>(1.0 / sqrt(total / static_cast<double>(n) + eps));
+    const float scale = rms_scale(ss, n, eps);
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
         orow[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
 }

@@ -601,7 +601,10 @@ TEST_CASE("cli signals: SIGTERM and SIGINT in the middle of a write leave no tem
     const std::string f16 = kvtest::shared("models/synthetic/tiny-f16.gguf");
     const std::string q8 = kvtest::shared("models/synthetic/tiny-Q8_0.gguf");
     std::string doc;
-    for (int i = 0; i < 60; i++) doc += "Sentence " + std::to_string(i) + " of the document. ";
+    // About 1600 tokens: a 3 MiB cache file, whose write the polling loop
+    // below must catch (a 1 MiB one was missed ten times in a row on a busy
+    // 2-core machine).
+    for (int i = 0; i < 180; i++) doc += "Sentence " + std::to_string(i) + " of the document. ";
     for (const auto& [sig, status] : {std::pair<std::string, int>{"TERM", 143}, {"INT", 130}}) {
         CAPTURE(sig);
         // quantize writes its output at the end, where nothing polls: the
@@ -623,7 +626,7 @@ TEST_CASE("cli signals: SIGTERM and SIGINT in the middle of a write leave no tem
         // the signal's status: the file is whole, the next run reuses it.
         const std::string pc = dir + "/p.cache";
         caught = false;
-        for (int attempt = 0; attempt < 10 && !caught; attempt++) {
+        for (int attempt = 0; attempt < 20 && !caught; attempt++) {
             std::filesystem::remove(pc);
             const auto r = signal_mid_write(sig, pc,
                                             "\"$K\" -m '" + q8 + "' -p '" + doc +

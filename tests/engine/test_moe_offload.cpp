@@ -15,6 +15,7 @@
 
 #include "fake_device.h"
 #include "forward.h"
+#include "forward_util.h"
 #include "kv_cache.h"
 #include "loader.h"
 #include "test_util.h"
@@ -42,14 +43,9 @@ std::vector<float> logits_of(const LoadedModel& lm, Placement p, const std::vect
     return all;
 }
 
-size_t differences(const std::vector<float>& a, const std::vector<float>& b) {
-    REQUIRE(a.size() == b.size());
-    size_t d = 0;
-    for (size_t i = 0; i < a.size(); i++) d += !(a[i] == b[i]); // NaN counts
-    return d;
-}
-
 } // namespace
+
+using kvtest::differences;
 
 TEST_CASE("moe offload: routed experts on the host beside device layers give the CPU's logits "
           "bit for bit") {

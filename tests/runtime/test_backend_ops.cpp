@@ -184,7 +184,23 @@ std::vector<float> dequantize(Type t, const uint8_t* q, int64_t n, int64_t rows)
 }
 
 // matmul: y[t][r] = sum_k W[r][k] x[t][k], against the double sum over the
-// reference-dequantized weights; measure: |y - want| / sum_k |W[r][k] x[t][k]|.
+// reference-dequantized weights wd; measure: |y - want| / sum_k |W[r][k] x[t][k]|.
+double matmul_error(const std::vector<float>& wd, const std::vector<float>& x,
+                    const std::vector<float>& y, int64_t n_in, int64_t n_out, int64_t n_tok) {
+    double e = 0;
+    for (int64_t tk = 0; tk < n_tok; tk++)
+        for (int64_t r = 0; r < n_out; r++) {
+            double s = 0, m = 0;
+            for (int64_t k = 0; k < n_in; k++) {
+                const double p = static_cast<double>(wd[r * n_in + k]) * x[tk * n_in + k];
+                s += p;
+                m += std::abs(p);
+            }
+            e = std::max(e, rel_err(y[tk * n_out + r], s, m));
+        }
+    return e;
+}
+
 void run_matmul(BackendUnderTest& b, const OpCase& oc, Worst& worst) {
     const Type t = oc.type;
     const int64_t bs = gl::type_info(t).block_size;
@@ -206,18 +222,7 @@ void run_matmul(BackendUnderTest& b, const OpCase& oc, Worst& worst) {
                 b.be->reserve(gl::ops::matmul_scratch_bytes(t, n_in, n_tok, b.be->n_threads()), 0);
                 run_on(b, {in(x), out(y)},
                        [&](gl::Backend& be) { be.matmul(w, x.data(), n_tok, y.data()); });
-                double e = 0;
-                for (int64_t tk = 0; tk < n_tok; tk++)
-                    for (int64_t r = 0; r < n_out; r++) {
-                        double s = 0, m = 0;
-                        for (int64_t k = 0; k < n_in; k++) {
-                            const double p =
-                                static_cast<double>(wd[r * n_in + k]) * x[tk * n_in + k];
-                            s += p;
-                            m += std::abs(p);
-                        }
-                        e = std::max(e, rel_err(y[tk * n_out + r], s, m));
-                    }
+                const double e = matmul_error(wd, x, y, n_in, n_out, n_tok);
                 worst.add(e, "n_in " + str(n_in) + " n_out " + str(n_out) + " n_tok " + str(n_tok));
             }
 }
@@ -249,18 +254,7 @@ void run_matmul_part(BackendUnderTest& b, const OpCase& oc, Worst& worst) {
                     run_on(b, {in(x), out(y)}, [&](gl::Backend& be) {
                         be.matmul_part(w, x.data(), n_tok, batch_tok, y.data());
                     });
-                    double err = 0;
-                    for (int64_t tk = 0; tk < n_tok; tk++)
-                        for (int64_t r = 0; r < n_out; r++) {
-                            double s = 0, m = 0;
-                            for (int64_t k = 0; k < n_in; k++) {
-                                const double p =
-                                    static_cast<double>(wd[r * n_in + k]) * x[tk * n_in + k];
-                                s += p;
-                                m += std::abs(p);
-                            }
-                            err = std::max(err, rel_err(y[tk * n_out + r], s, m));
-                        }
+                    const double err = matmul_error(wd, x, y, n_in, n_out, n_tok);
                     worst.add(err, "n_in " + str(n_in) + " n_out " + str(n_out) + " n_tok " +
                                        str(n_tok) + " of " + str(batch_tok));
                 }

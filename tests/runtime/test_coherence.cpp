@@ -250,16 +250,7 @@ TEST_CASE("coherence: random host and device writes, every read sees the newest 
     }
 }
 
-namespace {
-
-size_t differences(const std::vector<float>& a, const std::vector<float>& b) {
-    REQUIRE(a.size() == b.size());
-    size_t d = 0;
-    for (size_t i = 0; i < a.size(); i++) d += !(a[i] == b[i]); // NaN counts
-    return d;
-}
-
-} // namespace
+using kvtest::differences;
 
 TEST_CASE("coherence: Forward on device-resident activations equals the CPU, all or split") {
     auto lm = LoadedModel::load(kvtest::shared("models/stories260K.gguf"));

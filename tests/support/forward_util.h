@@ -1,6 +1,8 @@
 // Shared helper for tests that run Forward over a placement of backends.
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -35,6 +37,15 @@ std::vector<float> logits_of_all(const kvrun::LoadedModel& lm, kvrun::Placement 
 inline std::vector<float> logits_of_all(const kvrun::LoadedModel& lm, kvrun::Placement p,
                                         const std::vector<int32_t>& toks) {
     return logits_of_all(lm, std::move(p), toks, [](int) {});
+}
+
+// How many floats of a and b differ (a NaN in either counts); every one of
+// the longer's extra floats where the sizes differ.
+inline size_t differences(const std::vector<float>& a, const std::vector<float>& b) {
+    if (a.size() != b.size()) return std::max(a.size(), b.size());
+    size_t d = 0;
+    for (size_t i = 0; i < a.size(); i++) d += !(a[i] == b[i]);
+    return d;
 }
 
 } // namespace kvtest
