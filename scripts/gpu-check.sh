@@ -12,7 +12,7 @@
 #        DIR/golden-next/, DIR/models/next/    tiny-qwen3moe and its story golden
 #        DIR/deps/                             fmt, CLI11, nlohmann-json, utf8proc, doctest
 #                                              as unpacked .debs (headers + .so)
-#      about 50 MiB in all: carry DIR with the run (`carry: [".gpudata"]`).
+#      about 58 MiB in all: carry DIR with the run (`carry: [".gpudata"]`).
 #
 #   2. THERE, on the GPU machine, from the repo root:
 #        DATA_DIR=.gpudata scripts/gpu-check.sh
@@ -27,8 +27,6 @@
 #         --kv-gpu-window 512 (hot/cold); tg64 with CUDA graphs
 #         (default) vs KVRUN_CUDA_GRAPHS=0 for Q4_0 1.1B and stories260K;
 #         stories260K tg beside --lookup 8 and a draft model on the GPU;
-#         the Qwen3-30B-A3B shape (16 layers, Q4_K_M) with its experts on the
-#         GPU, --n-cpu-moe 8 and --cpu-moe;
 #      d. prints kvrun info's GPU plan, a hot/cold run's stats line, a run's
 #         transfer and graph counts (KVRUN_CUDA_DEBUG=1: a decode step should
 #         download only the logits) and chat's /stats GPU line.
@@ -41,6 +39,9 @@
 #      1.1B Q4_0 shape's and stories260K's steps timed and their transfers
 #      counted (KVRUN_CUDA_DEBUG=1 with graphs, =2 eager), and kvrun bench
 #      pp256/tg64 for Q4_0 and Q8_0.
+#      GPU_CHECK_MOE=1 skips the tests and benchmarks the Qwen3-30B-A3B
+#      shape (16 layers, Q4_K_M) with its experts on the GPU, --n-cpu-moe 8,
+#      --cpu-moe and on the CPU alone (#49's figures beside a GPU).
 #      GPU_CHECK_SANITIZE=1 also runs the attention/matmul tests under
 #      compute-sanitizer memcheck (slow; not available on every machine).
 set -euo pipefail
@@ -79,13 +80,10 @@ if [[ "${1:-}" == prepare ]]; then
         cp "$shared/models/synthetic/$m.gguf" "$dir/models/synthetic/"
     done
     # A mixture of experts: the tiny qwen3moe file and its story golden (the
-    # CUDA test), the qwen2 vocabulary for the Qwen3-30B-A3B shape (bench).
+    # CUDA test; 8 MiB of the carry's 64).
     mkdir -p "$dir/models/next" "$dir/golden-next"
     cp "$shared/models/next/tiny-qwen3moe-Q4_K_M.gguf" "$dir/models/next/"
     cp "$shared/golden-next/tiny-qwen3moe-Q4_K_M__story.json" "$dir/golden-next/"
-    vocabs=${KVRUN_MODEL_CACHE:-$HOME/.cache/kvrun-models}/llama.cpp-vocab
-    [[ -f "$vocabs/ggml-vocab-qwen2.gguf" ]] || scripts/fetch-real-models.sh >&2
-    cp "$vocabs/ggml-vocab-qwen2.gguf" "$dir/vocab/"
     tmp=$(mktemp -d)
     (cd "$tmp" && apt-get download libfmt-dev libfmt9 libcli11-dev nlohmann-json3-dev libutf8proc-dev \
         libutf8proc2 doctest-dev libedit-dev libedit2 libbsd0 libbsd-dev libmd0 >/dev/null) || die "apt-get download of the build dependencies"
@@ -182,6 +180,28 @@ if [[ "${GPU_CHECK_PROFILE:-0}" == 1 ]]; then
     exit 0
 fi
 
+if [[ "${GPU_CHECK_MOE:-0}" == 1 ]]; then
+    # A mixture of experts, the Qwen3-30B-A3B shape (16 of its 48 layers,
+    # Q4_K_M; the llama vocabulary already carried, 32000 tokens for its
+    # 151936, keeps the carry under 64 MiB): experts on the GPU, then kept in
+    # host memory for half the layers and for all of them (--n-cpu-moe,
+    # --cpu-moe); the CPU alone last. Writing the 6 GB file takes a minute or
+    # two on 16 cores.
+    say "mixture of experts: qwen3-30b-a3b shape, 16 layers, Q4_K_M"
+    moe=/tmp/kvrun-qwen3-30b-a3b-16l-Q4_K_M.gguf
+    [[ -f "$moe" ]] || timeout 300 ./kvrun synth --preset qwen3-30b-a3b --type Q4_K_M \
+        --vocab "$vocab" -o "$moe" -t "$nt" >/dev/null || die "kvrun synth qwen3-30b-a3b"
+    for row in "cuda|-ngl all" "cuda, --n-cpu-moe 8|-ngl all --n-cpu-moe 8" \
+               "cuda, --cpu-moe|-ngl all --cpu-moe" "cpu|--device cpu"; do
+        IFS='|' read -r label flags <<<"$row"
+        # shellcheck disable=SC2086
+        timeout 180 ./kvrun bench -m "$moe" -p 512 -n 64 -r 2 -t "$nt" $flags </dev/null 2>/dev/null |
+            grep -E "pp|tg" | sed "s/^/$label /" || echo "FAILED: $label"
+    done
+    echo "moe done in $(($(date +%s) - t_start)) s"
+    exit 0
+fi
+
 say "CUDA tests"
 export KVRUN_SHARED_DIR=$DATA_DIR
 rc=0
@@ -253,22 +273,6 @@ if [[ -f "$DATA_DIR/prompt-story.txt" ]]; then
         --device cuda --lookup 8
     bench_rows "stories260K cuda, -md itself" -m "$stories" -f "$DATA_DIR/prompt-story.txt" -n 128 -r 3 \
         --device cuda --draft-model "$stories"
-fi
-# A mixture of experts, the Qwen3-30B-A3B shape (16 of its 48 layers,
-# Q4_K_M): experts on the GPU, then kept in host memory for half the layers
-# and for all of them (--n-cpu-moe, --cpu-moe); the CPU alone last.
-if [[ -f "$DATA_DIR/vocab/ggml-vocab-qwen2.gguf" ]]; then
-    moe=/tmp/kvrun-qwen3-30b-a3b-16l-Q4_K_M.gguf
-    [[ -f "$moe" ]] || timeout 240 ./kvrun synth --preset qwen3-30b-a3b --type Q4_K_M \
-        --vocab "$DATA_DIR/vocab/ggml-vocab-qwen2.gguf" -o "$moe" -t "$nt" >/dev/null ||
-        check_failed "kvrun synth qwen3-30b-a3b"
-    if [[ -f "$moe" ]]; then
-        bench_rows "qwen3-30b-a3b 16l cuda" -m "$moe" -p 512 -n 64 -r 2 -ngl all
-        bench_rows "qwen3-30b-a3b 16l cuda, --n-cpu-moe 8" -m "$moe" -p 512 -n 64 -r 2 -ngl all --n-cpu-moe 8
-        bench_rows "qwen3-30b-a3b 16l cuda, --cpu-moe" -m "$moe" -p 512 -n 64 -r 2 -ngl all --cpu-moe
-        bench_rows "qwen3-30b-a3b 16l cpu" -m "$moe" -p 128 -n 32 -r 1 --device cpu
-        echo "  moe done at $(($(date +%s) - t_start)) s"
-    fi
 fi
 echo
 echo "| weights, device | test | tok/s |"
