@@ -453,14 +453,13 @@ int run_bench(int argc, char** argv) {
                     if (tg > 0)
                         bench_speculative(*lm, name, session, be, threads, plan, speculative,
                                           spec_prompt, tg, reps, deterministic, rows);
-            const int host_experts = std::min(be.n_cpu_moe, be.n_gpu_layers);
             const std::string backend =
                 !be.gpu ? "cpu"
-                : be.n_gpu_layers == be.n_layer && host_experts == 0
+                : be.n_gpu_layers == be.n_layer && be.n_cpu_moe == 0
                     ? "cuda"
                     : fmt::format("cuda {}/{} layers{}", be.n_gpu_layers, be.n_layer,
-                                  host_experts > 0
-                                      ? fmt::format(", {} layers' experts on the CPU", host_experts)
+                                  be.n_cpu_moe > 0
+                                      ? fmt::format(", {} layers' experts on the CPU", be.n_cpu_moe)
                                       : "");
             for (size_t i = rows_at_threads; i < rows.size(); i++) rows[i].backend = backend;
         }

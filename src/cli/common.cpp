@@ -211,6 +211,16 @@ int resolve_cpu_moe(const CommonOptions& o, int n_layer) {
     return o.cpu_moe ? n_layer : std::clamp(o.n_cpu_moe, 0, n_layer);
 }
 
+int cuda_device_index(const std::string& d) {
+    if (d.rfind("cuda:", 0) != 0) return 0;
+    char* end = nullptr;
+    errno = 0;
+    const long v = std::strtol(d.c_str() + 5, &end, 10);
+    if (*end != '\0' || errno != 0 || v < 0 || v > 1024 || end == d.c_str() + 5)
+        fail(Exit::usage, "--device {}: expected cuda:N with N a GPU number", d);
+    return static_cast<int>(v);
+}
+
 namespace {
 
 bool is_cuda_device(const std::string& d) {
@@ -220,15 +230,7 @@ bool is_cuda_device(const std::string& d) {
 // `what` names the flag that asked for the GPU, for the error message.
 std::unique_ptr<gl::Backend> make_cuda(const std::string& d, const std::string& what,
                                        const gl::CudaOptions& opt) {
-    int id = 0;
-    if (d.size() > 5) {
-        char* end = nullptr;
-        errno = 0;
-        const long v = std::strtol(d.c_str() + 5, &end, 10);
-        if (*end != '\0' || errno != 0 || v < 0 || v > 1024 || end == d.c_str() + 5)
-            fail(Exit::usage, "--device {}: expected cuda:N with N a GPU number", d);
-        id = static_cast<int>(v);
-    }
+    const int id = cuda_device_index(d);
     std::string why;
     if (!gl::cuda_available(&why)) fail(Exit::usage, "{}: {}", what, why);
     try {
@@ -323,8 +325,7 @@ Placement Backends::placement() const {
     if (!gpu) return Placement::all(*cpu, n_layer);
     Placement p = n_gpu_layers == n_layer ? Placement::all(*gpu, n_layer)
                                           : Placement::split(*gpu, *cpu, n_gpu_layers, n_layer);
-    // Experts of the CPU's layers are there already.
-    if (n_cpu_moe > 0) p.experts_on(*cpu, std::min(n_cpu_moe, n_gpu_layers));
+    if (n_cpu_moe > 0) p.experts_on(*cpu, n_cpu_moe);
     return p;
 }
 
@@ -333,12 +334,11 @@ std::string Backends::describe() const {
         kv_gpu_window > 0 ? fmt::format(", KV on the GPU: sinks + newest {} tokens", kv_gpu_window)
                           : "";
     if (!gpu) return cpu->name();
-    const int host_experts = std::min(n_cpu_moe, n_gpu_layers);
     const std::string experts =
-        host_experts == 0 ? ""
-        : host_experts == 1
+        n_cpu_moe == 0 ? ""
+        : n_cpu_moe == 1
             ? fmt::format(", {} for layer 0's experts", cpu->name())
-            : fmt::format(", {} for the experts of layers 0-{}", cpu->name(), host_experts - 1);
+            : fmt::format(", {} for the experts of layers 0-{}", cpu->name(), n_cpu_moe - 1);
     if (n_gpu_layers == n_layer) return gpu->name() + window + experts;
     return fmt::format("{} for layers 0-{}{}{}, {} for layers {}-{} and the output", gpu->name(),
                        n_gpu_layers - 1, window, experts, cpu->name(), n_gpu_layers, n_layer - 1);
@@ -352,7 +352,7 @@ GpuPlan fit_to_device(const CommonOptions& o, const Hparams& hp, const GpuFitInp
     if (!fit)
         fail(Exit::usage, "-ngl auto: this command does not fit a plan to the GPU; give a number "
                           "of layers or all");
-    const int dev = o.device.rfind("cuda:", 0) == 0 ? std::atoi(o.device.c_str() + 5) : 0;
+    const int dev = cuda_device_index(o.device);
     uint64_t free_bytes = 0, total = 0;
     if (!gl::cuda_memory_info(dev, &free_bytes, &total))
         fail(Exit::usage, "-ngl auto: cannot read the free memory of CUDA device {}", dev);
@@ -427,8 +427,11 @@ Backends make_backends(const CommonOptions& o, int threads, const Hparams& hp,
                        hp.is_moe() ? "no layer is on a GPU" : "not a mixture of experts");
         told = true;
     }
-    b.n_cpu_moe = !hp.is_moe() ? 0 : fitted ? fitted->n_cpu_moe : resolve_cpu_moe(o, n_layer);
-    if (b.n_gpu_layers < n_layer || (b.n_gpu_layers > 0 && b.n_cpu_moe > 0))
+    // Only offloaded layers' experts are kept back: the CPU's layers have theirs there already.
+    b.n_cpu_moe = !hp.is_moe() ? 0
+                               : std::min(fitted ? fitted->n_cpu_moe : resolve_cpu_moe(o, n_layer),
+                                          b.n_gpu_layers);
+    if (b.n_gpu_layers < n_layer || b.n_cpu_moe > 0)
         b.cpu = gl::make_cpu_backend(threads, o.deterministic, o.precise);
     return b;
 }

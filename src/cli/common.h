@@ -54,6 +54,8 @@ int resolve_gpu_layers(const CommonOptions& o, int n_layer);
 // How many layers keep a mixture's experts in host memory: all with
 // --cpu-moe, else --n-cpu-moe N (clamped to n_layer).
 int resolve_cpu_moe(const CommonOptions& o, int n_layer);
+// N of --device cuda:N (0 for cuda or no device); Error(usage) on a bad N.
+int cuda_device_index(const std::string& device);
 // Whether the options put every layer on the GPU (-ngl all, or --device cuda
 // without -ngl), known before the model is: then the CPU never streams the
 // weights, and loading leaves them in the file mapping. Invalid options are
@@ -72,7 +74,7 @@ struct Backends {
     std::unique_ptr<gl::Backend> gpu; // null when no layer is offloaded
     std::unique_ptr<gl::Backend> cpu; // null when the GPU runs everything
     int n_gpu_layers = 0, n_layer = 0;
-    int n_cpu_moe = 0; // --cpu-moe, --n-cpu-moe (0 for a dense model)
+    int n_cpu_moe = 0; // offloaded layers 0.. whose experts run on the CPU (--cpu-moe, --n-cpu-moe)
     int kv_gpu_window = 0;
     Placement placement() const;
     // For -v and logs: "cpu/avx2", "cuda:0 (...)", or both with their layers.

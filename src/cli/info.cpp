@@ -240,7 +240,7 @@ int run_info(int argc, char** argv) {
              c.kv_gpu_window);
     std::string no_gpu;
     uint64_t dev_free = 0, dev_total = 0;
-    const int dev_id = c.device.rfind("cuda:", 0) == 0 ? std::atoi(c.device.c_str() + 5) : 0;
+    const int dev_id = cuda_device_index(c.device);
     const bool have_gpu =
         gl::cuda_available(&no_gpu) && gl::cuda_memory_info(dev_id, &dev_free, &dev_total);
     if (fit && !have_gpu)
